@@ -1,0 +1,44 @@
+"""The `tvq` command line.
+
+Each subcommand lives in its own module of this package, which defines
+``add_parser(subparsers)`` (registering its arguments) and ``run(args) -> int``.
+Modules import heavy dependencies inside ``run`` so that ``tvq --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand name -> module (in the order `tvq --help` lists them)
+SUBCOMMANDS = {
+    "version": "transformer_vq.cli.version",
+    "demo": "transformer_vq.cli.demo",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tvq",
+        description="Transformer-VQ: linear-time softmax attention through vector-quantized keys.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        sub = module.add_parser(subparsers)
+        sub.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "_run", None) is None:
+        parser.print_help()
+        return 0
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

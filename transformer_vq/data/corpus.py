@@ -1,0 +1,62 @@
+"""The one type every dataset loader returns.
+
+A corpus is a set of named splits, each a flat 1-D array of token ids (a ``np.memmap`` where the
+data is on disk, so nothing is copied into Python lists), plus what is needed to turn ids back into
+text and to report bits per byte over the *original* bytes of the split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+
+def _bytes_decode(ids: Sequence[int]) -> str:
+    return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+def _bytes_encode(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+@dataclass
+class Corpus:
+    """A tokenized dataset.
+
+    Attributes:
+        name: the dataset's name (``"shakespeare"``, ``"enwik8"``, ...).
+        splits: split name (``"train"``, ``"validation"``, ``"test"``) -> 1-D integer token array.
+        vocab_size: number of distinct token ids the model must cover (256 for byte-level data).
+        split_bytes: split name -> number of bytes of original text the split encodes; bits per
+            byte is total NLL in bits divided by this. For byte-level data it equals the length.
+        encode: text -> token ids (byte-level by default).
+        decode: token ids -> text (byte-level by default, invalid UTF-8 replaced).
+        eod_id: token id separating documents, or ``None`` when the corpus has no boundaries.
+        metadata: free-form facts worth saving with a run (source, checksum, tokenizer path, ...).
+    """
+
+    name: str
+    splits: Mapping[str, np.ndarray]
+    vocab_size: int
+    split_bytes: Mapping[str, int] = field(default_factory=dict)
+    encode: Callable[[str], list[int]] = _bytes_encode
+    decode: Callable[[Sequence[int]], str] = _bytes_decode
+    eod_id: int | None = None
+    metadata: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        for split, tokens in self.splits.items():
+            if tokens.ndim != 1:
+                raise ValueError(f"split {split!r} of corpus {self.name!r} must be 1-D, got shape {tokens.shape}")
+        if not self.split_bytes:
+            self.split_bytes = {split: int(len(tokens)) for split, tokens in self.splits.items()}
+
+    def split(self, name: str) -> np.ndarray:
+        """The token array of split ``name``, with a clear error when the split does not exist."""
+        if name not in self.splits:
+            raise KeyError(
+                f"corpus {self.name!r} has no split {name!r}; available: {', '.join(sorted(self.splits))}"
+            )
+        return self.splits[name]
