@@ -34,7 +34,11 @@ class Corpus:
         encode: text -> token ids (byte-level by default).
         decode: token ids -> text (byte-level by default, invalid UTF-8 replaced).
         eod_id: token id separating documents, or ``None`` when the corpus has no boundaries.
-        metadata: free-form facts worth saving with a run (source, checksum, tokenizer path, ...).
+        metadata: JSON-serializable facts worth saving with a run (source, checksum, tokenizer
+            path, ...); keep it small, large arrays belong in ``splits`` / ``documents``.
+        documents: split name -> sorted 1-D int64 array of the token offsets (within the split)
+            where a document starts; empty when the corpus has no document structure. A split
+            cut out of a longer stream starts at offset 0 even when that is mid-document.
     """
 
     name: str
@@ -45,6 +49,7 @@ class Corpus:
     decode: Callable[[Sequence[int]], str] = _bytes_decode
     eod_id: int | None = None
     metadata: dict = field(default_factory=dict)
+    documents: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self):
         for split, tokens in self.splits.items():

@@ -1,0 +1,103 @@
+"""``text``: any local text file, or a directory of them, as a byte-level corpus.
+
+A single file is memory-mapped in place (nothing copied). A directory's files -- every regular,
+non-hidden file below it, in sorted relative-path order, or only those matching ``glob`` -- are
+concatenated once into the cache; each file is a document (see ``Corpus.documents``). The cached
+copy is keyed by the files' names, sizes and modification times, so editing a file rebuilds it.
+The split is the fixed contiguous 90/5/5 of :mod:`transformer_vq.data.splits`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+from transformer_vq.data import cache
+from transformer_vq.data.corpus import Corpus
+from transformer_vq.data.errors import DataError
+from transformer_vq.data.splits import DEFAULT_FRACTIONS, byte_corpus
+
+
+def list_text_files(directory: Path, glob: str | None = None) -> list[Path]:
+    """The files of ``directory`` a text corpus is built from, in a deterministic order.
+
+    Recursively every regular file whose path has no component starting with ``.`` (so ``.git``
+    and editor backups are skipped), or only those matching ``glob`` (e.g. ``"*.txt"``), sorted by
+    path relative to ``directory``.
+    """
+    pattern = glob or "*"
+    files = []
+    for path in directory.rglob(pattern):
+        rel = path.relative_to(directory)
+        if any(part.startswith(".") for part in rel.parts) or not path.is_file():
+            continue
+        files.append(path)
+    return sorted(files, key=lambda p: p.relative_to(directory).as_posix())
+
+
+def concatenate_files(files: Sequence[Path], out: Path, **facts) -> dict:
+    """Concatenate ``files`` into ``out`` atomically and write its manifest.
+
+    The manifest records each file's relative name and the byte offset where it starts (the
+    document boundaries) besides the size and SHA-256 of ``out``. Returns the manifest.
+    """
+    starts = []
+    offset = 0
+    with cache.atomic_writer(out) as sink:
+        for path in files:
+            starts.append(offset)
+            with open(path, "rb") as source:
+                while chunk := source.read(cache.CHUNK):
+                    sink.write(chunk)
+                    offset += len(chunk)
+    return cache.write_manifest(out, doc_starts=starts, **facts)
+
+
+def load_text(
+    data_path: str | os.PathLike | None = None,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    glob: str | None = None,
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+) -> Corpus:
+    """Load a local text file or directory as a byte-level corpus named ``"text"``.
+
+    Args:
+        data_path: a file, or a directory whose files are concatenated (see :func:`list_text_files`).
+        cache_dir: cache root for the concatenation of a directory (default: the user cache).
+        glob: only use directory files matching this pattern, e.g. ``"*.txt"``.
+        fractions: train/validation/test fractions of the contiguous split.
+    """
+    if data_path is None:
+        raise DataError("--data text needs a file or directory: pass --data-path FILE_OR_DIR")
+    path = Path(data_path).expanduser()
+    if not path.exists():
+        raise DataError(f"data path {path} does not exist; pass --data-path with an existing text file or directory")
+    if path.is_file():
+        if glob is not None:
+            raise DataError(f"glob={glob!r} only applies to a directory, but {path} is a file; drop the glob option")
+        return byte_corpus("text", path, fractions=fractions, doc_starts=[0], metadata={"source": str(path)})
+    if not path.is_dir():
+        raise DataError(f"data path {path} is neither a regular file nor a directory; pass a text file or directory")
+
+    files = list_text_files(path, glob)
+    if not files:
+        what = f"files matching {glob!r}" if glob else "non-hidden files"
+        raise DataError(f"directory {path} contains no {what}; put text files in it or pass a text file with --data-path")
+    # Key the cached concatenation by what was concatenated, so any change gives a fresh copy.
+    listing = [(f.relative_to(path).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    key = hashlib.sha256(json.dumps([str(path.resolve()), listing]).encode()).hexdigest()[:16]
+    out = cache.dataset_dir("text", cache_dir) / f"{key}.bin"
+    manifest = cache.verified_manifest(out)
+    if manifest is None:
+        manifest = concatenate_files(files, out, source=str(path.resolve()), files=[name for name, _, _ in listing])
+    return byte_corpus(
+        "text",
+        out,
+        fractions=fractions,
+        doc_starts=manifest["doc_starts"],
+        metadata={"source": str(path.resolve()), "files": len(files), "sha256": manifest["sha256"]},
+    )
