@@ -1,0 +1,123 @@
+"""Batches of training windows over one split, sharded over data-parallel ranks, resumable.
+
+A split is a flat array of token ids. It is cut into ``n_windows = (len(tokens) - 1) // seq_len``
+non-overlapping sequences; sequence ``i`` is ``tokens[i * seq_len : (i + 1) * seq_len + 1]`` (one
+extra token so inputs and next-token targets come from the same row). Each epoch visits the
+sequences in a fresh random order drawn from ``(seed, epoch)`` alone, and groups consecutive ones
+into global batches of ``batch_size`` rows, dropping the remainder. A data-parallel rank reads only
+its own contiguous slice of rows of every global batch, so ``world_size`` ranks together see exactly
+the batch one process would see, which is what makes 1-process and N-process training agree.
+
+The position is two integers (epoch, batch index within the epoch): saving and restoring them
+resumes the exact same sequence of batches, on any number of restarts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from transformer_vq.data.corpus import Corpus
+
+
+class TokenBatches:
+    """An endless, deterministic, resumable iterator of ``[batch_size // world_size, seq_len + 1]``
+    token windows (``torch.long``) from one split.
+
+    Args:
+        tokens: the split, a 1-D integer array.
+        batch_size: global batch size (rows summed over all ranks); a multiple of ``world_size``.
+        seq_len: tokens per sequence (targets are the inputs shifted by one).
+        seed: fixes the order of sequences in every epoch.
+        rank, world_size: which slice of every global batch this process reads.
+        vocab_size: when given, every token must be in ``[0, vocab_size)`` (checked once, up front).
+        split: the split's name, only for error messages.
+    """
+
+    def __init__(self, tokens: np.ndarray, *, batch_size: int, seq_len: int, seed: int = 0, rank: int = 0,
+                 world_size: int = 1, vocab_size: int | None = None, split: str = "train"):
+        if batch_size % world_size != 0:
+            raise ValueError(
+                f"batch_size={batch_size} must be a multiple of the number of data-parallel workers ({world_size}); "
+                f"set batch_size to a multiple of {world_size}"
+            )
+        n_tokens = len(tokens)
+        n_windows = max(n_tokens - 1, 0) // seq_len
+        if n_windows < batch_size:
+            needed = batch_size * seq_len + 1
+            raise ValueError(
+                f"the {split} split has {n_tokens} tokens, too short for one batch of {batch_size} sequences of "
+                f"{seq_len} tokens (needs at least {needed}); use more data or lower batch_size / seq_len"
+            )
+        if vocab_size is not None:
+            check_vocab(tokens, vocab_size, split)
+        self.tokens = tokens
+        self.batch_size = batch_size
+        self.seq_len = seq_len
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.n_windows = n_windows
+        self.batches_per_epoch = n_windows // batch_size
+        self.epoch = 0
+        self.index = 0
+        self._order_epoch = -1
+        self._order = None
+
+    def _epoch_order(self) -> np.ndarray:
+        """The permutation of sequence indices for the current epoch (cached)."""
+        if self._order_epoch != self.epoch:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            self._order = torch.randperm(self.n_windows, generator=generator).numpy()
+            self._order_epoch = self.epoch
+        return self._order
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        order = self._epoch_order()
+        rows_per_rank = self.batch_size // self.world_size
+        first = self.index * self.batch_size + self.rank * rows_per_rank
+        starts = order[first:first + rows_per_rank] * self.seq_len
+        # (B_local, seq_len + 1): gather each window; int64 because embedding lookups need it
+        batch = np.stack([np.asarray(self.tokens[s:s + self.seq_len + 1], dtype=np.int64) for s in starts])
+        self.index += 1
+        if self.index == self.batches_per_epoch:
+            self.epoch += 1
+            self.index = 0
+        return torch.from_numpy(batch)
+
+    def state_dict(self) -> dict:
+        """The position in the stream of batches (plus the settings it is only valid for)."""
+        return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "batch_size": self.batch_size,
+                "seq_len": self.seq_len, "n_windows": self.n_windows}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a position saved by :meth:`state_dict` with the same settings and data."""
+        for key in ("seed", "batch_size", "seq_len", "n_windows"):
+            if int(state[key]) != getattr(self, key):
+                raise ValueError(
+                    f"cannot resume the data position: it was saved with {key}={int(state[key])} but this run has "
+                    f"{key}={getattr(self, key)}; resume with the same data and batch settings or start a new run"
+                )
+        self.epoch = int(state["epoch"])
+        self.index = int(state["index"])
+
+
+def check_vocab(tokens: np.ndarray, vocab_size: int, split: str) -> None:
+    """Raise a clear error when a token id falls outside ``[0, vocab_size)``."""
+    if len(tokens) == 0:
+        return
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise ValueError(
+            f"the {split} split contains token id {bad}, outside the model's vocabulary [0, {vocab_size}); "
+            f"set model vocab_size to at least {high + 1} (--set model.vocab_size={high + 1}) or fix the data"
+        )
+
+
+def corpus_batches(corpus: Corpus, split: str, **kwargs) -> TokenBatches:
+    """:class:`TokenBatches` over ``corpus.split(split)``, naming the split in its errors."""
+    return TokenBatches(corpus.split(split), split=split, **kwargs)

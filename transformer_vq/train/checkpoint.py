@@ -1,0 +1,247 @@
+"""Checkpoints: written atomically, verified on load, never unpickling arbitrary objects.
+
+Layout of a run directory's ``checkpoints/``::
+
+    step_00000100/
+        model.safetensors   weights and persistent buffers (the codebook EMA sums and counts)
+        state.pt            optimizer, scheduler, step, data position, RNG states, carried operator
+                            state: tensors and plain Python data only, loaded with weights_only=True
+        config.json         the run's RunConfig, enough to rebuild the model from the checkpoint alone
+        manifest.json       SHA-256 of the three files above, written last
+    latest                  name of the newest complete checkpoint, updated after it is in place
+
+A checkpoint is built in a temporary directory beside its final place, every file fsynced, then
+renamed into place (atomic on POSIX), then ``latest`` is replaced the same way. A crash at any moment
+leaves either the previous set of checkpoints or the new one, never a half-written checkpoint under
+its final name; a checkpoint damaged later (truncated copy, bad disk) fails its checksum and
+:func:`latest_checkpoint` falls back to the previous complete one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import safetensors.torch
+import torch
+
+from transformer_vq.config import TransformerVQConfig
+
+FILES = ("model.safetensors", "state.pt", "config.json")
+STEP_DIR = re.compile(r"^step_(\d{8,})$")
+
+# Model fields that only change training, not what the weights mean: a run may resume with new values.
+TRAINING_ONLY_FIELDS = frozenset({"dropsin", "dropres", "droplyr", "commit_coef", "ema_rate",
+                                  "dead_code_restart", "reduction"})
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used, with a message that says why and what to do."""
+
+
+@dataclass
+class Checkpoint:
+    """A verified checkpoint read from disk."""
+
+    path: Path
+    config: dict
+    """The run config as saved (``RunConfig.to_dict()`` form)."""
+    state: dict
+    """Everything but the weights: step, optimizer, scheduler, data position, RNG states, ..."""
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+    def load_weights(self, model: torch.nn.Module) -> None:
+        """Copy the saved weights and buffers into ``model`` after checking it has the same architecture."""
+        check_architecture(self.config["model"], model_config_of(model), self.path)
+        try:
+            missing, unexpected = safetensors.torch.load_model(model, self.path / "model.safetensors", strict=False)
+        except RuntimeError as err:
+            raise CheckpointError(f"checkpoint {self.path} does not fit this model: {err}") from None
+        if missing or unexpected:
+            raise CheckpointError(
+                f"checkpoint {self.path} does not fit this model: missing {sorted(missing)}, "
+                f"unexpected {sorted(unexpected)}; it was saved by a different version of the model code"
+            )
+
+
+def model_config_of(model: torch.nn.Module) -> TransformerVQConfig | None:
+    return getattr(model, "config", None)
+
+
+def check_architecture(saved: dict, current: TransformerVQConfig | None, path: Path) -> None:
+    """Raise a clear error when the checkpoint's model differs from ``current`` in a field that
+    changes what the weights mean."""
+    if current is None:
+        return
+    now = current.to_dict()
+    diffs = [f"{k}={saved.get(k)!r} (checkpoint) vs {now[k]!r} (this run)"
+             for k in sorted(now) if k not in TRAINING_ONLY_FIELDS and saved.get(k) != now[k]]
+    if diffs:
+        raise CheckpointError(
+            f"checkpoint {path} is from a different architecture: {'; '.join(diffs)}. Use the same model "
+            f"settings as the checkpoint (its config.json), or start a new run with another --run-dir"
+        )
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    _fsync_file(tmp)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def save_checkpoint(root: Path, *, step: int, model: torch.nn.Module, config: dict, state: dict,
+                    keep: int) -> Path:
+    """Write checkpoint ``step`` under ``root`` atomically, point ``latest`` at it, keep the newest ``keep``.
+
+    ``state`` must hold only tensors and plain Python data (it is read back with weights_only=True).
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / step_name(step)
+    tmp = root / f".{final.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    safetensors.torch.save_model(model, str(tmp / "model.safetensors"))
+    torch.save({**state, "step": step}, tmp / "state.pt")
+    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    manifest = {name: _sha256(tmp / name) for name in FILES}
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    for name in (*FILES, "manifest.json"):
+        _fsync_file(tmp / name)
+    _fsync_dir(tmp)
+    if final.exists():  # the same step saved again (e.g. stopped right after a resume): replace it
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    _atomic_write_text(root / "latest", final.name + "\n")
+    for old in list_checkpoints(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Checkpoint directories under ``root``, oldest first (complete or not)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name)]
+    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
+
+
+def read_checkpoint(path: Path) -> Checkpoint:
+    """Read and verify one checkpoint directory. Raises :class:`CheckpointError` when it is
+    incomplete, damaged, or holds anything but tensors and plain data."""
+    path = Path(path)
+    manifest_path = path / "manifest.json"
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{path} is not a complete checkpoint (no manifest.json); it may have been "
+                              f"interrupted while saving")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise CheckpointError(f"{manifest_path} is corrupted (not valid JSON)") from None
+    for name in FILES:
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint {path} is missing {name}")
+        if manifest.get(name) != _sha256(file):
+            raise CheckpointError(f"checkpoint {path} is corrupted: {name} does not match its checksum "
+                                  f"(truncated or modified after saving)")
+    config = json.loads((path / "config.json").read_text())
+    state = safe_torch_load(path / "state.pt")
+    return Checkpoint(path=path, config=config, state=state)
+
+
+def safe_torch_load(path: Path):
+    """``torch.load`` restricted to tensors and plain data: a pickle that would construct any other
+    object (and so could run code) is refused before anything in it runs."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(
+            f"refusing to load {path}: it contains Python objects other than tensors and plain data, "
+            f"which could run code when unpickled ({first_line}). Checkpoints written by transformer-vq "
+            f"never do; only load files from sources you trust"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as err:
+        raise CheckpointError(f"cannot read {path}: {err}") from None
+
+
+def latest_checkpoint(root: Path, *, log=None) -> Checkpoint | None:
+    """The newest complete checkpoint under ``root``: the one ``latest`` names, or, when that one is
+    missing or damaged, the newest older one that verifies (each skip is reported through ``log``).
+    ``None`` when there is no checkpoint at all."""
+    root = Path(root)
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    candidates = list_checkpoints(root)[::-1]
+    pointer = root / "latest"
+    if pointer.is_file():
+        named = root / pointer.read_text(errors="replace").strip()
+        if named in candidates:
+            candidates.remove(named)
+            candidates.insert(0, named)
+    if not candidates:
+        return None
+    for path in candidates:
+        try:
+            return read_checkpoint(path)
+        except CheckpointError as err:
+            log(f"warning: skipping checkpoint: {err}")
+    raise CheckpointError(f"no complete checkpoint in {root}: every one failed verification (see warnings "
+                          f"above); start a new run with another --run-dir or without --resume")
+
+
+def find_checkpoint(path: str | Path) -> Checkpoint:
+    """Resolve what a user passes as ``--ckpt``: a run directory, its ``checkpoints/`` directory, or
+    one checkpoint directory."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint path {path} does not exist; pass a run directory (e.g. runs/default) "
+                              f"or one of its checkpoints/step_* directories")
+    if (path / "manifest.json").is_file() or STEP_DIR.match(path.name):
+        return read_checkpoint(path)
+    for root in (path / "checkpoints", path):
+        found = latest_checkpoint(root) if root.is_dir() else None
+        if found is not None:
+            return found
+    raise CheckpointError(f"no checkpoint found in {path}; pass a run directory written by `tvq train` "
+                          f"(it has a checkpoints/ folder) or a checkpoints/step_* directory")

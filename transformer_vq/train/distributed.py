@@ -1,0 +1,68 @@
+"""Data-parallel setup for runs started by ``torchrun`` (one process per worker).
+
+``torchrun`` sets ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``; without them a run is a single process
+and every collective here is a no-op, so the training loop has one code path for both cases.
+Backend: ``nccl`` when the run uses CUDA, ``gloo`` on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """Where this process sits among the data-parallel workers."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes checkpoints, metrics and the console output."""
+        return self.rank == 0
+
+    def all_reduce_sum_(self, tensors: list[torch.Tensor]) -> None:
+        """Sum each tensor over workers, in place (a no-op for one process)."""
+        if self.enabled:
+            for tensor in tensors:
+                dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+
+    def all_gather_object(self, obj) -> list:
+        """``obj`` from every worker, in rank order (``[obj]`` for one process)."""
+        if not self.enabled:
+            return [obj]
+        gathered = [None] * self.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+
+def setup_distributed(device_type: str) -> Distributed:
+    """Join the process group described by torchrun's environment variables, if any."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return Distributed()
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+    return Distributed(rank=rank, world_size=world_size, local_rank=local_rank)
+
+
+def teardown_distributed(info: Distributed) -> None:
+    if info.enabled and dist.is_initialized():
+        dist.destroy_process_group()

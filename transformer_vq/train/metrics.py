@@ -1,0 +1,83 @@
+"""Where per-step metrics go: ``metrics.jsonl``, TensorBoard event files, and the console
+(a tqdm progress bar on a terminal, plain lines every ``log_every`` steps otherwise)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+
+class MetricsLogger:
+    """Writes one JSON line and one set of TensorBoard scalars per step; only the main process
+    should create one.
+
+    Args:
+        run_dir: the run directory (``metrics.jsonl`` and ``tb/`` go there).
+        total_steps: for the progress bar.
+        start_step: steps already done (when resuming).
+        log_every: console line interval when stdout is not a terminal.
+    """
+
+    def __init__(self, run_dir: Path, *, total_steps: int, start_step: int, log_every: int):
+        from torch.utils.tensorboard import SummaryWriter
+
+        run_dir = Path(run_dir)
+        self.jsonl = open(run_dir / "metrics.jsonl", "a")
+        self.tensorboard = SummaryWriter(str(run_dir / "tb"))
+        self.log_every = log_every
+        self.total_steps = total_steps
+        self.bar = None
+        if sys.stdout.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    def log_step(self, metrics: dict) -> None:
+        """Record the metrics of one optimizer step (``metrics["step"]`` counts from 1)."""
+        step = metrics["step"]
+        self.jsonl.write(json.dumps(metrics) + "\n")
+        self.jsonl.flush()
+        for key, value in metrics.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                if math.isfinite(value):
+                    self.tensorboard.add_scalar(f"train/{key}", value, step)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['lr']:.2e}",
+                                 tok_s=f"{metrics['tokens_per_s']:,.0f}")
+        elif step % self.log_every == 0 or step == self.total_steps:
+            self.print(format_step(metrics, self.total_steps))
+
+    def log_eval(self, step: int, split: str, result: dict) -> None:
+        """Record an evaluation (its loss and bits per byte) at ``step``."""
+        self.jsonl.write(json.dumps({"step": step, "eval": split, **result}) + "\n")
+        self.jsonl.flush()
+        for key in ("loss", "bits_per_byte"):
+            self.tensorboard.add_scalar(f"{split}/{key}", result[key], step)
+        self.print(f"step {step}: {split} loss {result['loss']:.4f}, {result['bits_per_byte']:.4f} bits per byte")
+
+    def print(self, message: str) -> None:
+        """Print without breaking the progress bar."""
+        if self.bar is not None:
+            self.bar.write(message)
+        else:
+            print(message, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self.tensorboard.close()
+        self.jsonl.close()
+
+
+def format_step(metrics: dict, total_steps: int) -> str:
+    """One console line for a training step."""
+    line = (f"step {metrics['step']}/{total_steps}  loss {metrics['loss']:.4f}  lr {metrics['lr']:.2e}  "
+            f"tok/s {metrics['tokens_per_s']:,.0f}")
+    if "codebook_perplexity" in metrics:
+        line += f"  codebook ppl {metrics['codebook_perplexity']:.1f}"
+    if metrics.get("skipped"):
+        line += "  (skipped: non-finite)"
+    return line

@@ -1,0 +1,59 @@
+"""Optimizers and the learning-rate schedule of the paper (App. C.2).
+
+- AdamW: beta1 0.9, beta2 0.98, eps 1e-9, max lr 4e-4, global gradient clip 0.1.
+- Adafactor: relative step sizes, update clip 1.0, max lr 0.01, beta1 0 (no momentum),
+  beta2_t = 1 - t^-0.8. ``torch.optim.Adafactor`` implements exactly this form: its step size is
+  ``min(lr, 1/sqrt(t)) * max(eps2, RMS(param))`` (relative), its update is clipped by ``d = 1``,
+  it keeps no first moment, and ``beta2_decay = -0.8`` gives ``beta2_t = 1 - t^-0.8``.
+- Weight decay only on parameters with more than one dimension (not on gains or biases).
+- Linear warmup to the peak, then cosine decay to ``final_lr_ratio`` times the peak (the paper: 10x).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from transformer_vq.train.config import TrainConfig
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Two parameter groups: matrices with weight decay, vectors and scalars without."""
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.ndim > 1 else no_decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """The configured optimizer over ``model``'s parameters, at the peak learning rate."""
+    groups = param_groups(model, cfg.weight_decay)
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=cfg.peak_lr, betas=(0.9, 0.98), eps=1e-9)
+    if cfg.optimizer == "adafactor":
+        return torch.optim.Adafactor(groups, lr=cfg.peak_lr, beta2_decay=-0.8, d=1.0)
+    raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
+
+
+def lr_factor(step: int, *, warmup_steps: int, total_steps: int, final_ratio: float) -> float:
+    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based).
+
+    Rises linearly over ``warmup_steps`` (reaching 1 at the last warmup step), then follows half a
+    cosine from 1 down to ``final_ratio`` at the last step.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    decay_steps = max(total_steps - warmup_steps - 1, 1)
+    progress = min((step - warmup_steps) / decay_steps, 1.0)
+    return final_ratio + (1.0 - final_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    """Warmup + cosine schedule; call ``scheduler.step()`` once per optimizer step (skipped ones too)."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: lr_factor(step, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps,
+                               final_ratio=cfg.final_lr_ratio),
+    )
