@@ -1,0 +1,176 @@
+"""The FLASH baselines (Hua et al. 2022): squared-ReLU attention, quadratic (FLASH-Quad) and mixed-chunk (FLASH).
+
+Both follow the FLASH paper's Code 6 and Code 8 (App. D), adapted to the project's operator signature.
+
+**FLASH-Quad** (``attn_type="flash_quad"``) replaces the softmax by a squared ReLU over every past key:
+
+    out[t] = sum_{p <= tau} relu( q[t] . k[p] / n  +  beta[t, p] )^2  v[p]
+
+The paper divides the scores by the sequence length ``n`` of the training window (Code 6: ``qk / seq_len``). An operator
+that can be continued through a state must not depend on the length of the call, so ``n`` is a fixed ``norm_len``
+here (default ``block_len``); with ``norm_len = chunk_len`` FLASH-Quad is FLASH with one chunk, which the tests check.
+
+**FLASH** (``attn_type="flash"``) splits the positions into chunks of ``C = chunk_len`` aligned to absolute positions
+``0, C, 2C, ...`` and adds (Sec. 3.2, Eq. 8, Code 8)
+
+* a quadratic part inside each chunk: ``relu(q[t] . k[p] / C + beta[t, p])^2`` over keys ``p <= tau`` of the same
+  chunk, ``C`` playing the role of ``n``;
+* a linear part across chunks: ``q[t] . M_c``, with ``M_c`` the mean over earlier chunks of ``sum_p k[p] v[p]^T / C``
+  (Code 8 normalizes the causal chunk mask by its row sums), that is ``sum over all keys of earlier chunks of
+  k[p] v[p]^T``, divided by their number. The first chunk has no linear part.
+
+Position terms. FLASH uses RoPE plus a learned relative-position bias inside the quadratic part. The project's layers
+hand every operator the same two-block window bias (``transformer_vq.ops.window_bias``), so both operators add that
+``beta`` where FLASH adds its relative bias: inside the quadratic part, for keys in the query's two-block window (zero
+for older keys). A chunk never spans more than the window when ``C <= L``; with ``C > L`` the older keys of a chunk get
+no bias, exactly as in the other operators. The linear part has no position term, as in the paper.
+
+FLASH's separate per-dimension scale/offset heads for the quadratic and linear queries/keys (4 x s parameters) are not
+modelled: the project's layer produces one query and one key per position, and both parts use them.
+
+Letters: B batch, H query heads, G key/value groups (G divides H), Hg = H / G, T positions of the call, N chunks,
+C chunk length, Dk key width, Dv value width, L block length, R query rows of a block, P key positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from transformer_vq.ops.full_attention import KVCache, check_shapes
+from transformer_vq.ops.window_bias import row_blocks, window_bias
+
+
+def _relu2_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, visible: torch.Tensor,
+                  norm_len: int) -> torch.Tensor:
+    """``sum_p relu(q . k[p] / n + beta)^2 v[p]`` over visible keys, heads grouped onto their key/value group.
+
+    Shapes: ``q [B, H, *, R, Dk]``, ``k [B, G, *, P, Dk]``, ``v [B, G, *, P, Dv]``, ``beta [B, H, *, R, P]``,
+    ``visible [*, R, P]``; returns ``[B, H, *, R, Dv]``.
+    """
+    batch, n_head = q.shape[:2]
+    n_group = k.shape[1]
+    grouped = q.reshape(batch, n_group, n_head // n_group, *q.shape[2:])  # [B, G, Hg, *, R, Dk]
+    scores = grouped @ k.unsqueeze(2).transpose(-1, -2)  # [B, G, Hg, *, R, P]
+    scores = scores.reshape(beta.shape) / norm_len + beta  # [B, H, *, R, P]
+    weights = F.relu(scores).square().masked_fill(~visible, 0.0)
+    out = weights.reshape(scores.shape[:1] + (n_group, n_head // n_group) + scores.shape[2:]) @ v.unsqueeze(2)
+    return out.reshape(*q.shape[:-1], v.shape[-1])  # [B, H, *, R, Dv]
+
+
+def flash_quad_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *, block_len: int,
+                         state: KVCache | None = None, norm_len: int | None = None) -> tuple[torch.Tensor, KVCache]:
+    """FLASH-Quad: causal squared-ReLU attention over the whole sequence (FLASH paper, Code 6).
+
+    Args:
+        q: ``[B, H, T, Dk]`` queries; k: ``[B, G, T, Dk]`` keys; v: ``[B, G, T, Dv]`` values.
+        bias: ``[B, H, T, 2L]`` per-(query, offset) bias on the two-block window.
+        block_len: ``L``.
+        state: the key/value cache of a previous call on the earlier part of the same sequences.
+        norm_len: the ``n`` scores are divided by (default ``block_len``).
+
+    Returns:
+        ``out [B, H, T, Dv]`` and the cache extended by this call's keys and values.
+    """
+    check_shapes(q, k, v, bias, block_len)
+    norm_len = block_len if norm_len is None else norm_len
+    offset = 0 if state is None else state.offset
+    cache = KVCache(k, v) if state is None else state.extend(k, v)
+    outputs = []
+    # One absolute block of query rows at a time keeps the score matrix at [L, T], never [T, T].
+    for start, stop, _ in row_blocks(offset, q.shape[2], block_len):
+        end = offset + stop
+        q_pos = torch.arange(offset + start, end, device=q.device)
+        beta, visible = window_bias(bias[:, :, start:stop], q_pos, torch.arange(end, device=q.device), block_len)
+        outputs.append(_relu2_attend(q[:, :, start:stop], cache.k[:, :, :end], cache.v[:, :, :end], beta, visible,
+                                     norm_len))
+    return torch.cat(outputs, dim=2), cache
+
+
+@dataclass
+class FlashState:
+    """Decoding state of ``flash_attention``: the linear-attention sum of the finished chunks and the open chunk."""
+
+    kv_sum: torch.Tensor
+    """``[B, G, Dk, Dv]`` sum of ``k[p] v[p]^T`` over every key of the finished chunks."""
+    n_chunks: int
+    """Number of finished chunks."""
+    chunk_len: int
+    """``C``."""
+    chunk_k: torch.Tensor
+    """``[B, G, r, Dk]`` keys of the open chunk (``r = offset % C`` positions, ``r < C``)."""
+    chunk_v: torch.Tensor
+    """``[B, G, r, Dv]`` values of the open chunk."""
+
+    @property
+    def offset(self) -> int:
+        """Number of positions consumed."""
+        return self.n_chunks * self.chunk_len + self.chunk_k.shape[2]
+
+    def detach(self) -> "FlashState":
+        """The same state cut from the autograd graph."""
+        return FlashState(self.kv_sum.detach(), self.n_chunks, self.chunk_len, self.chunk_k.detach(),
+                          self.chunk_v.detach())
+
+    def nbytes(self) -> int:
+        """Bytes held by the state (bounded by the chunk length, whatever the offset)."""
+        return sum(t.nelement() * t.element_size() for t in (self.kv_sum, self.chunk_k, self.chunk_v))
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *, chunk_len: int,
+                    state: FlashState | None = None, block_len: int | None = None) -> tuple[torch.Tensor, FlashState]:
+    """FLASH mixed-chunk attention: squared-ReLU inside chunks plus causal linear attention across chunks.
+
+    Args:
+        q: ``[B, H, T, Dk]`` queries; k: ``[B, G, T, Dk]`` keys; v: ``[B, G, T, Dv]`` values.
+        bias: ``[B, H, T, 2L]`` per-(query, offset) bias on the two-block window.
+        chunk_len: ``C``, the chunk length (the paper uses 256).
+        state: what a previous call on the earlier part of the same sequences returned.
+        block_len: ``L`` of the window bias (default ``bias.shape[-1] // 2``).
+
+    Returns:
+        ``out [B, H, T, Dv]`` and the state after this call. The work per call is ``O((r + T) C (Dk + Dv))`` with
+        ``r < C`` positions of an open chunk, so one decoding step costs the same at any offset.
+    """
+    block_len = bias.shape[-1] // 2 if block_len is None else block_len
+    check_shapes(q, k, v, bias, block_len)
+    batch, n_head, length, d_k = q.shape
+    n_group, d_v = k.shape[1], v.shape[-1]
+    if state is None:
+        state = FlashState(q.new_zeros(batch, n_group, d_k, d_v), 0, chunk_len, k[:, :, :0], v[:, :, :0])
+    elif state.chunk_len != chunk_len:
+        raise ValueError(f"state was built with chunk_len={state.chunk_len}, got chunk_len={chunk_len}")
+    # Lay the open chunk and this call's positions on a grid of whole chunks aligned to absolute positions.
+    opened = state.chunk_k.shape[2]
+    k_all = torch.cat([state.chunk_k, k], dim=2)  # [B, G, r + T, Dk]
+    v_all = torch.cat([state.chunk_v, v], dim=2)  # [B, G, r + T, Dv]
+    used = opened + length
+    n_chunk = -(-used // chunk_len)
+    pad = n_chunk * chunk_len - used
+    k_grid = F.pad(k_all, (0, 0, 0, pad)).view(batch, n_group, n_chunk, chunk_len, d_k)
+    v_grid = F.pad(v_all, (0, 0, 0, pad)).view(batch, n_group, n_chunk, chunk_len, d_v)
+    # The open chunk's earlier rows get dummy queries whose outputs are dropped below.
+    q_grid = F.pad(q, (0, 0, opened, pad)).view(batch, n_head, n_chunk, chunk_len, d_k)
+    bias_grid = F.pad(bias, (0, 0, opened, pad)).view(batch, n_head, n_chunk, chunk_len, 2 * block_len)
+    pos = (state.n_chunks * chunk_len + torch.arange(n_chunk * chunk_len, device=q.device)).view(n_chunk, chunk_len)
+
+    beta, visible = window_bias(bias_grid, pos, pos, block_len)  # [B, H, N, C, C], [N, C, C]
+    quadratic = _relu2_attend(q_grid, k_grid, v_grid, beta, visible, chunk_len)  # [B, H, N, C, Dv]
+
+    kv = k_grid.transpose(-1, -2) @ v_grid  # [B, G, N, Dk, Dv] per-chunk sums of k v^T
+    running = torch.cumsum(kv, dim=2)  # [B, G, N, Dk, Dv] inclusive
+    before = state.kv_sum.unsqueeze(2) + F.pad(running[:, :, :-1], (0, 0, 0, 0, 1, 0))  # exclusive, plus the state
+    n_keys = ((state.n_chunks + torch.arange(n_chunk, device=q.device)) * chunk_len).clamp(min=1)  # [N]
+    # Code 8: mean over earlier chunks of (chunk sum / C); before == 0 where there is no earlier chunk.
+    mean_kv = before / n_keys.to(before.dtype)[:, None, None]  # [B, G, N, Dk, Dv]
+    grouped = q_grid.view(batch, n_group, n_head // n_group, n_chunk, chunk_len, d_k)
+    linear = (grouped @ mean_kv.unsqueeze(2)).view(batch, n_head, n_chunk, chunk_len, d_v)
+
+    out = (quadratic + linear).view(batch, n_head, n_chunk * chunk_len, d_v)[:, :, opened:used]
+    finished = used // chunk_len
+    kv_sum = state.kv_sum + running[:, :, finished - 1] if finished > 0 else state.kv_sum
+    new_state = FlashState(kv_sum, state.n_chunks + finished, chunk_len,
+                           k_all[:, :, finished * chunk_len:], v_all[:, :, finished * chunk_len:])
+    return out, new_state

@@ -1,0 +1,103 @@
+"""The quadratic-time baseline: exact causal softmax attention over every past key, with a growing key/value cache.
+
+This is attention with unquantized keys and the same two-block window bias as the VQ operator (``attn_type="full"``):
+
+    out[t] = sum_{p <= tau} softmax_p( q[t] . k[p] + beta[t, p] ) v[p]
+
+with ``beta`` the window bias of ``transformer_vq.ops.window_bias`` (zero for keys older than the query's two-block
+window). It equals ``vq_attention_reference(q, k, v, bias, block_len=L)`` with the keys left unquantized, but runs through
+``torch.nn.functional.scaled_dot_product_attention`` one query block at a time, so no ``T x T`` matrix is ever stored:
+a block of ``L`` query rows meets the keys ``[0, tau]`` with an additive mask that is zero on the old keys, the window
+bias on the last two blocks and ``-inf`` on future keys.
+
+Decoding keeps every key and value (``KVCache``), so a call on one token costs ``O(offset)``: this is the
+growing-KV-cache baseline the paper measures Transformer-VQ against.
+
+Letters: B batch, H query heads, G key/value groups (G divides H), T positions of the call, P cached positions,
+Dk key width, Dv value width, L block length, R query rows of one block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from transformer_vq.ops.window_bias import row_blocks, window_bias
+
+
+@dataclass
+class KVCache:
+    """Decoding state of the quadratic baselines: every key and value consumed so far."""
+
+    k: torch.Tensor
+    """``[B, G, P, Dk]`` keys of positions ``0 .. P-1``."""
+    v: torch.Tensor
+    """``[B, G, P, Dv]`` values of the same positions."""
+
+    @property
+    def offset(self) -> int:
+        """Number of positions consumed (the absolute position of the next token)."""
+        return self.k.shape[2]
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> "KVCache":
+        """A new cache with ``k [B, G, T, Dk]`` and ``v [B, G, T, Dv]`` appended (copies: never mutates ``self``)."""
+        return KVCache(torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2))
+
+    def detach(self) -> "KVCache":
+        """The same cache cut from the autograd graph (truncated backprop between training windows)."""
+        return KVCache(self.k.detach(), self.v.detach())
+
+    def nbytes(self) -> int:
+        """Bytes held by the cache (grows linearly with the number of positions)."""
+        return self.k.nelement() * self.k.element_size() + self.v.nelement() * self.v.element_size()
+
+
+def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, block_len: int) -> None:
+    """Raise ``ValueError`` naming the first inconsistency among the operator inputs."""
+    batch, n_head, length, d_k = q.shape
+    if k.shape[:1] + k.shape[2:] != (batch, length, d_k):
+        raise ValueError(f"k must be [B, G, T, Dk] = [{batch}, G, {length}, {d_k}], got {list(k.shape)}")
+    if n_head % k.shape[1] != 0:
+        raise ValueError(f"the number of key/value groups G={k.shape[1]} must divide the number of heads H={n_head}")
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"v must be [B, G, T, Dv] with B, G, T of k {list(k.shape[:3])}, got {list(v.shape)}")
+    if bias.shape != (batch, n_head, length, 2 * block_len):
+        raise ValueError(f"bias must be [B, H, T, 2L] = [{batch}, {n_head}, {length}, {2 * block_len}], "
+                         f"got {list(bias.shape)}")
+
+
+def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *, block_len: int,
+                   state: KVCache | None = None) -> tuple[torch.Tensor, KVCache]:
+    """Exact causal softmax attention with the two-block window bias, through SDPA.
+
+    Args:
+        q: ``[B, H, T, Dk]`` queries, already scaled (SDPA is called with ``scale=1``).
+        k: ``[B, G, T, Dk]`` keys (unquantized).
+        v: ``[B, G, T, Dv]`` values.
+        bias: ``[B, H, T, 2L]`` per-(query, offset) bias on the two-block window.
+        block_len: ``L``.
+        state: the cache returned by a previous call on the earlier part of the same sequences.
+
+    Returns:
+        ``out [B, H, T, Dv]`` and the cache extended by this call's keys and values.
+    """
+    check_shapes(q, k, v, bias, block_len)
+    offset = 0 if state is None else state.offset
+    cache = KVCache(k, v) if state is None else state.extend(k, v)
+    gqa = k.shape[1] != q.shape[1]
+    outputs = []
+    for start, stop, window in row_blocks(offset, q.shape[2], block_len):
+        end = offset + stop  # keys [0, end) are visible to some row of this block
+        q_pos = torch.arange(offset + start, end, device=q.device)
+        beta, visible = window_bias(bias[:, :, start:stop], q_pos, torch.arange(window, end, device=q.device),
+                                    block_len)
+        mask = beta.masked_fill(~visible, float("-inf"))  # [B, H, R, end - window]
+        # Keys older than the window are attended without bias: a zero prefix of the additive mask.
+        mask = F.pad(mask, (window, 0))  # [B, H, R, end]
+        outputs.append(F.scaled_dot_product_attention(
+            q[:, :, start:stop], cache.k[:, :, :end], cache.v[:, :, :end],
+            attn_mask=mask.to(q.dtype), scale=1.0, enable_gqa=gqa,
+        ))  # [B, H, R, Dv]
+    return torch.cat(outputs, dim=2), cache
