@@ -15,6 +15,7 @@ import sys
 SUBCOMMANDS = {
     "version": "transformer_vq.cli.version",
     "demo": "transformer_vq.cli.demo",
+    "tokenizer": "transformer_vq.cli.tokenizer",
 }
 
 

