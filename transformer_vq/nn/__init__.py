@@ -1,0 +1,1 @@
+"""Modules: they hold parameters and state and call the pure functions of :mod:`transformer_vq.ops`."""

@@ -1,0 +1,182 @@
+"""The gated attention unit with VQ attention (Definition 3.1, Remark 3.2, App. C).
+
+Tensor letters: B batch, T positions, Dm model width, H query heads, G key/value groups,
+Dk key width per head, Dvh value width per head (H * Dvh = Dv), L block length.
+
+    x~ = RMSNorm(x)                                   (no parameters, eps 1e-6)
+    q  = Dk^-1/4 RMSNorm(x~ W_q)    k = Dk^-1/4 RMSNorm(x~ W_k)   (per head; unit gain, zero bias)
+    v  = SiLU(x~ W_v)               g = SiLU(x~ W_g)
+    k^ = STVQ(k; C)
+    o  = Attn(q, k^, v) * g         y = x + Dropout(o W_o)
+
+With both q and k scaled by ``Dk^-1/4`` and RMS-normalized, ``q . k = sqrt(Dk) cos(q, k)``: the paper's
+``tau`` (Eq. 8-9, ``Q = tau^-0.5 LN(...)``) is ``sqrt(Dk)``, the authors' code's choice.
+
+Positions: a Transformer-XL relative bias over the two-block window. The sinusoid table of distances
+``0 .. 2L-1`` (max wavelength 1e5, with dropout ``dropsin``) is projected to ``R_d`` (scaled by
+``Dk^-1/4``); with learned ``u`` and ``v_r`` (zero-initialized), content scores use ``(q + u) . k^`` for
+every key and the bias of query t to window column j is ``(q_t + v_r) . R_d`` with ``d`` the distance
+between them. The authors' code applies the position term only up to distance L; here it covers the whole
+two-block window (distances up to 2L - 1), which the operator's contract allows and is the natural reading
+of "relative bias over the two-block window".
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_vq.config import TransformerVQConfig
+from transformer_vq.nn.position import sinusoids
+from transformer_vq.nn.quantizer import VectorQuantizer
+from transformer_vq.ops import vq_attention, vq_attention_reference
+
+ATTENTION_MODES = ("linear", "quadratic")
+
+# Baseline attention cores (issue 4): attn_type -> (module, function). Each takes
+# (q, k, v, bias, *, block_len | chunk_len, state) with the shapes of the VQ operator and returns (out, state).
+_BASELINES = {
+    "full": ("transformer_vq.ops.full_attention", "full_attention"),
+    "flash_quad": ("transformer_vq.ops.flash_attention", "flash_quad_attention"),
+    "flash": ("transformer_vq.ops.flash_attention", "flash_attention"),
+}
+
+
+@dataclass
+class AttentionOutput:
+    x: torch.Tensor
+    """``[B, T, Dm]`` the residual stream after this unit."""
+    state: Any
+    """The attention state to pass to the next call on the same sequences (``None`` for quadratic mode)."""
+    commit_loss: torch.Tensor
+    """Scalar commitment loss of this unit's quantizer (0 for unquantized baselines)."""
+
+
+def rms_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """RMS layer norm without gain or bias."""
+    return F.rms_norm(x, (x.shape[-1],), eps=eps)
+
+
+class VQAttention(nn.Module):
+    """One gated attention unit with its residual connection, for any ``cfg.attn_type`` / ``cfg.head_type``."""
+
+    def __init__(self, cfg: TransformerVQConfig):
+        super().__init__()
+        self.cfg = cfg
+        H, G, Dk, Dm = cfg.n_head, cfg.n_kv_head, cfg.d_k, cfg.d_model
+        self.n_head, self.n_group, self.d_k, self.d_v_head = H, G, Dk, cfg.d_v_head
+        self.w_q = nn.Linear(Dm, H * Dk, bias=False)
+        self.w_k = nn.Linear(Dm, G * Dk, bias=False)
+        self.w_v = nn.Linear(Dm, G * cfg.d_v_head, bias=False)
+        self.w_g = nn.Linear(Dm, cfg.d_v, bias=False)
+        self.w_o = nn.Linear(cfg.d_v, Dm, bias=False)
+        self.w_r = nn.Linear(Dm, H * Dk, bias=False)
+        self.u = nn.Parameter(torch.zeros(H, Dk))
+        self.v_r = nn.Parameter(torch.zeros(H, Dk))
+        self.quantizer = None
+        if cfg.attn_type == "vq":
+            self.quantizer = VectorQuantizer(
+                G, cfg.n_code, Dk, ema_rate=cfg.ema_rate, dead_code_restart=cfg.dead_code_restart,
+                init_scale=Dk ** -0.25,  # matches the scale of the keys, whose entries are ~Dk^-1/4
+            )
+        self._table_cache: tuple | None = None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Normal(0, 1/fan_in) projections (App. C follows Chowdhery et al.); zero u, v_r."""
+        for linear in (self.w_q, self.w_k, self.w_v, self.w_g, self.w_o, self.w_r):
+            nn.init.normal_(linear.weight, std=linear.in_features ** -0.5)
+        nn.init.zeros_(self.u)
+        nn.init.zeros_(self.v_r)
+
+    def forward(self, x: torch.Tensor, *, state=None, mask: torch.Tensor | None = None,
+                attention: str = "linear") -> AttentionOutput:
+        """Apply the unit to ``x`` ``[B, T, Dm]``.
+
+        Args:
+            state: the previous call's state for the same sequences, or ``None`` at their start.
+            mask: ``[B, T]`` True for real tokens; padded keys never update the codebook.
+            attention: ``"linear"`` (the operator, any ``state``) or ``"quadratic"`` (the dense reference,
+                whole sequences only; VQ attention only).
+        """
+        if attention not in ATTENTION_MODES:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
+        cfg = self.cfg
+        B, T, _ = x.shape
+        H, G, Dk, Dvh = self.n_head, self.n_group, self.d_k, self.d_v_head
+        scale = Dk ** -0.25
+        offset = 0 if state is None else state.offset
+
+        x_tilde = rms_norm(x)
+        q = rms_norm(self.w_q(x_tilde).view(B, T, H, Dk)).transpose(1, 2) * scale  # (B, H, T, Dk)
+        k = rms_norm(self.w_k(x_tilde).view(B, T, G, Dk)).transpose(1, 2) * scale  # (B, G, T, Dk)
+        v = F.silu(self.w_v(x_tilde)).view(B, T, G, Dvh).transpose(1, 2)  # (B, G, T, Dvh)
+        gate = F.silu(self.w_g(x_tilde))  # (B, T, Dv)
+        bias = self._window_bias(q, offset)  # (B, H, T, 2L)
+        q_content = q + self.u[None, :, None, :] * scale
+
+        commit_loss = x.new_zeros((), dtype=torch.float32)
+        if self.quantizer is not None:
+            quantized = self.quantizer(k, mask)
+            commit_loss = quantized.commit_loss
+            if attention == "linear":
+                out, state = vq_attention(
+                    q_content, quantized.k_hat, quantized.z, v, quantized.codebook, bias,
+                    block_len=cfg.block_len, state=state, reduction=cfg.reduction,
+                )
+            else:
+                if state is not None:
+                    raise ValueError("attention='quadratic' runs the dense reference on whole sequences: pass state=None")
+                out = vq_attention_reference(q_content, quantized.k_hat, v, bias, block_len=cfg.block_len)
+        else:
+            if attention == "quadratic":
+                raise ValueError(f"attention='quadratic' applies to VQ attention only, not attn_type={cfg.attn_type!r}")
+            module, name = _BASELINES[cfg.attn_type]
+            core = getattr(importlib.import_module(module), name)
+            length = {"chunk_len": cfg.flash_chunk_len} if cfg.attn_type == "flash" else {"block_len": cfg.block_len}
+            out, state = core(q_content, k, v, bias, state=state, **length)
+
+        out = out.transpose(1, 2).reshape(B, T, H * Dvh) * gate  # (B, T, Dv)
+        branch = F.dropout(self.w_o(out), p=cfg.dropres, training=self.training)
+        if self.training and cfg.droplyr > 0:
+            # LayerDrop per sequence, rescaled like dropout so inference needs no correction. The unit
+            # is still computed so that its attention state stays a function of the whole input.
+            keep = torch.rand(B, 1, 1, device=x.device) >= cfg.droplyr
+            branch = branch * keep / (1 - cfg.droplyr)
+        return AttentionOutput(x=x + branch, state=state, commit_loss=commit_loss)
+
+    def _relative_table(self, dtype: torch.dtype) -> torch.Tensor:
+        """``[H, 2L, Dk]``: ``R_d`` for distances ``d = 0 .. 2L-1``, scaled by ``Dk^-1/4``.
+
+        Outside training (no sinusoid dropout) the table is cached until the projection changes, so
+        decoding does not re-project it at every token.
+        """
+        L, H, Dk = self.cfg.block_len, self.n_head, self.d_k
+        key = (self.w_r.weight._version, self.w_r.weight.data_ptr(), dtype)
+        cacheable = not self.training and not torch.is_grad_enabled()
+        if cacheable and self._table_cache is not None and self._table_cache[0] == key:
+            return self._table_cache[1]
+        distances = torch.arange(2 * L, device=self.w_r.weight.device)
+        table = sinusoids(distances, self.cfg.d_model, self.cfg.max_wavelength).to(self.w_r.weight.dtype)
+        table = F.dropout(table, p=self.cfg.dropsin, training=self.training)
+        rel = (self.w_r(table).view(2 * L, H, Dk).transpose(0, 1) * Dk ** -0.25).to(dtype)  # (H, 2L, Dk)
+        if cacheable:
+            self._table_cache = (key, rel)
+        return rel
+
+    def _window_bias(self, q: torch.Tensor, offset: int) -> torch.Tensor:
+        """``[B, H, T, 2L]``: bias of query t (absolute position offset + t) to window column j."""
+        B, H, T, Dk = q.shape
+        L = self.cfg.block_len
+        rel = self._relative_table(q.dtype)  # (H, 2L, Dk)
+        by_distance = (q + self.v_r[None, :, None, :] * Dk ** -0.25) @ rel.transpose(-1, -2)[None]  # (B, H, T, 2L)
+        phase = (torch.arange(T, device=q.device) + offset) % L  # position of each query in its block
+        columns = torch.arange(2 * L, device=q.device)
+        distance = phase[:, None] + L - columns[None, :]  # (T, 2L); negative = future key (masked later)
+        bias = torch.gather(by_distance, -1, distance.clamp(0, 2 * L - 1).expand(B, H, T, 2 * L))
+        return bias.masked_fill(distance < 0, 0.0)

@@ -1,0 +1,191 @@
+"""The Transformer-VQ language model: embeddings, 2 * n_layers gated attention units, output head."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_vq.config import TransformerVQConfig
+from transformer_vq.nn.attention import VQAttention, rms_norm
+from transformer_vq.nn.position import sinusoids
+from transformer_vq.nn.quantizer import VectorQuantizer
+from transformer_vq.nn.sampling import sample_next_token
+
+
+@dataclass
+class ModelState:
+    """Per-unit attention states of a batch of sequences, plus the number of tokens consumed."""
+
+    offset: int
+    layers: list[Any]
+
+    def detach(self) -> "ModelState":
+        """A copy cut from the autograd graph (truncated backprop between training windows)."""
+        return ModelState(self.offset, [s.detach() if s is not None else None for s in self.layers])
+
+    def nbytes(self) -> int:
+        """Memory held by the states' tensors, in bytes."""
+        return sum(s.nbytes() for s in self.layers if s is not None)
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor
+    """``[B, T, V]`` next-token logits."""
+    state: ModelState | None
+    """State to continue these sequences with (``None`` after ``attention='quadratic'``)."""
+    commit_loss: torch.Tensor
+    """Scalar: per-token commitment loss summed over units (Eq. 37), before the coefficient."""
+    ce_loss: torch.Tensor | None = None
+    """Mean next-token cross-entropy in nats over the positions selected by ``loss_mask`` (with targets)."""
+    loss: torch.Tensor | None = None
+    """``ce_loss + cfg.commit_coef * commit_loss`` (Eq. 35), when targets are given."""
+
+
+class TransformerVQ(nn.Module):
+    """Decoder-only Transformer-VQ.
+
+    ``model(input_ids, state=None)`` processes ``[B, T]`` token ids in time linear in ``T``; passing the
+    returned ``state`` back continues the same sequences (training windows, long evaluation, sampling).
+    """
+
+    def __init__(self, cfg: TransformerVQConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.abs_pos_scale = nn.Parameter(torch.zeros(())) if cfg.abs_pos else None
+        self.units = nn.ModuleList(VQAttention(cfg) for _ in range(2 * cfg.n_layers))
+        self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Embeddings N(0, 1); untied head N(0, 1/Dm) with zero bias (App. C; Chowdhery et al.)."""
+        nn.init.normal_(self.embed.weight, std=1.0)
+        if self.head is not None:
+            nn.init.normal_(self.head.weight, std=self.cfg.d_model ** -0.5)
+            nn.init.zeros_(self.head.bias)
+
+    def num_parameters(self) -> int:
+        """Trainable parameters (the EMA codebooks are buffers and not counted)."""
+        return sum(p.numel() for p in self.parameters())
+
+    @property
+    def quantizers(self) -> list[VectorQuantizer]:
+        return [unit.quantizer for unit in self.units if unit.quantizer is not None]
+
+    def forward(self, input_ids: torch.Tensor, state: ModelState | None = None, *,
+                targets: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None,
+                attention: str = "linear") -> ModelOutput:
+        """Run the model on ``input_ids`` ``[B, T]``.
+
+        Args:
+            state: the state returned for the previous tokens of the same sequences, or ``None``.
+            targets: ``[B, T]`` next-token ids; when given, ``ce_loss`` and ``loss`` are computed.
+            loss_mask: ``[B, T]`` bool, True where the position counts (loss, commitment loss and codebook
+                statistics); ``None`` means every position.
+            attention: ``"linear"`` (the operator) or ``"quadratic"`` (the dense reference, same parameters).
+        """
+        self._check_ids(input_ids, "input_ids")
+        B, T = input_ids.shape
+        offset = 0 if state is None else state.offset
+        x = self.embed(input_ids)  # (B, T, Dm)
+        if self.abs_pos_scale is not None:
+            positions = torch.arange(offset, offset + T, device=input_ids.device)
+            x = x + self.abs_pos_scale * sinusoids(positions, self.cfg.d_model, self.cfg.max_wavelength).to(x.dtype)
+
+        states, commit_loss = [], x.new_zeros((), dtype=torch.float32)
+        for i, unit in enumerate(self.units):
+            out = unit(x, state=None if state is None else state.layers[i], mask=loss_mask, attention=attention)
+            x, commit_loss = out.x, commit_loss + out.commit_loss
+            states.append(out.state)
+
+        if self.cfg.final_norm:
+            x = rms_norm(x)
+        if self.head is None:
+            logits = x @ self.embed.weight.t() * self.cfg.d_model ** -0.5  # tied, scaled to unit variance
+        else:
+            logits = self.head(x)
+        new_state = None if attention == "quadratic" else ModelState(offset + T, states)
+        result = ModelOutput(logits=logits, state=new_state, commit_loss=commit_loss)
+        if targets is not None:
+            self._check_ids(targets, "targets")
+            ce = F.cross_entropy(logits.float().reshape(B * T, -1), targets.reshape(B * T), reduction="none")
+            weights = torch.ones_like(ce) if loss_mask is None else loss_mask.reshape(B * T).float()
+            result.ce_loss = (ce * weights).sum() / weights.sum().clamp(min=1.0)
+            result.loss = result.ce_loss + self.cfg.commit_coef * commit_loss
+        return result
+
+    def _check_ids(self, ids: torch.Tensor, name: str) -> None:
+        if ids.dim() != 2 or ids.dtype != torch.long:
+            raise ValueError(f"{name} must be a [batch, length] int64 tensor, got {tuple(ids.shape)} {ids.dtype}")
+        if ids.shape[1] < 1:
+            raise ValueError(f"{name} must hold at least one token per sequence")
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= self.cfg.vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"{name} holds token id {bad}, outside the vocabulary [0, {self.cfg.vocab_size}); "
+                f"check the tokenizer or set vocab_size to cover it"
+            )
+
+    # ------------------------------------------------------------------ codebooks (EMA k-means)
+
+    def codebook_stats(self) -> list[torch.Tensor]:
+        """Every quantizer's accumulated statistics: all-reduce (SUM) them across workers before updating."""
+        return [t for quantizer in self.quantizers for t in quantizer.stats()]
+
+    def update_codebooks(self) -> None:
+        """Apply one EMA step to every codebook from the accumulated statistics (after the optimizer step)."""
+        for quantizer in self.quantizers:
+            quantizer.update()
+
+    def reset_codebook_stats(self) -> None:
+        """Discard accumulated statistics without updating (e.g. for a skipped non-finite step)."""
+        for quantizer in self.quantizers:
+            quantizer.reset_stats()
+
+    def codebook_metrics(self) -> dict[str, float]:
+        """Code-usage perplexity and fraction of unused codes in the last update, averaged over units."""
+        per_unit = [q.metrics() for q in self.quantizers]
+        if not per_unit:
+            return {}
+        return {key: sum(m[key] for m in per_unit) / len(per_unit) for key in per_unit[0]}
+
+    # ------------------------------------------------------------------ sampling
+
+    @torch.no_grad()
+    def stream(self, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+               top_k: int | None = None, top_p: float = 1.0,
+               generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:
+        """Yield ``max_new_tokens`` sampled tokens (``[B]`` each) continuing ``input_ids`` ``[B, T]``.
+
+        The prompt is read once; each new token then costs one linear-time step with the carried state,
+        whatever the context length. The model is in eval mode while sampling.
+        """
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        was_training = self.training
+        self.eval()
+        try:
+            out = self(input_ids)
+            for i in range(max_new_tokens):
+                token = sample_next_token(out.logits[:, -1], temperature=temperature, top_k=top_k,
+                                          top_p=top_p, generator=generator)
+                yield token
+                if i + 1 < max_new_tokens:
+                    out = self(token[:, None], out.state)
+        finally:
+            self.train(was_training)
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float = 1.0,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """``[B, T + max_new_tokens]``: the prompt followed by sampled tokens (``temperature=0``: greedy)."""
+        new = list(self.stream(input_ids, max_new_tokens, temperature=temperature, top_k=top_k,
+                               top_p=top_p, generator=generator))
+        return torch.cat([input_ids, *(t[:, None] for t in new)], dim=1)

@@ -1,0 +1,170 @@
+"""The vector quantizer of the keys, with a codebook learned by EMA k-means (Sec. 2.3-2.4, 3.4).
+
+Tensor letters: B batch, G key groups (one codebook each), T positions, S codewords, D width.
+
+Life cycle of the codebook in training (the order matters):
+
+1. ``forward`` quantizes with the *current* codebook (the one any carried attention cache was built
+   with) and, in training mode, adds the window's per-code key sums and counts to accumulators.
+   Nothing else changes, and no collective runs inside ``forward``.
+2. In data-parallel training, ``stats()`` lists the accumulators; all-reduce them (SUM) once.
+3. After the optimizer step, ``update()`` applies one EMA step from the accumulated statistics
+   (``gamma`` = ``ema_rate``) and clears them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class QuantizerOutput:
+    k_hat: torch.Tensor
+    """``[B, G, T, D]`` quantized keys: ``codebook[z]`` in value, identity Jacobian w.r.t. the keys."""
+    z: torch.Tensor
+    """``[B, G, T]`` int64 shortcodes."""
+    commit_loss: torch.Tensor
+    """Scalar: mean over (unmasked) positions of ``||k - sg(c_z)||^2`` summed over groups (Eq. 37)."""
+    codebook: torch.Tensor
+    """``[G, S, D]`` the codebook used, without gradient."""
+
+
+class VectorQuantizer(nn.Module):
+    """Nearest-codeword quantizer with straight-through gradients and an EMA k-means codebook.
+
+    Args:
+        n_group: number of independent codebooks ``G`` (one per key/value group).
+        n_code: codewords per codebook ``S``.
+        dim: codeword width ``D``.
+        ema_rate: ``gamma`` of the EMA (0.99 in the paper).
+        dead_code_restart: re-seed a code from recent keys after it went unused for this many
+            consecutive updates (0 = never, the paper's setting).
+        init_scale: standard deviation of the initial codewords' entries.
+    """
+
+    def __init__(self, n_group: int, n_code: int, dim: int, *, ema_rate: float = 0.99,
+                 dead_code_restart: int = 0, init_scale: float = 1.0):
+        super().__init__()
+        self.n_group, self.n_code, self.dim = n_group, n_code, dim
+        self.ema_rate = ema_rate
+        self.dead_code_restart = dead_code_restart
+        # EMA of per-code key sums and counts; the codeword is sum / count. Counts start at one so the
+        # initial codewords are the initial sums.
+        self.register_buffer("ema_sum", torch.randn(n_group, n_code, dim) * init_scale)
+        self.register_buffer("ema_count", torch.ones(n_group, n_code))
+        self.register_buffer("updates_unused", torch.zeros(n_group, n_code))
+        # Statistics of the current update window (not saved: they are empty between steps).
+        self.register_buffer("acc_sum", torch.zeros(n_group, n_code, dim), persistent=False)
+        self.register_buffer("acc_count", torch.zeros(n_group, n_code), persistent=False)
+        self.register_buffer("acc_recent", torch.zeros(n_group, n_code, dim), persistent=False)
+        self.register_buffer("acc_recent_n", torch.zeros(n_group, 1), persistent=False)
+        self.register_buffer("last_count", torch.zeros(n_group, n_code), persistent=False)
+
+    @property
+    def codebook(self) -> torch.Tensor:
+        """``[G, S, D]``: EMA sum / EMA count, the count floored at 0.01 so dead codes stay finite."""
+        return self.ema_sum / self.ema_count.clamp(min=0.01).unsqueeze(-1)
+
+    def forward(self, k: torch.Tensor, mask: torch.Tensor | None = None) -> QuantizerOutput:
+        """Quantize ``k`` of shape ``[B, G, T, D]``; ``mask`` ``[B, T]`` (True = real token) excludes
+        padded positions from the commitment loss and from the codebook statistics."""
+        B, G, T, D = k.shape
+        codebook = self.codebook.detach()
+        with torch.no_grad():
+            z = self.shortcodes(k)
+        k_hat_value = codebook[torch.arange(G, device=k.device)[None, :, None], z]  # (B, G, T, D)
+        k_hat = k + (k_hat_value.to(k.dtype) - k).detach()  # straight-through estimator (Def. 2.6)
+
+        weights = torch.ones(B, T, dtype=torch.float32, device=k.device) if mask is None else mask.float()
+        sq_dist = (k.float() - k_hat_value.float()).pow(2).sum(dim=-1).sum(dim=1)  # (B, T), summed over groups
+        commit_loss = (sq_dist * weights).sum() / weights.sum().clamp(min=1.0)
+
+        if self.training:
+            self._accumulate(k.detach(), z, weights)
+        return QuantizerOutput(k_hat=k_hat, z=z, commit_loss=commit_loss, codebook=codebook)
+
+    @torch.no_grad()
+    def shortcodes(self, k: torch.Tensor) -> torch.Tensor:
+        """``argmin_s ||k - C_s||^2`` per position, computed in float32 whatever the input dtype."""
+        codebook = self.codebook.float()  # (G, S, D)
+        k = k.float()
+        # ||k - c||^2 = ||k||^2 - 2 k.c + ||c||^2; the first term does not change the argmin.
+        dist = codebook.pow(2).sum(-1)[None, :, None, :] - 2 * k @ codebook.transpose(-1, -2).unsqueeze(0)
+        return dist.argmin(dim=-1)  # (B, G, T)
+
+    @torch.no_grad()
+    def _accumulate(self, k: torch.Tensor, z: torch.Tensor, weights: torch.Tensor) -> None:
+        B, G, T, D = k.shape
+        w = weights[:, None, :].expand(B, G, T).to(self.acc_count.dtype)  # (B, G, T)
+        index = z.permute(1, 0, 2).reshape(G, B * T)  # (G, B*T)
+        w_flat = w.permute(1, 0, 2).reshape(G, B * T)
+        keys = k.to(self.acc_sum.dtype).permute(1, 0, 2, 3).reshape(G, B * T, D) * w_flat.unsqueeze(-1)
+        self.acc_count.scatter_add_(1, index, w_flat)
+        self.acc_sum.scatter_add_(1, index.unsqueeze(-1).expand(G, B * T, D), keys)
+        if self.dead_code_restart:
+            # Keep S keys drawn from this window's real positions, to re-seed dead codes with.
+            real = w_flat[0].nonzero().squeeze(-1)
+            if real.numel():
+                pick = real[torch.randint(real.numel(), (self.n_code,), device=k.device)]
+                self.acc_recent.copy_(keys[:, pick])
+                self.acc_recent_n.fill_(1.0)
+
+    def stats(self) -> list[torch.Tensor]:
+        """The accumulated statistics, to all-reduce (SUM) across data-parallel workers before ``update``."""
+        return [self.acc_sum, self.acc_count, self.acc_recent, self.acc_recent_n]
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """One EMA k-means step from the accumulated statistics, then clear them.
+
+        ``ema_count <- gamma ema_count + (1 - gamma) count`` and likewise for the sums, so a code that
+        received no keys keeps its codeword while its count decays geometrically.
+        """
+        gamma = self.ema_rate
+        self.ema_count.mul_(gamma).add_(self.acc_count, alpha=1 - gamma)
+        self.ema_sum.mul_(gamma).add_(self.acc_sum, alpha=1 - gamma)
+        self.last_count.copy_(self.acc_count)
+        unused = self.acc_count == 0
+        self.updates_unused.add_(1).mul_(unused)
+        if self.dead_code_restart:
+            self._restart_dead_codes()
+        self.reset_stats()
+
+    @torch.no_grad()
+    def _restart_dead_codes(self) -> None:
+        dead = self.updates_unused >= self.dead_code_restart  # (G, S)
+        have_keys = self.acc_recent_n > 0  # (G, 1): workers that contributed recent keys
+        dead = dead & have_keys
+        if dead.any():
+            # With several workers the all-reduced reservoir is a sum over them: use its average.
+            recent = self.acc_recent / self.acc_recent_n.clamp(min=1.0).unsqueeze(-1)
+            self.ema_sum[dead] = recent[dead]
+            self.ema_count[dead] = 1.0
+            self.updates_unused[dead] = 0
+
+    @torch.no_grad()
+    def reset_stats(self) -> None:
+        """Discard the accumulated statistics (after an update, or for a skipped step)."""
+        for t in self.stats():
+            t.zero_()
+
+    @torch.no_grad()
+    def metrics(self) -> dict[str, float]:
+        """Code usage over the last update window: perplexity of the usage distribution (``S`` when
+        uniform, 1 when one code takes everything) and the fraction of codes that got no key."""
+        counts = self.last_count
+        total = counts.sum(-1, keepdim=True)
+        if float(total.sum()) == 0:
+            return {"codebook_perplexity": float("nan"), "codebook_unused": float("nan")}
+        p = counts / total.clamp(min=1e-12)
+        entropy = -(p * p.clamp(min=1e-12).log()).sum(-1)  # (G,)
+        return {
+            "codebook_perplexity": float(entropy.exp().mean()),
+            "codebook_unused": float((counts == 0).float().mean()),
+        }
+
+    def extra_repr(self) -> str:
+        return f"groups={self.n_group}, codes={self.n_code}, dim={self.dim}, ema_rate={self.ema_rate}"

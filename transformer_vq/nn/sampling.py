@@ -1,0 +1,36 @@
+"""Choosing the next token from logits: temperature, top-k and nucleus (top-p) sampling."""
+
+from __future__ import annotations
+
+import torch
+
+
+def sample_next_token(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None,
+                      top_p: float = 1.0, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token per row of ``logits`` ``[B, V]``.
+
+    ``temperature == 0`` is greedy decoding (argmax). Otherwise logits are divided by the temperature,
+    restricted to the ``top_k`` most likely tokens (if given) and then to the smallest set whose
+    probability reaches ``top_p`` (nucleus sampling, as the paper samples), and one token is drawn.
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be a positive integer or None, got {top_k}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the tokens ranked above it already reach top_p (the first is always kept).
+        drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
