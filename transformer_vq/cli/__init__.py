@@ -16,6 +16,9 @@ SUBCOMMANDS = {
     "version": "transformer_vq.cli.version",
     "demo": "transformer_vq.cli.demo",
     "tokenizer": "transformer_vq.cli.tokenizer",
+    "train": "transformer_vq.cli.train",
+    "eval": "transformer_vq.cli.eval",
+    "sample": "transformer_vq.cli.sample",
 }
 
 

@@ -186,11 +186,12 @@ def check_compatible(model: TransformerVQConfig, train: TrainConfig) -> None:
 
 
 def load_config(preset: str | None = None, file: str | Path | None = None,
-                overrides: typing.Sequence[str] = ()) -> RunConfig:
+                overrides: typing.Sequence[str] = (), base: RunConfig | None = None) -> RunConfig:
     """Build a :class:`RunConfig`: model preset (default ``small``), then a YAML/TOML file, then
-    ``key=value`` overrides, each later source winning. Raises :class:`ConfigError` with a message that
-    names the bad key or value."""
-    values = {"model": {}, "train": {}}
+    ``key=value`` overrides, each later source winning. With ``base`` (e.g. the saved config of a run
+    being resumed) the starting point is ``base`` instead of the defaults, unless a preset is named.
+    Raises :class:`ConfigError` with a message that names the bad key or value."""
+    values = {"model": {}, "train": dict(base.train.to_dict()) if base else {}}
     file_preset = None
     if file is not None:
         loaded = _read_file(Path(file))
@@ -207,13 +208,29 @@ def load_config(preset: str | None = None, file: str | Path | None = None,
     for item in overrides:
         section, key, value = _parse_override(item)
         values[section][key] = value
-    name = preset or file_preset or "small"
-    if name not in PRESETS:
+    name = preset or file_preset
+    if name is not None and name not in PRESETS:
         raise ConfigError(f"unknown model preset {name!r}; available: {', '.join(PRESETS)}")
-    model_values = {**PRESETS[name].to_dict(), **values["model"]}
+    start = base.model if base is not None and name is None else PRESETS[name or "small"]
+    model_values = {**start.to_dict(), **values["model"]}
     model = _build(TransformerVQConfig, model_values, "model")
     train = _build(TrainConfig, values["train"], "train")
     return RunConfig(model=model, train=train)
+
+
+def field_docs(cls) -> dict[str, str]:
+    """Each field's docstring (the string literal under it in the class body), for ``--help``."""
+    import ast
+    import inspect
+    import textwrap
+
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    docs = {}
+    for node, following in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)):
+            docs[node.target.id] = " ".join(str(following.value.value).split())
+    return docs
 
 
 def _read_file(path: Path) -> dict:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -40,13 +39,13 @@ class MetricsLogger:
         self.jsonl.write(json.dumps(metrics) + "\n")
         self.jsonl.flush()
         for key, value in metrics.items():
+            # None marks a non-finite value (JSON has no NaN): nothing to plot
             if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                if math.isfinite(value):
-                    self.tensorboard.add_scalar(f"train/{key}", value, step)
+                self.tensorboard.add_scalar(f"train/{key}", value, step)
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['lr']:.2e}",
-                                 tok_s=f"{metrics['tokens_per_s']:,.0f}")
+            self.bar.set_postfix(loss=_fmt(metrics["loss"], ".4f"), bpb=_fmt(metrics.get("bits_per_byte"), ".3f"),
+                                 tok_s=_fmt(metrics["tokens_per_s"], ",.0f"))
         elif step % self.log_every == 0 or step == self.total_steps:
             self.print(format_step(metrics, self.total_steps))
 
@@ -74,10 +73,16 @@ class MetricsLogger:
 
 def format_step(metrics: dict, total_steps: int) -> str:
     """One console line for a training step."""
-    line = (f"step {metrics['step']}/{total_steps}  loss {metrics['loss']:.4f}  lr {metrics['lr']:.2e}  "
-            f"tok/s {metrics['tokens_per_s']:,.0f}")
+    line = (f"step {metrics['step']}/{total_steps}  loss {_fmt(metrics['loss'], '.4f')}  "
+            f"bpb {_fmt(metrics.get('bits_per_byte'), '.3f')}  lr {metrics['lr']:.2e}  "
+            f"tok/s {_fmt(metrics['tokens_per_s'], ',.0f')}")
     if "codebook_perplexity" in metrics:
-        line += f"  codebook ppl {metrics['codebook_perplexity']:.1f}"
+        line += f"  codebook ppl {_fmt(metrics['codebook_perplexity'], '.1f')}"
     if metrics.get("skipped"):
         line += "  (skipped: non-finite)"
     return line
+
+
+def _fmt(value, spec: str) -> str:
+    """Format a number, or 'nan' for a missing (non-finite) one."""
+    return "nan" if value is None else format(value, spec)

@@ -1,0 +1,31 @@
+"""Training, evaluation and sampling: the library behind ``tvq train``, ``tvq eval`` and ``tvq sample``.
+
+    from transformer_vq.train import RunConfig, load_config, train, evaluate, sample
+
+    cfg = load_config(preset="small", overrides=["train.steps=100"])
+    result = train(cfg)                                   # -> TrainResult
+    print(evaluate("runs/default").bits_per_byte)         # -> EvalResult
+    print("".join(sample("runs/default", "ROMEO:", max_new_tokens=200, seed=0)))
+"""
+
+from transformer_vq.train.checkpoint import CheckpointError
+from transformer_vq.train.config import ConfigError, RunConfig, TrainConfig, load_config
+from transformer_vq.train.evaluate import EvalResult, evaluate, evaluate_tokens
+from transformer_vq.train.loop import TrainingError, TrainResult, train
+from transformer_vq.train.sample import sample, stream_text
+
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "EvalResult",
+    "RunConfig",
+    "TrainConfig",
+    "TrainResult",
+    "TrainingError",
+    "evaluate",
+    "evaluate_tokens",
+    "load_config",
+    "sample",
+    "stream_text",
+    "train",
+]

@@ -1,0 +1,371 @@
+"""The training loop (Sec. 3.4): truncated backprop through time over windows of ``update_len``
+tokens, one optimizer step and one codebook EMA update per window, fault tolerant.
+
+Per batch of ``[B, seq_len + 1]`` token windows::
+
+    state = None                                   # reset at every new batch of sequences
+    for each window w of update_len tokens:        # seq_len / update_len optimizer steps
+        out = model(x_w, state, targets=y_w)       # loss = CE + beta * commit loss
+        backward; (DDP averages gradients); clip
+        if loss and gradient are finite:
+            optimizer.step(); all-reduce codebook statistics; model.update_codebooks()
+        else:
+            skip: weights, optimizer and codebooks untouched (the statistics are discarded)
+        state = out.state.detach()                 # carried to the next window, no gradient
+
+Fault tolerance: checkpoints every ``ckpt_every`` steps (atomic, see checkpoint.py) hold everything
+needed to continue bit for bit on CPU: weights, codebooks, optimizer, scheduler, step, data
+position, every worker's RNG states and, mid-batch, the carried operator state. SIGTERM / SIGINT
+finish the current step, save, and make :func:`train` return exit code 143 / 130.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from transformer_vq.data.batches import check_vocab, corpus_batches
+from transformer_vq.train.build import build_model, load_corpus_for, resolve_device
+from transformer_vq.train.carry import from_plain, to_plain
+from transformer_vq.train.checkpoint import (CheckpointError, find_checkpoint, latest_checkpoint, list_checkpoints,
+                                             save_checkpoint)
+from transformer_vq.train.config import RunConfig
+from transformer_vq.train.distributed import Distributed, setup_distributed, teardown_distributed
+from transformer_vq.train.evaluate import EvalResult, corpus_tokens_per_byte, evaluate_tokens
+from transformer_vq.train.metrics import MetricsLogger
+from transformer_vq.train.optim import build_optimizer, build_scheduler
+from transformer_vq.train.sample import stream_text
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on; the message says why and what to do."""
+
+
+@dataclass
+class TrainResult:
+    """How a call to :func:`train` ended."""
+
+    run_dir: Path
+    step: int
+    """Optimizer steps done (including steps from before a resume)."""
+    exit_code: int
+    """0 when all steps ran; 128 + signal number when stopped by SIGTERM (143) or SIGINT (130)."""
+    validation: EvalResult | None = None
+    sample: str | None = None
+
+
+class _StopRequest:
+    """Turns the first SIGTERM / SIGINT into a request to stop after the current step; a second
+    signal gets the previous behaviour back (e.g. Ctrl-C twice interrupts at once)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+        self._restore()
+        print(f"\n{signal.Signals(signum).name} received: finishing the current step, then saving and exiting",
+              file=sys.stderr, flush=True)
+
+    def _restore(self):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def __exit__(self, *exc):
+        self._restore()
+
+
+def rng_state() -> dict:
+    """Every random number generator a run may draw from, as tensors and plain data."""
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what :func:`rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    np_state = state["numpy"]
+    np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
+                         np_state["has_gauss"], np_state["cached_gaussian"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module | None = None,
+          _skip_restore: frozenset = frozenset()) -> TrainResult:
+    """Train a model as ``cfg`` says; the Python form of ``tvq train``.
+
+    Args:
+        cfg: model and training configuration.
+        resume: ``None`` to start a new run (refused when the run directory already has checkpoints),
+            ``"auto"`` to continue from the run directory's latest complete checkpoint when there is one,
+            or the path of a run or checkpoint directory to continue from.
+        model: train this module instead of ``TransformerVQ(cfg.model)`` (same interface).
+        _skip_restore: for tests only: parts of a checkpoint ({"data", "rng"}) *not* to restore, to
+            show that restoring them is what makes resumed training identical.
+
+    Returns a :class:`TrainResult`; raises :class:`TrainingError`, :class:`CheckpointError` or the data
+    layer's ``DataError`` with a message for the user.
+    """
+    device = resolve_device(cfg.train.device)
+    dist_info = setup_distributed(device.type)
+    if device.type == "cuda":
+        device = torch.device("cuda", dist_info.local_rank)
+    try:
+        return _Trainer(cfg, dist_info, device, model).run(resume, _skip_restore)
+    finally:
+        teardown_distributed(dist_info)
+
+
+class _Trainer:
+    """The state of one training run; :meth:`run` is the loop."""
+
+    def __init__(self, cfg: RunConfig, dist_info: Distributed, device: torch.device, model):
+        self.cfg = cfg
+        self.tc = tc = cfg.train
+        self.dist = dist_info
+        self.device = device
+        self.run_dir = tc.resolved_run_dir()
+        self.ckpt_root = self.run_dir / "checkpoints"
+        self.log = print if dist_info.is_main else (lambda *a, **k: None)
+
+        self.corpus = load_corpus_for(tc)
+        for split in ("train", "validation"):
+            check_vocab(self.corpus.split(split), cfg.model.vocab_size, split)
+        self.batches = corpus_batches(self.corpus, "train", batch_size=tc.batch_size, seq_len=tc.seq_len,
+                                      seed=tc.seed, rank=dist_info.rank, world_size=dist_info.world_size)
+
+        torch.manual_seed(tc.seed)  # identical initial weights on every worker
+        self.model = (model if model is not None else build_model(cfg)).to(device)
+        self.model.train()
+        self.optimizer = build_optimizer(self.model, tc)
+        self.scheduler = build_scheduler(self.optimizer, tc)
+        # dropout differs between workers, as their data does
+        torch.manual_seed(tc.seed * 1_000_003 + 1 + dist_info.rank)
+        self.forward = self.model
+        if dist_info.enabled:
+            # codebooks stay identical without broadcasting buffers: every worker applies the same
+            # update from all-reduced statistics
+            self.forward = torch.nn.parallel.DistributedDataParallel(
+                self.model, broadcast_buffers=False, find_unused_parameters=cfg.model.droplyr > 0,
+                device_ids=[device.index] if device.type == "cuda" else None,
+            )
+        self.step = 0
+        self.batch = None  # (B_local, seq_len + 1) the current batch of sequences
+        self.batch_pos = self.batches.state_dict()  # data position before the current batch
+        self.carry = None  # operator state carried into the next window
+        self.nonfinite_run = 0
+        self.train_tokens_per_byte = corpus_tokens_per_byte(self.corpus, "train")
+
+    # ---- checkpoints -------------------------------------------------------------------------------
+
+    def _checkpoint_state(self) -> dict:
+        mid_batch = self.step % self.tc.windows_per_batch != 0
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            # mid-batch: where the current batch starts, plus the state carried into the next window
+            "data": self.batch_pos if mid_batch else self.batches.state_dict(),
+            "carry": to_plain(self.carry) if mid_batch else None,
+            "nonfinite_run": self.nonfinite_run,
+            "world_size": self.dist.world_size,
+        }
+
+    def save(self) -> None:
+        rngs = self.dist.all_gather_object(rng_state())  # every worker's generators, in rank order
+        if self.dist.is_main:
+            path = save_checkpoint(self.ckpt_root, step=self.step, model=self.model, config=self.cfg.to_dict(),
+                                   state={**self._checkpoint_state(), "rng": rngs}, keep=self.tc.keep_ckpts)
+            self.log(f"saved checkpoint {path}", flush=True)
+        self.dist.barrier()
+
+    def restore(self, resume: str, skip: frozenset) -> None:
+        if resume == "auto":
+            ckpt = latest_checkpoint(self.ckpt_root, log=self.log)
+            if ckpt is None:
+                self.log(f"no checkpoint in {self.ckpt_root} yet: starting from scratch")
+                return
+        else:
+            ckpt = find_checkpoint(resume)
+        ckpt.load_weights(self.model)
+        state = ckpt.state
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = ckpt.step
+        self.nonfinite_run = int(state["nonfinite_run"])
+        if "data" not in skip:
+            self.batches.load_state_dict(state["data"])
+        if "rng" not in skip:
+            if len(state["rng"]) == self.dist.world_size:
+                set_rng_state(state["rng"][self.dist.rank])
+            else:
+                self.log(f"warning: the checkpoint was saved by {len(state['rng'])} workers, this run has "
+                         f"{self.dist.world_size}: random streams (dropout) restart from new seeds")
+                torch.manual_seed(self.cfg.train.seed * 1_000_003 + 1 + self.dist.rank + 7919 * self.step)
+        if self.step % self.tc.windows_per_batch != 0:
+            self.batch_pos = self.batches.state_dict()
+            self.batch = next(self.batches).to(self.device)
+            self.carry = from_plain(state["carry"], self.device) if "data" not in skip else None
+        self.log(f"resumed from {ckpt.path} at step {self.step}")
+
+    # ---- one step ------------------------------------------------------------------------------------
+
+    def train_step(self, stop: _StopRequest) -> dict:
+        """One optimizer step on the next window; returns its metrics (identical on every worker)."""
+        tc = self.tc
+        window = self.step % tc.windows_per_batch
+        if window == 0:
+            self.batch_pos = self.batches.state_dict()
+            self.batch = next(self.batches).to(self.device)
+            self.carry = None
+        lo = window * tc.update_len
+        inputs = self.batch[:, lo:lo + tc.update_len]  # (B_local, update_len)
+        targets = self.batch[:, lo + 1:lo + tc.update_len + 1]  # (B_local, update_len)
+        begin = time.perf_counter()
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=tc.precision == "bfloat16"):
+            out = self.forward(inputs, state=self.carry, targets=targets)
+        out.loss.backward()
+        max_norm = tc.grad_clip if tc.optimizer == "adamw" and tc.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
+        # one collective for the logged losses and the flags every worker must agree on
+        shared = torch.tensor([out.loss.item(), out.ce_loss.item(), out.commit_loss.item(),
+                               float(not math.isfinite(out.loss.item())), float(stop.signum is not None)],
+                              dtype=torch.float64)
+        self.dist.all_reduce_sum_([shared])
+        loss, ce_loss, commit_loss = (shared[:3] / self.dist.world_size).tolist()
+        finite = shared[3].item() == 0 and math.isfinite(grad_norm)
+        if finite:
+            self.optimizer.step()
+            stats = self.model.codebook_stats()
+            self.dist.all_reduce_sum_(stats)
+            self.model.update_codebooks()
+            self.nonfinite_run = 0
+        else:
+            self.model.reset_codebook_stats()
+            self.nonfinite_run += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        self.carry = out.state.detach()
+        self.step += 1
+        seconds = time.perf_counter() - begin
+        metrics = {
+            "step": self.step, "loss": _finite_or_none(loss), "ce_loss": _finite_or_none(ce_loss),
+            "commit_loss": _finite_or_none(commit_loss),
+            "bits_per_byte": _finite_or_none(ce_loss / math.log(2) * self.train_tokens_per_byte),
+            "lr": lr, "grad_norm": _finite_or_none(grad_norm),
+            "tokens_per_s": tc.batch_size * tc.update_len / seconds, "skipped": not finite,
+            **self.model.codebook_metrics(),
+        }
+        return {"metrics": metrics, "stop": shared[4].item() > 0}
+
+    # ---- the loop ------------------------------------------------------------------------------------
+
+    def evaluate(self, max_tokens: int) -> EvalResult:
+        return evaluate_tokens(
+            self.model, self.corpus.split("validation"), window_len=self.tc.seq_len,
+            tokens_per_byte=corpus_tokens_per_byte(self.corpus, "validation"), streams=self.tc.eval_streams,
+            max_tokens=max_tokens, precision=self.tc.precision, progress=False,
+        )
+
+    def run(self, resume: str | None, skip: frozenset) -> TrainResult:
+        tc = self.tc
+        if resume is None and list_checkpoints(self.ckpt_root):
+            raise TrainingError(
+                f"run directory {self.run_dir} already holds checkpoints; continue that run with --resume auto, "
+                f"or start a new one with another --run-dir (or --name)"
+            )
+        if resume is not None:
+            self.restore(resume, skip)
+        if self.dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.json").write_text(self.cfg.to_json())
+            n_params = sum(p.numel() for p in self.model.parameters())
+            self.log(f"training a {n_params / 1e6:.2f}M-parameter model on {self.corpus.name} "
+                     f"({len(self.corpus.split('train')):,} training tokens) for {tc.steps} steps of "
+                     f"{tc.batch_size} x {tc.update_len} tokens on {self.dist.world_size} x {self.device.type}; "
+                     f"run directory {self.run_dir}", flush=True)
+        logger = (MetricsLogger(self.run_dir, total_steps=tc.steps, start_step=self.step, log_every=tc.log_every)
+                  if self.dist.is_main else None)
+        exit_code = 0
+        try:
+            with _StopRequest() as stop:
+                while self.step < tc.steps:
+                    result = self.train_step(stop)
+                    metrics = result["metrics"]
+                    if logger:
+                        logger.log_step(metrics)
+                        if metrics["skipped"]:
+                            logger.print(f"step {self.step}: non-finite loss or gradient, step skipped "
+                                         f"({self.nonfinite_run} in a row)")
+                    if self.nonfinite_run >= tc.max_nonfinite:
+                        self.save()
+                        raise TrainingError(
+                            f"stopped at step {self.step}: {self.nonfinite_run} steps in a row had a non-finite loss "
+                            f"or gradient (max_nonfinite={tc.max_nonfinite}); the weights are those of the last "
+                            f"good step (saved). Lower the learning rate (--set lr=...), use precision=float32, "
+                            f"or check the data"
+                        )
+                    if result["stop"]:
+                        self.save()
+                        exit_code = 128 + (stop.signum or signal.SIGTERM)
+                        break
+                    if self.step % tc.ckpt_every == 0 or self.step == tc.steps:
+                        self.save()
+                    if tc.eval_every and self.step % tc.eval_every == 0 and self.step < tc.steps:
+                        if logger:
+                            logger.log_eval(self.step, "validation", self.evaluate(tc.eval_tokens).to_dict())
+                        self.dist.barrier()
+            validation = sample_text = None
+            if exit_code == 0 and self.dist.is_main:
+                validation = self.evaluate(tc.eval_tokens)
+                logger.log_eval(self.step, "validation", validation.to_dict())
+                if tc.sample_tokens:
+                    sample_text = self._sample(logger)
+        finally:
+            if logger:
+                logger.close()
+        return TrainResult(run_dir=self.run_dir, step=self.step, exit_code=exit_code, validation=validation,
+                           sample=sample_text)
+
+    def _sample(self, logger: MetricsLogger) -> str:
+        prompt = self.tc.sample_prompt
+        pieces = stream_text(self.model, self.corpus.encode(prompt), self.corpus.decode,
+                             max_new_tokens=self.tc.sample_tokens, seed=self.tc.seed)
+        text = "".join(pieces)
+        logger.print(f"sample ({self.tc.sample_tokens} tokens, prompt {json.dumps(prompt)}):\n{prompt}{text}")
+        return text
