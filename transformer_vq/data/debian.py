@@ -111,8 +111,9 @@ def apt_download(package: str, dest: Path, *, command: tuple[str, ...] | None = 
             raise DataError(f"`{' '.join(command)}` failed ({exc}). {instead}") from exc
         debs = sorted(Path(scratch).glob(f"{package}_*.deb"))
         if result.returncode != 0 or not debs:
-            lines = [line for line in (result.stderr + result.stdout).splitlines() if line.strip()]
-            reason = lines[-1].strip() if lines else f"exit status {result.returncode}"
+            lines = [line.strip() for line in (result.stderr + "\n" + result.stdout).splitlines() if line.strip()]
+            errors = [line for line in lines if line.startswith("E:")]
+            reason = (errors or lines or [f"exit status {result.returncode}"])[-1]
             raise DataError(
                 f"`{' '.join(command)}` failed ({reason}). Check your network and run `apt-get update` "
                 f"(as root) first. {instead}"

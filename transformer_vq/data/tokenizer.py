@@ -159,7 +159,8 @@ def train_tokenizer(
             **TRAINER_OPTIONS,
         )
     except RuntimeError as exc:
-        raise DataError(f"SentencePiece training failed ({exc}); check that the training text is not empty") from exc
+        raise DataError(f"SentencePiece training failed ({exc}). Use a larger --vocab-size (it must cover the 256 "
+                        f"byte pieces plus every distinct character), and check the training text is not empty") from exc
     out = Path(out)
     cache.atomic_write_bytes(out, model.getvalue())
     tokenizer = ExactTokenizer(model.getvalue(), out)

@@ -1,0 +1,89 @@
+"""The cache (atomic writes, manifests) and the fixed contiguous splits."""
+
+import os
+
+import numpy as np
+import pytest
+
+from transformer_vq.data import cache
+from transformer_vq.data.errors import DataError
+from transformer_vq.data.splits import byte_corpus, documents_per_split, split_bounds
+
+
+def test_cache_root_from_env_and_override(cache_dir, tmp_path):
+    assert cache.cache_root() == cache_dir
+    assert cache.cache_root(tmp_path / "other") == tmp_path / "other"
+    assert cache.dataset_dir("x") == cache_dir / "x" and (cache_dir / "x").is_dir()
+
+
+def test_cache_root_default_is_home_cache(monkeypatch):
+    monkeypatch.delenv("TVQ_CACHE_DIR")
+    assert cache.cache_root() == cache.Path.home() / ".cache" / "transformer-vq"
+
+
+def test_unwritable_cache_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"")
+    with pytest.raises(DataError, match="cannot create the cache directory .*Set TVQ_CACHE_DIR"):
+        cache.dataset_dir("x", blocker)
+
+
+def test_atomic_writer_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "out.bin"
+    with pytest.raises(RuntimeError):
+        with cache.atomic_writer(target) as handle:
+            handle.write(b"partial")
+            raise RuntimeError("crash")
+    assert not target.exists() and os.listdir(tmp_path) == []
+    cache.atomic_write_bytes(target, b"done")
+    assert target.read_bytes() == b"done" and os.listdir(tmp_path) == ["out.bin"]
+
+
+def test_manifest_detects_changed_file(tmp_path):
+    target = tmp_path / "data.bin"
+    cache.atomic_write_bytes(target, b"abc")
+    manifest = cache.write_manifest(target, note="x")
+    assert manifest["sha256"] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert cache.verified_manifest(target)["note"] == "x"
+    target.write_bytes(b"abd")  # same size, different content
+    assert cache.verified_manifest(target) is None
+    assert cache.verified_manifest(target, full=False) is not None  # size-only check
+    target.write_bytes(b"abcd")
+    assert cache.verified_manifest(target, full=False) is None
+
+
+def test_enwik8_sized_split_is_exactly_90_5_5():
+    assert split_bounds(100_000_000) == {
+        "train": (0, 90_000_000), "validation": (90_000_000, 95_000_000), "test": (95_000_000, 100_000_000)}
+
+
+def test_split_errors_name_the_fix():
+    with pytest.raises(DataError, match=r"too short to split: 30 tokens give a split of only 1 .*at least about 41"):
+        split_bounds(30, name="tiny")
+    with pytest.raises(DataError, match="summing to 1"):
+        split_bounds(1000, (0.5, 0.5, 0.5))
+
+
+def test_documents_per_split():
+    bounds = split_bounds(100)
+    docs = documents_per_split([0, 10, 90, 95, 97], bounds)
+    assert docs["train"].tolist() == [0, 10]
+    assert docs["validation"].tolist() == [0]  # doc starting exactly at 90 is the split start
+    assert docs["test"].tolist() == [0, 2]
+
+
+def test_byte_corpus_is_a_memmap_of_the_file(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_bytes(bytes(range(256)) * 4)
+    corpus = byte_corpus("t", path)
+    assert corpus.vocab_size == 256 and corpus.eod_id is None
+    assert {k: len(v) for k, v in corpus.splits.items()} == {"train": 922, "validation": 51, "test": 51}
+    assert isinstance(corpus.splits["train"], np.memmap)
+    assert corpus.split_bytes == {"train": 922, "validation": 51, "test": 51}
+    assert int(corpus.splits["validation"][0]) == 922 % 256 and int(corpus.splits["test"][-1]) == 255
+    assert corpus.decode(corpus.encode("héllo")) == "héllo"
+
+
+def test_byte_corpus_missing_file(tmp_path):
+    with pytest.raises(DataError, match="cannot read .*missing.*check the path"):
+        byte_corpus("t", tmp_path / "missing")
