@@ -113,7 +113,8 @@ class TransformerVQ(nn.Module):
         result = ModelOutput(logits=logits, state=new_state, commit_loss=commit_loss)
         if targets is not None:
             self._check_ids(targets, "targets")
-            ce = F.cross_entropy(logits.float().reshape(B * T, -1), targets.reshape(B * T), reduction="none")
+            logits_acc = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 at least, under autocast
+            ce = F.cross_entropy(logits_acc.reshape(B * T, -1), targets.reshape(B * T), reduction="none")
             weights = torch.ones_like(ce) if loss_mask is None else loss_mask.reshape(B * T).float()
             result.ce_loss = (ce * weights).sum() / weights.sum().clamp(min=1.0)
             result.loss = result.ce_loss + self.cfg.commit_coef * commit_loss

@@ -1,0 +1,139 @@
+"""VectorQuantizer: nearest codes, straight-through gradient, EMA k-means in closed form, masking."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from transformer_vq import VectorQuantizer
+
+
+def quantizer(G=1, S=3, D=2, **kwargs):
+    vq = VectorQuantizer(G, S, D, **kwargs)
+    with torch.no_grad():
+        vq.ema_sum.copy_(torch.tensor([[[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]]]).expand(G, S, D) if S == 3 else vq.ema_sum)
+    return vq
+
+
+def test_codes_are_nearest_codewords():
+    torch.manual_seed(0)
+    vq = VectorQuantizer(2, 16, 8).eval()
+    k = torch.randn(3, 2, 40, 8)
+    out = vq(k)
+    dist = ((k.unsqueeze(-2) - vq.codebook[None, :, None]) ** 2).sum(-1)  # (B, G, T, S), brute force
+    assert torch.equal(out.z, dist.argmin(-1))
+    torch.testing.assert_close(out.k_hat, vq.codebook[torch.arange(2)[None, :, None], out.z])
+
+
+def test_straight_through_gradient_reaches_keys():
+    vq = quantizer().eval()
+    k = torch.randn(2, 1, 5, 2, requires_grad=True)
+    weight = torch.randn(2, 1, 5, 2)
+    (grad,) = torch.autograd.grad((vq(k).k_hat * weight).sum(), k)
+    torch.testing.assert_close(grad, weight)  # identity Jacobian (Remark 2.7)
+
+
+def test_commit_loss_is_mean_squared_distance():
+    vq = quantizer().eval()
+    k = torch.tensor([[[[0.1, 0.0], [0.9, 0.3], [0.0, 1.5]]]])  # nearest: codes 0, 1, 2
+    out = vq(k)
+    assert out.z.tolist() == [[[0, 1, 2]]]
+    expected = (0.1 ** 2 + (0.1 ** 2 + 0.3 ** 2) + 0.5 ** 2) / 3
+    assert math.isclose(out.commit_loss.item(), expected, rel_tol=1e-6)
+    (grad,) = torch.autograd.grad(vq(k.requires_grad_(True)).commit_loss, k)
+    torch.testing.assert_close(grad, 2 * (k - out.k_hat) / 3)  # the codebook side is stop-gradient
+
+
+def test_ema_update_closed_form():
+    """Two keys on code 1, none on codes 0 and 2, gamma = 0.9: sum and count follow the EMA exactly."""
+    vq = quantizer(ema_rate=0.9).train()
+    keys = torch.tensor([[[[1.2, 0.2], [0.8, -0.4]]]])
+    vq(keys)
+    assert vq.acc_count.tolist() == [[0.0, 2.0, 0.0]]
+    vq.update()
+    # count_1 = 0.9 * 1 + 0.1 * 2 = 1.1; sum_1 = 0.9 * (1, 0) + 0.1 * (2.0, -0.2) = (1.1, -0.02)
+    torch.testing.assert_close(vq.ema_count, torch.tensor([[0.9, 1.1, 0.9]]))
+    torch.testing.assert_close(vq.ema_sum[0, 1], torch.tensor([1.1, -0.02]))
+    torch.testing.assert_close(vq.codebook[0, 1], torch.tensor([1.1, -0.02]) / 1.1)
+    assert vq.acc_count.sum() == 0 and vq.acc_sum.abs().sum() == 0  # statistics cleared
+
+
+def test_unused_codes_decay():
+    vq = quantizer(ema_rate=0.9).train()
+    before = vq.codebook.clone()
+    for _ in range(5):
+        vq(torch.tensor([[[[1.0, 0.1]]]]))  # always code 1
+        vq.update()
+    torch.testing.assert_close(vq.ema_count[0, [0, 2]], torch.full((2,), 0.9 ** 5))
+    torch.testing.assert_close(vq.codebook[0, [0, 2]], before[0, [0, 2]])  # sum and count decay together
+    assert vq.updates_unused[0].tolist() == [5.0, 0.0, 5.0]
+
+
+def test_padded_keys_change_nothing():
+    torch.manual_seed(0)
+    real = torch.randn(2, 1, 6, 2)
+    padded = torch.cat([real, 100 * torch.randn(2, 1, 4, 2)], dim=2)
+    mask = torch.zeros(2, 10, dtype=torch.bool)
+    mask[:, :6] = True
+    a, b = quantizer().train(), quantizer().train()
+    out_a, out_b = a(real), b(padded, mask)
+    torch.testing.assert_close(out_a.commit_loss, out_b.commit_loss)
+    a.update(), b.update()
+    torch.testing.assert_close(a.ema_sum, b.ema_sum)
+    torch.testing.assert_close(a.ema_count, b.ema_count)
+
+
+def test_eval_mode_accumulates_nothing():
+    vq = quantizer().eval()
+    vq(torch.randn(1, 1, 5, 2))
+    assert vq.acc_count.sum() == 0
+
+
+def test_stats_are_summable_across_workers():
+    """Summing two workers' statistics, then updating, equals one worker seeing both batches."""
+    torch.manual_seed(0)
+    k1, k2 = torch.randn(1, 1, 7, 2), torch.randn(1, 1, 5, 2)
+    w1, w2, single = quantizer().train(), quantizer().train(), quantizer().train()
+    w1(k1), w2(k2), single(torch.cat([k1, k2], dim=2))
+    for a, b in zip(w1.stats(), w2.stats()):
+        a.add_(b)  # what all_reduce(SUM) does
+    w1.update(), single.update()
+    torch.testing.assert_close(w1.ema_sum, single.ema_sum)
+    torch.testing.assert_close(w1.ema_count, single.ema_count)
+
+
+def test_dead_code_restart_reseeds_from_recent_keys():
+    torch.manual_seed(0)
+    vq = quantizer(dead_code_restart=2).train()
+    keys = torch.tensor([[[[1.0, 0.1], [0.9, -0.1]]]])  # code 1 only; codes 0 and 2 die
+    for _ in range(2):
+        vq(keys)
+        vq.update()
+    for code in (0, 2):
+        assert any(torch.allclose(vq.codebook[0, code], key) for key in keys[0, 0])
+    assert vq.updates_unused[0].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_restart_is_off_by_default():
+    vq = quantizer().train()
+    for _ in range(3):
+        vq(torch.tensor([[[[1.0, 0.1]]]]))
+        vq.update()
+    torch.testing.assert_close(vq.codebook[0, 2], torch.tensor([0.0, 2.0]))
+
+
+def test_usage_metrics():
+    vq = quantizer().train()
+    vq(torch.tensor([[[[0.0, 0.0], [1.0, 0.0]]]]))  # codes 0 and 1 once each, code 2 unused
+    vq.update()
+    metrics = vq.metrics()
+    assert math.isclose(metrics["codebook_perplexity"], 2.0, rel_tol=1e-6)
+    assert math.isclose(metrics["codebook_unused"], 1 / 3, rel_tol=1e-6)
+
+
+def test_shortcodes_in_float32_under_bfloat16_inputs():
+    vq = quantizer().eval()
+    k = torch.tensor([[[[0.49, 0.0], [0.51, 0.0]]]])
+    assert vq(k.bfloat16()).z.tolist() == vq(k).z.tolist() == [[[0, 1]]]

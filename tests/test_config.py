@@ -1,0 +1,61 @@
+"""TransformerVQConfig: every bad value has its own message; presets and round trips."""
+
+from __future__ import annotations
+
+import pytest
+
+from transformer_vq import TransformerVQConfig, preset
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("vocab_size", 0, "vocab_size must be a positive integer, got 0"),
+    ("d_model", 7, "d_model must be even (sinusoid tables pair sin and cos), got 7"),
+    ("d_k", 2.5, "d_k must be a positive integer, got 2.5"),
+    ("n_code", -3, "n_code must be a positive integer, got -3"),
+    ("block_len", True, "block_len must be a positive integer, got True"),
+    ("head_type", "gqa", "head_type must be one of shga, mqa, mha, got 'gqa'"),
+    ("attn_type", "linear", "attn_type must be one of vq, full, flash_quad, flash, got 'linear'"),
+    ("reduction", "scan", "reduction must be one of serial, matmul, assoc, got 'scan'"),
+    ("n_head", 2, "head_type 'shga' has exactly one head; got n_head=2 (use 'mqa' or 'mha')"),
+    ("dropres", 1.0, "dropres is a probability in [0, 1), got 1.0"),
+    ("ema_rate", 1.0, "ema_rate must be in (0, 1), got 1.0"),
+    ("commit_coef", -1e-4, "commit_coef must be >= 0, got -0.0001"),
+    ("dead_code_restart", -1, "dead_code_restart must be an integer >= 0 (0 = off), got -1"),
+    ("max_wavelength", 1.0, "max_wavelength must be > 1, got 1.0"),
+])
+def test_each_bad_value_has_its_own_message(field, value, message):
+    with pytest.raises(ValueError) as error:
+        TransformerVQConfig(**{field: value})
+    assert message in str(error.value)
+
+
+def test_heads_must_divide_value_width():
+    with pytest.raises(ValueError, match="d_v=100 must be divisible by n_head=3"):
+        TransformerVQConfig(head_type="mha", n_head=3, d_v=100)
+
+
+def test_several_errors_are_reported_together():
+    with pytest.raises(ValueError) as error:
+        TransformerVQConfig(vocab_size=0, reduction="x")
+    assert "vocab_size must be" in str(error.value) and "reduction must be" in str(error.value)
+
+
+def test_dict_round_trip_and_unknown_keys():
+    cfg = preset("small", n_layers=3)
+    assert TransformerVQConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="unknown model config key\\(s\\): n_layer;"):
+        TransformerVQConfig.from_dict({"n_layer": 3})
+
+
+def test_presets():
+    assert preset("enwik8").d_v == 2 * preset("enwik8").d_model
+    assert preset("pg19").vocab_size == 32000 and preset("pg19").tie_embeddings
+    assert preset("imagenet64").abs_pos
+    with pytest.raises(ValueError, match="unknown preset 'gpt2'; available: enwik8, pg19, imagenet64, small, tiny"):
+        preset("gpt2")
+
+
+def test_groups_follow_head_type():
+    assert TransformerVQConfig(head_type="mqa", n_head=4).n_kv_head == 1
+    assert TransformerVQConfig(head_type="mha", n_head=4).n_kv_head == 4
+    assert TransformerVQConfig(head_type="mha", n_head=4).d_v_head == 1536 // 4
