@@ -26,6 +26,8 @@ def tokens_to_array(tokens) -> np.ndarray:
     if values.shape != (IMAGE_TOKENS,):
         raise DataError(f"an image is {IMAGE_TOKENS} tokens (64x64x3), got an array of shape {values.shape}; "
                         f"sample exactly {IMAGE_TOKENS} tokens per image")
+    if not np.issubdtype(values.dtype, np.integer):
+        raise DataError(f"image tokens must be integers 0..255, got dtype {values.dtype}; pass the sampled token ids")
     if values.size and (values.min() < 0 or values.max() > 255):
         raise DataError(f"image tokens must be bytes 0..255, got values in [{values.min()}, {values.max()}]; "
                         f"was the model trained on a byte-level image corpus?")
