@@ -69,6 +69,8 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
+        # mkstemp creates owner-only files; cached data is not secret, make it readable like any file
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

