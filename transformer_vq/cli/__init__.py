@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "train": "transformer_vq.cli.train",
     "eval": "transformer_vq.cli.eval",
     "sample": "transformer_vq.cli.sample",
+    "bench": "transformer_vq.cli.bench",
 }
 
 

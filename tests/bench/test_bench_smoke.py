@@ -1,0 +1,106 @@
+"""Smoke tests of the benchmarks: each runs at tiny sizes and its result holds every expected figure.
+
+No assertion is about time (benchmarks are not timed tests): only that the figures are there and well-formed, that
+cells over budget are reported as skipped, and that the command line writes the table, JSON and plot.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from transformer_vq.bench.config import DecodeBenchConfig, OpBenchConfig, TrainBenchConfig
+from transformer_vq.bench.decode import run_decode_bench
+from transformer_vq.bench.op import forward_flops, run_op_bench
+from transformer_vq.bench.report import table, write_report
+from transformer_vq.bench.train import run_train_bench
+from transformer_vq.cli import main
+
+TINY_OP = dict(lengths=(32, 64), d_k=8, d_v=16, n_code=8, block_len=16, chunk_len=16, repeats=1, isolate=False)
+TINY_MODEL = dict(d_model=32, d_k=8, d_v=32, n_code=8, block_len=16, flash_chunk_len=16, isolate=False)
+
+
+def test_op_bench_figures(tmp_path):
+    result = run_op_bench(OpBenchConfig(methods=("vq-serial", "vq-matmul", "sdpa", "full", "flash"), **TINY_OP),
+                          log=lambda line: None)
+    machine = result["machine"]
+    for key in ("cpu", "commit", "torch", "numpy", "python", "load_average_start", "date_utc"):
+        assert key in machine
+    assert machine["matmul_gflops"]["float32"] > 0 and machine["matmul_gflops"]["bfloat16"] > 0
+    assert {(r["method"], r["T"]) for r in result["rows"]} == {
+        (m, t) for m in ("vq-serial", "vq-matmul", "sdpa", "full", "flash") for t in (32, 64)}
+    for row in result["rows"]:
+        assert row["status"] == "ok", row
+        for key in ("forward_s", "fwd_bwd_s", "forward_gflops", "fwd_bwd_gflops", "forward_fraction_of_peak",
+                    "forward_flops", "inputs_bytes"):
+            assert row[key] > 0, key
+    pairs = {(s["method"], s["baseline"], s["T"]) for s in result["speedups"]}
+    assert ("vq-serial", "sdpa", 64) in pairs and ("vq-matmul", "full", 32) in pairs
+    assert all(s["forward_speedup"] > 0 for s in result["speedups"])
+    paths = write_report(result, tmp_path, "op")
+    assert json.loads(paths["json"].read_text())["rows"] == result["rows"]
+    assert paths["png"].read_bytes()[:4] == b"\x89PNG"
+    assert "| vq-serial | 64 |" in paths["md"].read_text()
+
+
+def test_op_bench_skips_cells_over_budget_and_isolates():
+    # The second length is estimated from the first; a budget of 1 ns skips it with its estimate.
+    cfg = OpBenchConfig(**{**TINY_OP, "isolate": True, "budget_s": 1e-9, "backward": False}, methods=("sdpa",))
+    result = run_op_bench(cfg, log=lambda line: None)
+    first, second = result["rows"]
+    assert first["status"] == "ok" and first["peak_rss_bytes"] > 0
+    assert second["status"] == "skipped" and second["estimated_forward_s"] >= 0
+    assert "| sdpa | 64 | skipped (est." in table(result)
+
+
+def test_flop_formulas():
+    cfg = OpBenchConfig(d_k=128, d_v=1536, n_code=512, block_len=512)
+    assert forward_flops("vq-serial", cfg, 8192) == 2 * 8192 * (512 + 1024) * 1664
+    assert forward_flops("sdpa", cfg, 8192) == 8192**2 * 1664
+    # full attends whole blocks of rows: sum_n L * (n + 1) L, i.e. T^2/2 plus the diagonal blocks.
+    assert forward_flops("full", cfg, 1024) == 2 * (512 * 512 + 512 * 1024) * 1664
+
+
+def test_train_bench_figures():
+    cfg = TrainBenchConfig(lengths=(32,), models=("vq/shga", "vq/mha", "full/mqa", "flash/shga", "flash_quad/shga"),
+                           n_head=2, repeats=1, **TINY_MODEL)
+    result = run_train_bench(cfg, log=lambda line: None)
+    assert [r["model"] for r in result["rows"]] == list(cfg.models)
+    for row in result["rows"]:
+        assert row["status"] == "ok", row
+        assert row["tokens_per_s"] > 0 and row["step_s"] > 0 and row["parameters"] > 0
+    assert "| vq/mha |" in table(result)
+
+
+def test_decode_bench_figures():
+    cfg = DecodeBenchConfig(contexts=(16, 48), models=("vq", "full"), new_tokens=2, prompt_chunk=32, **TINY_MODEL)
+    result = run_decode_bench(cfg, log=lambda line: None)
+    rows = {(r["model"], r["context"]): r for r in result["rows"]}
+    for row in rows.values():
+        assert row["status"] == "ok", row
+        assert row["per_token_s"] > 0 and row["state_bytes"] > 0 and row["latency_vs_shortest"] > 0
+    # The VQ state has a fixed size; the key/value cache holds every position read (context + new tokens).
+    assert rows["vq", 16]["state_bytes"] == rows["vq", 48]["state_bytes"]
+    assert rows["full", 48]["state_bytes"] * (16 + 2) == rows["full", 16]["state_bytes"] * (48 + 2)
+
+
+def test_cli_writes_table_json_and_plot(tmp_path, capsys):
+    code = main(["bench", "decode", "--contexts", "16", "--models", "vq", "--new-tokens", "1", "--d-model", "16",
+                 "--d-k", "8", "--d-v", "16", "--n-code", "4", "--block-len", "8", "--no-isolate",
+                 "--out", str(tmp_path), "--name", "d"])
+    assert code == 0
+    assert "| vq | 16 |" in capsys.readouterr().out
+    assert {p.name for p in tmp_path.iterdir()} == {"d.json", "d.md", "d.png"}
+
+
+def test_cli_rejects_unknown_method(capsys):
+    assert main(["bench", "op", "--methods", "nope", "--no-isolate"]) == 2
+    assert "unknown method 'nope'" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text,value", [("8k", 8192), ("128k", 131072), ("100", 100)])
+def test_length_suffix(text, value):
+    from transformer_vq.cli.bench import parse_length
+
+    assert parse_length(text) == value

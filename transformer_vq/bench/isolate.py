@@ -1,0 +1,82 @@
+"""Run one benchmark cell in a fresh Python process: its own peak memory, and out-of-memory reported, not a crash.
+
+A cell is a function ``module:function`` taking JSON-ready keyword arguments and returning a JSON-ready dict. In a
+child process the peak resident set size (``ru_maxrss``) belongs to that cell alone, an address-space limit turns
+running out of memory into an ordinary failed allocation (the machine may be shared, so a cell must not take it
+down), and a wall-clock timeout bounds a cell that is slower than estimated.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+_OOM_WORDS = ("can't allocate memory", "out of memory", "not enough memory", "memoryerror", "bad_alloc")
+
+
+def rss_bytes() -> int:
+    """The current resident set size of this process."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * resource.getpagesize()
+
+
+def peak_rss_bytes() -> int:
+    """The highest resident set size this process has had (Linux reports ``ru_maxrss`` in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _call(target: str, kwargs: dict) -> dict:
+    module_name, function_name = target.split(":")
+    return getattr(importlib.import_module(module_name), function_name)(**kwargs)
+
+
+def _is_oom(error: BaseException) -> bool:
+    return isinstance(error, MemoryError) or any(w in str(error).lower() for w in _OOM_WORDS)
+
+
+def _child() -> None:
+    """Entry point of the child: read ``{target, kwargs, mem_limit_bytes}`` on stdin, print the result as JSON."""
+    request = json.loads(sys.stdin.read())
+    limit = request.get("mem_limit_bytes")
+    if limit:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    module_name = request["target"].split(":")[0]
+    importlib.import_module(module_name)  # imports (torch) are part of the baseline, not the cell
+    baseline = rss_bytes()
+    try:
+        result = _call(request["target"], request["kwargs"])
+        result["peak_rss_bytes"] = peak_rss_bytes() - baseline
+    except Exception as error:  # noqa: BLE001 - any failure of a cell is reported in its row
+        result = {"status": "oom" if _is_oom(error) else "error", "error": f"{type(error).__name__}: {error}"[:300]}
+    print("\n@@RESULT@@" + json.dumps(result))
+
+
+def run_cell(target: str, kwargs: dict, *, isolate: bool = True, timeout_s: float | None = None,
+             mem_limit_gib: float | None = None) -> dict:
+    """Run ``target(**kwargs)``; in a child process when ``isolate`` (then with ``peak_rss_bytes``).
+
+    A cell that fails reports ``status`` "oom", "timeout" or "error" with a message instead of raising.
+    """
+    if not isolate:
+        try:
+            return _call(target, kwargs)
+        except Exception as error:  # noqa: BLE001
+            return {"status": "oom" if _is_oom(error) else "error", "error": f"{type(error).__name__}: {error}"[:300]}
+    request = {"target": target, "kwargs": kwargs,
+               "mem_limit_bytes": int(mem_limit_gib * 2**30) if mem_limit_gib else None}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", "from transformer_vq.bench.isolate import _child; _child()"],
+            input=json.dumps(request), capture_output=True, text=True, timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "error": f"ran longer than {timeout_s:.0f} s"}
+    if "@@RESULT@@" in proc.stdout:
+        return json.loads(proc.stdout.rsplit("@@RESULT@@", 1)[1])
+    if proc.returncode < 0:  # killed by a signal: the kernel's OOM killer sends SIGKILL
+        return {"status": "oom", "error": f"killed by signal {-proc.returncode}"}
+    return {"status": "error", "error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}

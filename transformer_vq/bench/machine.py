@@ -1,0 +1,120 @@
+"""What a benchmark result must record about where it ran, and the machine's matmul throughput measured in the same run.
+
+The matmul GFLOP/s is the yardstick of every achieved-GFLOP/s figure: it is measured with the same library, threads and
+load as the benchmark itself, so "fraction of peak" means fraction of what a dense matmul reaches here and now.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+
+def median_seconds(fn, *, repeats: int, warmup: int = 1) -> tuple[float, list[float]]:
+    """Median wall time of ``fn()`` over ``repeats`` runs after ``warmup`` untimed runs, and every sample."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples), samples
+
+
+def matmul_gflops(dtype: torch.dtype = torch.float32, size: int = 2048, repeats: int = 5) -> float:
+    """Median GFLOP/s of a square ``size x size`` matmul (``2 size^3`` FLOPs) in ``dtype`` on the CPU."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=gen).to(dtype)
+    b = torch.randn(size, size, generator=gen).to(dtype)
+    out = torch.empty(size, size, dtype=dtype)
+    seconds, _ = median_seconds(lambda: torch.mm(a, b, out=out), repeats=repeats)
+    return 2 * size**3 / seconds / 1e9
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cpu_flags() -> list[str]:
+    """The vector-extension flags that decide matmul speed (AVX-512, BF16, AMX)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = line.split(":", 1)[1].split()
+                return sorted(f for f in flags if f.startswith(("avx512f", "avx512_bf16", "amx", "avx2", "fma")))
+    except OSError:
+        pass
+    return []
+
+
+def _memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def git_commit() -> dict:
+    """The commit of the working tree the benchmark ran from, and whether tracked files differed from it."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", "transformer_vq"))
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": commit or None, "dirty": dirty}
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (how busy the machine was: the CPU may be shared)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def machine_info(*, measure_peak: bool = True) -> dict:
+    """Machine, software and commit of this run, with the fp32 and bf16 matmul GFLOP/s measured now."""
+    import numpy
+
+    info = {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "hostname": platform.node(),
+        "cpu": _cpu_model(),
+        "cpu_flags": _cpu_flags(),
+        "logical_cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "memory_gib": _memory_gib(),
+        "load_average_start": load_average(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        **git_commit(),
+    }
+    if measure_peak:
+        info["matmul_gflops"] = {
+            "float32": round(matmul_gflops(torch.float32), 1),
+            "bfloat16": round(matmul_gflops(torch.bfloat16), 1),
+        }
+    return info

@@ -1,0 +1,170 @@
+"""Present a benchmark result: a table (markdown, printed on screen and saved), the JSON file and PNG plots.
+
+The result dicts come from ``run_op_bench``, ``run_train_bench`` and ``run_decode_bench``; every figure in the tables and
+plots is read from them, so a saved JSON file, loaded again, regenerates the table and the plot (``write_report``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _seconds(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def _cell_status(row: dict) -> str | None:
+    status = row.get("status")
+    if status == "skipped":
+        est = row.get("estimated_forward_s") or row.get("estimated_s")
+        return f"skipped (est. {_seconds(est)})"
+    if status in ("oom", "timeout", "error"):
+        return status.upper() if status == "oom" else status
+    return None
+
+
+def _machine_lines(result: dict) -> list[str]:
+    m = result["machine"]
+    peak = m.get("matmul_gflops", {})
+    load_end = result.get("load_average_end")
+    return [
+        f"- machine: {m['cpu']}, {m['logical_cpus']} logical CPUs, {m['torch_threads']} torch threads, "
+        f"{m['memory_gib']} GiB; flags {' '.join(m['cpu_flags'])}",
+        f"- matmul measured in this run: fp32 {peak.get('float32', '-')} GFLOP/s, bf16 {peak.get('bfloat16', '-')} GFLOP/s",
+        f"- load average (1/5/15 min) at start {m['load_average_start']}, at end {load_end} (the CPU is shared)",
+        f"- torch {m['torch']}, numpy {m['numpy']}, python {m['python']}; commit {m['commit']}"
+        f"{' (with uncommitted changes)' if m.get('dirty') else ''}; {m['date_utc']}",
+    ]
+
+
+def op_table(result: dict) -> str:
+    cfg = result["config"]
+    peak = result["machine"]["matmul_gflops"][cfg["dtype"]]
+    lines = [
+        f"### Operator: one attention layer, {cfg['dtype']}, B={cfg['batch']} H={cfg['n_head']} G={cfg['n_group']} "
+        f"Dk={cfg['d_k']} Dv={cfg['d_v']} S={cfg['n_code']} L={cfg['block_len']} (FLASH C={cfg['chunk_len']})",
+        "",
+        "| method | T | forward | GFLOP/s (% of matmul) | fwd+bwd | fwd+bwd GFLOP/s | peak RSS | fwd speedup vs sdpa |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    speed = {(s["method"], s["T"]): s for s in result["speedups"] if s["baseline"] == "sdpa"}
+    for row in result["rows"]:
+        status = _cell_status(row)
+        head = f"| {row['method']} | {row['T']} |"
+        if status:
+            lines.append(f"{head} {status} | | | | | |")
+            continue
+        bwd = _seconds(row.get("fwd_bwd_s")) if "fwd_bwd_s" in row else (
+            f"skipped (est. {_seconds(row['estimated_fwd_bwd_s'])})" if row.get("estimated_fwd_bwd_s") else "-")
+        bwd_gf = f"{row['fwd_bwd_gflops']:.0f}" if "fwd_bwd_gflops" in row else "-"
+        rss = f"{row['peak_rss_bytes'] / 2**20:.0f} MiB" if "peak_rss_bytes" in row else "-"
+        s = speed.get((row["method"], row["T"]))
+        sp = "-"
+        if s and "forward_speedup" in s:
+            sp = f"{s['forward_speedup']:.1f}x" + (" (est.)" if s["forward_estimated"] else "")
+        lines.append(f"{head} {_seconds(row['forward_s'])} | {row['forward_gflops']:.0f} "
+                     f"({100 * row['forward_gflops'] / peak:.0f}%) | {bwd} | {bwd_gf} | {rss} | {sp} |")
+    return "\n".join(lines + [""] + _machine_lines(result))
+
+
+def train_table(result: dict) -> str:
+    cfg = result["config"]
+    lines = [
+        f"### Training step (forward + backward + AdamW; VQ also its codebook EMA update), {cfg['dtype']}, "
+        f"d_model={cfg['d_model']} d_k={cfg['d_k']} d_v={cfg['d_v']} n_layers={cfg['n_layers']} S={cfg['n_code']} "
+        f"L={cfg['block_len']} batch={cfg['batch']}: tokens/s",
+        "",
+        "| model | " + " | ".join(f"T={t}" for t in cfg["lengths"]) + " |",
+        "|---|" + "---:|" * len(cfg["lengths"]),
+    ]
+    for model in result["models"]:
+        cells = []
+        for t in cfg["lengths"]:
+            row = next(r for r in result["rows"] if r["model"] == model and r["T"] == t)
+            cells.append(_cell_status(row) or f"{row['tokens_per_s']:.0f}")
+        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    return "\n".join(lines + [""] + _machine_lines(result))
+
+
+def decode_table(result: dict) -> str:
+    cfg = result["config"]
+    lines = [
+        f"### Decoding: per-token latency of `generate` after a context of C tokens, {cfg['dtype']}, "
+        f"d_model={cfg['d_model']} n_layers={cfg['n_layers']} S={cfg['n_code']} L={cfg['block_len']}, "
+        f"median of {cfg['new_tokens']} tokens",
+        "",
+        "| model | context | ms / token | state size |",
+        "|---|---:|---:|---:|",
+    ]
+    for row in result["rows"]:
+        status = _cell_status(row)
+        head = f"| {row['model']} | {row['context']} |"
+        if status:
+            lines.append(f"{head} {status} | |")
+            continue
+        lines.append(f"{head} {row['per_token_s'] * 1e3:.2f} | {row['state_bytes'] / 2**20:.2f} MiB |")
+    return "\n".join(lines + [""] + _machine_lines(result))
+
+
+TABLES = {"op": op_table, "train": train_table, "decode": decode_table}
+
+
+def table(result: dict) -> str:
+    """The markdown table of any benchmark result (what the command line prints)."""
+    return TABLES[result["benchmark"]](result)
+
+
+def plot(result: dict, path: Path) -> None:
+    """PNG plot: throughput vs T (op, train; log scale) or per-token latency vs context (decode)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    kind = result["benchmark"]
+    if kind == "op":
+        series, x_key, y_label = "method", "T", "forward tokens/s (one attention layer)"
+        value = lambda r: r["T"] / r["forward_s"]  # noqa: E731
+    elif kind == "train":
+        series, x_key, y_label = "model", "T", "training tokens/s"
+        value = lambda r: r["tokens_per_s"]  # noqa: E731
+    else:
+        series, x_key, y_label = "model", "context", "ms per generated token"
+        value = lambda r: r["per_token_s"] * 1e3  # noqa: E731
+    names = list(dict.fromkeys(r[series] for r in result["rows"]))
+    for name in names:
+        points = [(r[x_key], value(r)) for r in result["rows"] if r[series] == name and r.get("status") == "ok"]
+        if points:
+            ax.plot(*zip(*points), marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context length (tokens)" if kind == "decode" else "sequence length T")
+    ax.set_ylabel(y_label)
+    m = result["machine"]
+    ax.set_title(f"tvq bench {kind} - {m['cpu']}, {m['torch_threads']} threads, torch {m['torch']}", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(result: dict, out_dir: str | Path, name: str | None = None) -> dict[str, Path]:
+    """Write ``NAME.json``, ``NAME.md`` (the table) and ``NAME.png`` under ``out_dir``; return their paths.
+
+    The default name is ``<benchmark>-<date>-<cpu threads>`` so results of different days and machines sit side by side.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if name is None:
+        m = result["machine"]
+        name = f"{result['benchmark']}-{m['date_utc'][:10]}-{m['hostname']}-{m['logical_cpus']}cpu"
+    paths = {"json": out_dir / f"{name}.json", "md": out_dir / f"{name}.md", "png": out_dir / f"{name}.png"}
+    paths["json"].write_text(json.dumps(result, indent=1) + "\n")
+    paths["md"].write_text(table(result) + "\n")
+    plot(result, paths["png"])
+    return paths

@@ -1,0 +1,97 @@
+"""``tvq bench train``: tokens/s of a whole training step for each attention type and head type (paper Table 6).
+
+A step is what training does per window: forward with the loss, backward, one AdamW step and, for VQ models, the
+codebook EMA update. Every (model, T) cell runs in its own process (``transformer_vq.bench.isolate``) so a model that
+runs out of memory is reported as ``OOM`` and the benchmark goes on; a cell whose time, extrapolated from the same model
+at the previous length (linearly for ``vq`` and ``flash``, quadratically for ``full`` and ``flash_quad``), exceeds the
+budget is reported as skipped with its estimate.
+
+Defaults are a small model so that the whole benchmark takes minutes on a CPU; pass the paper's sizes to compare with
+Table 6.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import torch
+
+from transformer_vq.bench.config import TrainBenchConfig
+from transformer_vq.bench.isolate import run_cell
+from transformer_vq.bench.machine import machine_info, median_seconds
+from transformer_vq.config import TransformerVQConfig
+
+QUADRATIC = ("full", "flash_quad")
+
+
+def model_config(cfg: TrainBenchConfig, model: str) -> TransformerVQConfig:
+    """The model ``attn_type/head_type`` at the benchmark's sizes."""
+    attn_type, head_type = model.split("/")
+    return TransformerVQConfig(
+        vocab_size=256, d_model=cfg.d_model, d_k=cfg.d_k, d_v=cfg.d_v, n_layers=cfg.n_layers, n_code=cfg.n_code,
+        block_len=cfg.block_len, attn_type=attn_type, head_type=head_type,
+        n_head=1 if head_type == "shga" else cfg.n_head, flash_chunk_len=cfg.flash_chunk_len, reduction=cfg.reduction,
+    )
+
+
+def train_cell(model: str, length: int, config: dict, repeats: int, warmup: int) -> dict:
+    """Time training steps of one model at one length (run inside a cell process)."""
+    from transformer_vq.nn.model import TransformerVQ
+
+    cfg = TrainBenchConfig(**{**config, "lengths": tuple(config["lengths"]), "models": tuple(config["models"])})
+    torch.manual_seed(cfg.seed)
+    net = TransformerVQ(model_config(cfg, model)).train()
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    ids = torch.randint(0, 256, (cfg.batch, length + 1))
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16")
+
+    def step():
+        with autocast:
+            out = net(ids[:, :-1], targets=ids[:, 1:])
+        out.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        net.update_codebooks()
+
+    seconds, samples = median_seconds(step, repeats=repeats, warmup=warmup)
+    return {"status": "ok", "step_s": seconds, "step_samples": samples, "tokens_per_s": cfg.batch * length / seconds,
+            "parameters": sum(p.numel() for p in net.parameters())}
+
+
+def run_train_bench(cfg: TrainBenchConfig, log=print) -> dict:
+    """Run every (model, length) cell; return the JSON-ready result."""
+    machine = machine_info()
+    rows = []
+    for model in cfg.models:
+        last = None  # (length, step_s) of the last cell that ran
+        for length in cfg.lengths:
+            row = {"model": model, "T": length}
+            est = None
+            if last is not None:
+                power = 2 if model.split("/")[0] in QUADRATIC else 1
+                est = last[1] * (length / last[0]) ** power
+            if est is not None and est > cfg.budget_s:
+                row.update(status="skipped", estimated_s=round(est, 1))
+            else:
+                repeats, warmup = (1, 0) if est is not None and est > 10 else (cfg.repeats, 1)
+                row.update(run_cell("transformer_vq.bench.train:train_cell",
+                                    {"model": model, "length": length, "config": asdict(cfg), "repeats": repeats,
+                                     "warmup": warmup},
+                                    isolate=cfg.isolate, timeout_s=max(600.0, 5 * (est or 0) * (repeats + warmup)),
+                                    mem_limit_gib=cfg.mem_limit_gib or None))
+                if row.get("status") == "ok":
+                    last = (length, row["step_s"])
+            rows.append(row)
+            log(_line(row))
+    return {"benchmark": "train", "config": asdict(cfg), "models": list(cfg.models), "machine": machine,
+            "rows": rows, "load_average_end": machine_info(measure_peak=False)["load_average_start"]}
+
+
+def _line(row: dict) -> str:
+    head = f"{row['model']:>16} T={row['T']:>7}"
+    if row.get("status") == "skipped":
+        return f"{head}  skipped (est. {row['estimated_s']:.0f} s per step)"
+    if row.get("status") != "ok":
+        return f"{head}  {row.get('status')}: {row.get('error', '')}"
+    rss = f"  peak RSS {row['peak_rss_bytes'] / 2**20:.0f} MiB" if "peak_rss_bytes" in row else ""
+    return f"{head}  {row['tokens_per_s']:.0f} tokens/s  ({row['step_s']:.2f} s per step){rss}"
