@@ -75,7 +75,8 @@ class Checkpoint:
 
 
 def model_config_of(model: torch.nn.Module) -> TransformerVQConfig | None:
-    return getattr(model, "config", None)
+    """The config a model was built from (``TransformerVQ.cfg``), if it exposes one."""
+    return getattr(model, "cfg", None)
 
 
 def check_architecture(saved: dict, current: TransformerVQConfig | None, path: Path) -> None:

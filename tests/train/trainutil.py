@@ -1,0 +1,62 @@
+"""Helpers of the training tests: a small local corpus, a CPU-sized run config, running `tvq`.
+
+Every test trains the ``tiny`` preset (d_model 32, one layer, block_len 8) on ~40 kB of text, so a
+step takes milliseconds and the whole directory runs in a few minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from transformer_vq.train import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Window settings of every test run: 2 windows per sequence, so checkpoints can fall mid-batch.
+TINY = ["seq_len=32", "update_len=16", "batch_size=4", "warmup_steps=5", "log_every=1000", "eval_tokens=512",
+        "eval_streams=2", "sample_tokens=0", "lr=3e-3"]
+
+
+def write_corpus(path: Path, n_lines: int = 1200) -> Path:
+    """A deterministic text file of ~40 kB with some structure to learn."""
+    words = ["the", "king", "shall", "speak", "to", "thee", "of", "love", "and", "war", "my", "lord", "good", "night"]
+    lines = [" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(3 + i % 5)) + "." for i in range(n_lines)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def tiny_overrides(corpus_file: Path, run_dir: Path, *extra: str) -> list[str]:
+    return ["data=text", f"data_path={corpus_file}", f"run_dir={run_dir}", *TINY, *extra]
+
+
+def tiny_config(corpus_file: Path, run_dir: Path, *extra: str):
+    return load_config("tiny", overrides=tiny_overrides(corpus_file, run_dir, *extra))
+
+
+def cli_args(corpus_file: Path, run_dir: Path, *extra: str) -> list[str]:
+    """`tvq train` arguments for the tiny test run."""
+    args = ["train", "--preset", "tiny"]
+    for item in tiny_overrides(corpus_file, run_dir, *extra):
+        args += ["--set", item]
+    return args
+
+
+def tvq_process(args: list[str], **kwargs) -> subprocess.Popen:
+    """Start `python -m transformer_vq ARGS` (stdout/stderr captured, text mode)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1"}  # the same thread count as the in-process runs (conftest._one_thread)
+    return subprocess.Popen([sys.executable, "-m", "transformer_vq", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, **kwargs)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The training-step records of metrics.jsonl (evaluation records left out)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if "eval" not in r]
