@@ -39,7 +39,7 @@ from transformer_vq.train.build import build_model, load_corpus_for, resolve_dev
 from transformer_vq.train.carry import from_plain, to_plain
 from transformer_vq.train.checkpoint import (CheckpointError, find_checkpoint, latest_checkpoint, list_checkpoints,
                                              save_checkpoint)
-from transformer_vq.train.config import RunConfig
+from transformer_vq.train.config import ConfigError, RunConfig
 from transformer_vq.train.distributed import Distributed, setup_distributed, teardown_distributed
 from transformer_vq.train.evaluate import EvalResult, corpus_tokens_per_byte, evaluate_tokens
 from transformer_vq.train.metrics import MetricsLogger
@@ -305,7 +305,7 @@ class _Trainer:
     def run(self, resume: str | None, skip: frozenset) -> TrainResult:
         tc = self.tc
         if resume is None and list_checkpoints(self.ckpt_root):
-            raise TrainingError(
+            raise ConfigError(
                 f"run directory {self.run_dir} already holds checkpoints; continue that run with --resume auto, "
                 f"or start a new one with another --run-dir (or --name)"
             )

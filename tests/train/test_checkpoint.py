@@ -1,0 +1,168 @@
+"""Checkpoints: complete round trip, keep-last-K, fallback past a damaged one, architecture
+mismatch, and a pickle with a code payload that must not run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from trainutil import tiny_config
+from transformer_vq import TransformerVQ
+from transformer_vq.cli import main
+from transformer_vq.train import CheckpointError, train
+from transformer_vq.train.checkpoint import (find_checkpoint, latest_checkpoint, list_checkpoints, read_checkpoint,
+                                             save_checkpoint)
+
+
+def test_checkpoint_holds_everything(trained_run):
+    ckpt = find_checkpoint(trained_run)
+    assert ckpt.step == 6 and ckpt.path.name == "step_00000006"
+    assert (trained_run / "checkpoints" / "latest").read_text() == "step_00000006\n"
+    assert set(ckpt.state) == {"step", "optimizer", "scheduler", "data", "carry", "rng", "nonfinite_run",
+                               "world_size"}
+    assert ckpt.state["data"]["index"] == 3  # 6 steps = 3 batches of 2 windows
+    assert set(ckpt.state["rng"][0]) >= {"torch", "numpy", "python"}
+    assert ckpt.config["model"]["d_model"] == 32 and ckpt.config["train"]["steps"] == 6
+    model = TransformerVQ(tiny_config_model(ckpt))
+    ckpt.load_weights(model)
+    assert torch.count_nonzero(model.units[0].quantizer.ema_count) > 0  # codebook EMA restored
+
+
+def tiny_config_model(ckpt):
+    from transformer_vq.train import RunConfig
+
+    return RunConfig.from_dict(ckpt.config).model
+
+
+def test_keeps_last_k_and_ignores_unfinished(trained_run, tmp_path):
+    root = tmp_path / "checkpoints"
+    ckpt = find_checkpoint(trained_run)
+    model = TransformerVQ(tiny_config_model(ckpt))
+    for step in (1, 2, 3, 4):
+        save_checkpoint(root, step=step, model=model, config=ckpt.config, state=ckpt.state, keep=2)
+    assert [p.name for p in list_checkpoints(root)] == ["step_00000003", "step_00000004"]
+    # a save interrupted before its rename leaves only a hidden temporary directory
+    (root / ".step_00000005.tmp-123").mkdir()
+    assert latest_checkpoint(root).step == 4
+
+
+@pytest.mark.parametrize("damage", ["truncate_weights", "corrupt_state", "no_manifest", "garbage_pointer"])
+def test_resume_falls_back_past_a_damaged_checkpoint(trained_run, tmp_path, damage, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    newest = run_dir / "checkpoints" / "step_00000006"
+    if damage == "truncate_weights":
+        weights = newest / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+        reason = (f"checkpoint {newest} is corrupted: model.safetensors does not match its checksum "
+                  f"(truncated or modified after saving)")
+    elif damage == "corrupt_state":
+        state = newest / "state.pt"
+        data = bytearray(state.read_bytes())
+        data[100] ^= 0xFF
+        state.write_bytes(bytes(data))
+        reason = (f"checkpoint {newest} is corrupted: state.pt does not match its checksum "
+                  f"(truncated or modified after saving)")
+    elif damage == "no_manifest":
+        (newest / "manifest.json").unlink()
+        reason = f"{newest} is not a complete checkpoint (no manifest.json); it may have been interrupted while saving"
+    else:
+        (run_dir / "checkpoints" / "latest").write_bytes(b"\x00\xff garbage")
+        reason = None
+    found = latest_checkpoint(run_dir / "checkpoints")
+    warning = capsys.readouterr().err
+    if reason is None:  # a damaged pointer: the newest checkpoint that verifies is still found
+        assert found.step == 6 and warning == ""
+    else:
+        assert found.step == 3
+        assert warning == f"warning: skipping checkpoint: {reason}\n"
+
+    # and training resumes from it, losing nothing that was saved intact
+    result = train(tiny_config(find_corpus(trained_run), run_dir, "steps=8", "ckpt_every=3"), resume="auto")
+    assert result.exit_code == 0 and result.step == 8
+
+
+def find_corpus(run_dir):
+    from transformer_vq.train import RunConfig
+
+    return RunConfig.from_dict(read_checkpoint(list_checkpoints(run_dir / "checkpoints")[0]).config).train.data_path
+
+
+def test_every_checkpoint_damaged_is_a_clear_error(trained_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    for path in list_checkpoints(run_dir / "checkpoints"):
+        (path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(CheckpointError) as err:
+        latest_checkpoint(run_dir / "checkpoints", log=lambda msg: None)
+    assert str(err.value) == (
+        f"no complete checkpoint in {run_dir / 'checkpoints'}: every one failed verification (see warnings above); "
+        f"start a new run with another --run-dir or without --resume"
+    )
+
+
+def test_resume_with_another_architecture_is_refused(trained_run, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    code = main(["train", "--resume", "auto", "--run-dir", str(run_dir), "--preset", "tiny",
+                 "--set", "data=text", "--set", f"data_path={find_corpus(trained_run)}", "--set", "model.d_model=48",
+                 "--set", "seq_len=32", "--set", "update_len=16", "--set", "batch_size=4", "--set", "steps=8"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"error: checkpoint {run_dir / 'checkpoints' / 'step_00000006'} is from a different architecture: "
+        f"d_model=32 (checkpoint) vs 48 (this run). Use the same model settings as the checkpoint (its config.json), "
+        f"or start a new run with another --run-dir"
+    )
+    assert "Traceback" not in err
+
+
+def test_new_run_into_a_run_directory_is_refused(trained_run, capsys):
+    code = main(["train", "--preset", "tiny", "--run-dir", str(trained_run), "--set", "data=text",
+                 "--set", f"data_path={find_corpus(trained_run)}", "--set", "update_len=16"])
+    assert code == 2
+    assert (f"run directory {trained_run} already holds checkpoints; continue that run with --resume auto, or start "
+            f"a new one with another --run-dir (or --name)") in capsys.readouterr().err
+
+
+class Payload:
+    """Unpickling this calls os.system: what a malicious checkpoint would do."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_pickle_with_code_payload_is_refused_and_never_runs(trained_run, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    ckpt_dir = run_dir / "checkpoints" / "step_00000006"
+    marker = tmp_path / "pwned"
+    torch.save({"step": 6, "optimizer": Payload(marker)}, ckpt_dir / "state.pt")  # saving runs nothing
+    # make the manifest vouch for the malicious file, so loading really reaches the unpickler
+    import hashlib
+    import json
+
+    manifest = json.loads((ckpt_dir / "manifest.json").read_text())
+    manifest["state.pt"] = hashlib.sha256((ckpt_dir / "state.pt").read_bytes()).hexdigest()
+    (ckpt_dir / "manifest.json").write_text(json.dumps(manifest))
+
+    with pytest.raises(CheckpointError) as err:
+        read_checkpoint(ckpt_dir)
+    assert str(err.value).startswith(
+        f"refusing to load {ckpt_dir / 'state.pt'}: it contains Python objects other than tensors and plain data, "
+        f"which could run code when unpickled"
+    )
+    assert str(err.value).endswith("Checkpoints written by transformer-vq never do; only load files from sources "
+                                   "you trust")
+    assert main(["eval", "--ckpt", str(ckpt_dir)]) == 2
+    assert "error: refusing to load" in capsys.readouterr().err
+    assert not marker.exists()
+    # the payload is live: an unrestricted load (what the code above must never do) runs it
+    torch.load(ckpt_dir / "state.pt", weights_only=False)
+    assert marker.exists()
