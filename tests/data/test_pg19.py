@@ -94,6 +94,16 @@ def test_missing_tokenizer_says_to_run_tvq_tokenizer(tree):
     with pytest.raises(DataError, match=rf"no 32000-piece tokenizer has been trained for {tree} yet: run "
                                         rf"`tvq tokenizer --data-path {tree} --vocab-size 32000` first"):
         load_corpus("pg19", data_path=tree)
+
+
+def test_the_only_trained_tokenizer_is_found(tree):
+    train_pg19_tokenizer(tree, vocab_size=350, num_threads=1)
+    assert load_corpus("pg19", data_path=tree).vocab_size == 350  # no vocab_size needed
+    with pytest.raises(DataError, match="no 400-piece tokenizer"):
+        load_corpus("pg19", data_path=tree, vocab_size=400)
+    train_pg19_tokenizer(tree, vocab_size=400, num_threads=1)
+    with pytest.raises(DataError, match=r"\(trained sizes: 350, 400; choose one with vocab_size=N\)"):
+        load_corpus("pg19", data_path=tree)
     bogus = tree / "bogus.model"
     bogus.write_bytes(b"not a model")
     with pytest.raises(DataError, match="is not a SentencePiece model"):

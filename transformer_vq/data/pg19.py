@@ -77,6 +77,30 @@ def default_tokenizer_path(data_path: str | os.PathLike, vocab_size: int = DEFAU
     return cache.dataset_dir("pg19", cache_dir) / f"tokenizer-{vocab_size}-{key}.model"
 
 
+def find_tokenizer(data_path: str | os.PathLike, vocab_size: int | None = None,
+                   cache_dir: str | os.PathLike | None = None) -> Path:
+    """The tokenizer ``tvq tokenizer`` saved for the PG-19 tree at ``data_path``.
+
+    With ``vocab_size`` given, that one; otherwise the 32,000-piece one when it exists, else the
+    only one trained for this tree. Raises :class:`DataError` saying how to train it when absent.
+    """
+    wanted = default_tokenizer_path(data_path, vocab_size or DEFAULT_VOCAB_SIZE, cache_dir)
+    if wanted.is_file():
+        return wanted
+    key = wanted.name.rsplit("-", 1)[-1]  # "<key>.model": the same for every vocabulary size
+    trained = sorted(wanted.parent.glob(f"tokenizer-*-{key}"))
+    if vocab_size is None and len(trained) == 1:
+        return trained[0]
+    sizes = [p.name.split("-")[1] for p in trained]
+    found = f" (trained sizes: {', '.join(sizes)}; choose one with vocab_size=N)" if len(trained) > 1 else ""
+    size = vocab_size or DEFAULT_VOCAB_SIZE
+    raise DataError(
+        f"no {size}-piece tokenizer has been trained for {data_path} yet{found}: run "
+        f"`tvq tokenizer --data-path {data_path} --vocab-size {size}` first "
+        f"(from Python, load_corpus('pg19', ..., tokenizer=PATH) uses a model saved elsewhere)"
+    )
+
+
 def train_pg19_tokenizer(
     data_path: str | os.PathLike,
     out: str | os.PathLike | None = None,
@@ -138,7 +162,7 @@ def load_pg19(
     *,
     cache_dir: str | os.PathLike | None = None,
     tokenizer: str | os.PathLike | None = None,
-    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    vocab_size: int | None = None,
 ) -> Corpus:
     """Load PG-19 tokenized with its SentencePiece model, tokenizing each split once into the cache.
 
@@ -146,20 +170,13 @@ def load_pg19(
         data_path: the PG-19 root (``train/``, ``validation/``, ``test/`` of ``.txt`` books).
         cache_dir: cache root (default ``$TVQ_CACHE_DIR`` or ``~/.cache/transformer-vq``).
         tokenizer: a ``.model`` file; default: the one ``tvq tokenizer`` saved for this tree.
-        vocab_size: which default tokenizer to look for (ignored when ``tokenizer`` is given).
+        vocab_size: which saved tokenizer to use (ignored when ``tokenizer`` is given); default:
+            the 32,000-piece one, or the only one trained for this tree.
     """
     if data_path is None:
         raise DataError(f"--data pg19 needs the dataset: pass --data-path PG19_ROOT (with train/, validation/, test/). {GET_IT}")
     files = {split: split_files(data_path, split) for split in SPLITS}
-    if tokenizer is None:
-        tokenizer_path = default_tokenizer_path(data_path, vocab_size, cache_dir)
-        if not tokenizer_path.is_file():
-            raise DataError(
-                f"no {vocab_size}-piece tokenizer has been trained for {data_path} yet: run "
-                f"`tvq tokenizer --data-path {data_path} --vocab-size {vocab_size}` first, or pass tokenizer=PATH"
-            )
-    else:
-        tokenizer_path = Path(tokenizer).expanduser()
+    tokenizer_path = Path(tokenizer).expanduser() if tokenizer is not None else find_tokenizer(data_path, vocab_size, cache_dir)
     sp = ExactTokenizer.load(tokenizer_path)
 
     splits, documents, split_bytes, split_words = {}, {}, {}, {}
