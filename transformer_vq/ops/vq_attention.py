@@ -179,11 +179,12 @@ def _merge(count_a, mean_a, count_b, mean_b):
     """Merge two per-code summaries; the mean is a convex combination, so it stays bounded.
 
     Counts are whole numbers, so a non-zero total is >= 1 and clamping at 1 only guards 0 / 0.
+    ``mean_a (c_a / c) + mean_b (c_b / c) = mean_a + (mean_b - mean_a) (c_b / c)``: one fused ``lerp`` pass
+    over the ``[S, Dv]`` means instead of four (the scan is bound by memory traffic, not arithmetic).
     """
     count = count_a + count_b
     total = count.clamp(min=1.0).to(mean_a.dtype)  # ratios in the means' precision (float64 stays exact)
-    mean = mean_a * (count_a.to(mean_a.dtype) / total).unsqueeze(-1) + mean_b * (count_b.to(mean_b.dtype) / total).unsqueeze(-1)
-    return count, mean
+    return count, torch.lerp(mean_a, mean_b.to(mean_a.dtype), (count_b.to(mean_a.dtype) / total).unsqueeze(-1))
 
 
 def _summarize(z: torch.Tensor, v: torch.Tensor, n_code: int, acc_dtype: torch.dtype):
@@ -195,21 +196,23 @@ def _summarize(z: torch.Tensor, v: torch.Tensor, n_code: int, acc_dtype: torch.d
         ``count [..., S]`` (float32) and ``mean [..., S, Dv]`` (``acc_dtype``; 0 for unused codes).
     """
     count = torch.zeros(*z.shape[:-1], n_code, dtype=torch.float32, device=z.device)
-    count = count.scatter_add(-1, z, torch.ones(z.shape, dtype=torch.float32, device=z.device))
+    count.scatter_add_(-1, z, torch.ones(z.shape, dtype=torch.float32, device=z.device))
+    # In place into fresh zeros: the out-of-place scatter_add would first copy them.
     sums = torch.zeros(*v.shape[:-2], n_code, v.shape[-1], dtype=acc_dtype, device=v.device)
-    sums = sums.scatter_add(-2, z.unsqueeze(-1).expand(*z.shape, v.shape[-1]), v.to(acc_dtype))
+    sums.scatter_add_(-2, z.unsqueeze(-1).expand(*z.shape, v.shape[-1]), v.to(acc_dtype))
     return count, sums / count.clamp(min=1.0).unsqueeze(-1).to(acc_dtype)
 
 
 def _scan_serial(init_count, init_mean, counts, means):
-    """Inclusive prefix merge over blocks (axis 2), one block at a time."""
-    out_counts, out_means = [], []
-    count, mean = init_count, init_mean
-    for n in range(counts.shape[2]):
-        count, mean = _merge(count, mean, counts[:, :, n], means[:, :, n])
-        out_counts.append(count)
-        out_means.append(mean)
-    return torch.stack(out_counts, dim=2), torch.stack(out_means, dim=2)
+    """Prefix merges over blocks (axis 2), one block at a time, written into one buffer (no stack, no concat)."""
+    B, G, N, S = counts.shape
+    prefix_count = counts.new_empty(B, G, N + 1, S)
+    prefix_mean = means.new_empty(B, G, N + 1, S, means.shape[-1])
+    prefix_count[:, :, 0], prefix_mean[:, :, 0] = init_count, init_mean
+    for n in range(N):
+        prefix_count[:, :, n + 1], prefix_mean[:, :, n + 1] = _merge(
+            prefix_count[:, :, n], prefix_mean[:, :, n], counts[:, :, n], means[:, :, n])
+    return prefix_count, prefix_mean
 
 
 def _scan_matmul(init_count, init_mean, counts, means):
@@ -227,7 +230,7 @@ def _scan_matmul(init_count, init_mean, counts, means):
     weights = weights * lower[:, :, None]
     mean = torch.einsum("bgnis,bgisv->bgnsv", weights, means)
     mean = mean + (init_.unsqueeze(2) / safe).unsqueeze(-1) * init_mean.unsqueeze(2)
-    return totals, mean
+    return _with_init(init_count, init_mean, totals, mean)
 
 
 def _scan_assoc(init_count, init_mean, counts, means):
@@ -242,9 +245,16 @@ def _scan_assoc(init_count, init_mean, counts, means):
         count = torch.cat([count[:, :, :step], merged_count], dim=2)
         mean = torch.cat([mean[:, :, :step], merged_mean], dim=2)
         step *= 2
-    return count, mean
+    return _with_init(init_count, init_mean, count, mean)
 
 
+def _with_init(init_count, init_mean, counts, means):
+    """Prefixes ``[init, through block 0, ..., through block N-1]`` from the inclusive ones (axis 2)."""
+    return (torch.cat([init_count.unsqueeze(2), counts], dim=2), torch.cat([init_mean.unsqueeze(2), means], dim=2))
+
+
+# Each scan returns the N + 1 prefixes (B, G, N + 1, S) and (B, G, N + 1, S, Dv): index 0 is the initial
+# summary, index n + 1 the merge through block n.
 _SCANS = {"serial": _scan_serial, "matmul": _scan_matmul, "assoc": _scan_assoc}
 
 
@@ -321,64 +331,75 @@ def _attend_within_block(q, k_hat, z, v, codebook, bias, L, state: VQAttentionSt
 
 
 def _attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, reduction):
-    """Queries of ``N`` whole blocks starting at a block boundary ``offset = n L``, all in parallel."""
+    """Queries of ``N`` whole blocks starting at a block boundary ``offset = n L``, all in parallel.
+
+    The two-block window of query block ``n`` is the contiguous run of keys ``[(n-1) L, (n+1) L)`` of the keys
+    prefixed by block ``n-1 = -1`` (from the state, or zeros). So the window scores are one matmul against an
+    overlapping (unfolded) view of those keys, laid out column for column like ``bias``, and the window values are
+    read through the same kind of view: no key or value is copied per block.
+    """
     B, H, T, Dk = q.shape
     G, S, _ = codebook.shape
     R, N, Dv = H // G, T // L, v.shape[-1]
     acc_dtype = state.cache_mean.dtype
 
-    q_blocks = q.view(B, G, R, N, L, Dk).transpose(2, 3)  # (B, G, N, R, L, Dk)
-    bias_blocks = bias.view(B, G, R, N, L, 2 * L).transpose(2, 3)  # (B, G, N, R, L, 2L)
-    k_blocks = k_hat.view(B, G, N, L, Dk).to(state.recent_k.dtype)
-    v_blocks = v.view(B, G, N, L, Dv).to(state.recent_v.dtype)
-    z_blocks = z.view(B, G, N, L)
-
-    # The block before each query block: block n-1 comes from the state (absent when n = 0).
+    # Block n-1 of query block 0 comes from the state (absent at the start of a sequence: zeros, masked).
     has_prev_block = state.recent_k.shape[2] == L
     if has_prev_block:
         first_k, first_v, first_z = state.recent_k, state.recent_v, state.recent_z
     else:
-        first_k = k_blocks.new_zeros(B, G, L, Dk)
-        first_v = v_blocks.new_zeros(B, G, L, Dv)
-        first_z = z_blocks.new_zeros(B, G, L)
-    k_prev = torch.cat([first_k.unsqueeze(2), k_blocks[:, :, :-1]], dim=2)  # (B, G, N, L, Dk)
-    v_prev = torch.cat([first_v.unsqueeze(2), v_blocks[:, :, :-1]], dim=2)  # (B, G, N, L, Dv)
-    z_prev = torch.cat([first_z.unsqueeze(2), z_blocks[:, :, :-1]], dim=2)  # (B, G, N, L)
+        first_k = state.recent_k.new_zeros(B, G, L, Dk)
+        first_v = state.recent_v.new_zeros(B, G, L, Dv)
+        first_z = z.new_zeros(B, G, L)
+    k_all = torch.cat([first_k, k_hat.to(first_k.dtype)], dim=2)  # (B, G, (N + 1) L, Dk): blocks -1 .. N-1
+    v_all = torch.cat([first_v, v.to(first_v.dtype)], dim=2)  # (B, G, (N + 1) L, Dv)
+    v_prev = v_all[:, :, :T].view(B, G, N, L, Dv)  # block n-1 of each query block n
+    z_prev = torch.cat([first_z, z[:, :, :T - L]], dim=2).view(B, G, N, L)
 
-    s_prev = q_blocks @ k_prev.unsqueeze(3).transpose(-1, -2) + bias_blocks[..., :L]  # (B, G, N, R, L, L)
+    q_blocks = q.view(B, G, R, N, L, Dk).transpose(2, 3)  # (B, G, N, R, L, Dk)
+    bias_blocks = bias.view(B, G, R, N, L, 2 * L).transpose(2, 3)  # (B, G, N, R, L, 2L)
+    k_window = k_all.unfold(2, 2 * L, L)  # (B, G, N, Dk, 2L): column j is the key at (n-1) L + j
+    s_window = q_blocks @ k_window.unsqueeze(3) + bias_blocks  # (B, G, N, R, L, 2L)
+    column = torch.arange(2 * L, device=q.device)
+    row = torch.arange(L, device=q.device)
+    blocked = (column[None, :] > L + row[:, None]).expand(N, L, 2 * L)  # (N, L, 2L): future keys
     if not has_prev_block:
-        no_prev = torch.zeros(N, dtype=torch.bool, device=q.device)
-        no_prev[0] = True
-        s_prev = s_prev.masked_fill(no_prev[:, None, None, None], float("-inf"))
-    s_present = q_blocks @ k_blocks.unsqueeze(3).transpose(-1, -2) + bias_blocks[..., L:]  # (B, G, N, R, L, L)
-    future = torch.ones(L, L, dtype=torch.bool, device=q.device).triu(diagonal=1)
-    s_present = s_present.masked_fill(future, float("-inf"))
+        blocked = blocked.clone()
+        blocked[0, :, :L] = True  # block -1 does not exist
+    s_window = s_window.masked_fill(blocked[:, None], float("-inf"))
 
-    # Cache of query block i: the state's cache merged with blocks n-1 .. n+i-2, i.e. an exclusive
-    # prefix over the "previous" blocks. The inclusive prefix gives the final state's cache.
+    # Cache of query block i: the state's cache merged with blocks n-1 .. n+i-2, i.e. the prefix before the
+    # "previous" block i; the last prefix (through every block) is the final state's cache.
     counts, means = _summarize(z_prev, v_prev, S, acc_dtype)  # (B, G, N, S), (B, G, N, S, Dv)
     if not has_prev_block:
-        counts = counts * (~no_prev)[:, None].to(counts.dtype)
-    incl_count, incl_mean = _SCANS[reduction](state.cache_count, state.cache_mean, counts, means)
-    cache_count = torch.cat([state.cache_count.unsqueeze(2), incl_count[:, :, :-1]], dim=2)  # (B, G, N, S)
-    cache_mean = torch.cat([state.cache_mean.unsqueeze(2), incl_mean[:, :, :-1]], dim=2)  # (B, G, N, S, Dv)
+        counts = torch.cat([torch.zeros_like(counts[:, :, :1]), counts[:, :, 1:]], dim=2)
+    prefix_count, prefix_mean = _SCANS[reduction](state.cache_count, state.cache_mean, counts, means)
+    cache_count, cache_mean = prefix_count[:, :, :-1], prefix_mean[:, :, :-1]  # (B, G, N, S), (B, G, N, S, Dv)
 
-    s_cache = q_blocks @ codebook[None, :, None, None].transpose(-1, -2)  # (B, G, N, R, L, S)
-    s_cache = s_cache + _log_counts(cache_count, s_cache.dtype)[:, :, :, None, None, :]
+    # One (R T, Dk) x (Dk, S) product per group: the codebook is shared by every block.
+    s_cache = (q.reshape(B, G, R * T, Dk) @ codebook.transpose(-1, -2).unsqueeze(0)).view(B, G, R, N, L, S)
+    s_cache = s_cache.transpose(2, 3) + _log_counts(cache_count, s_cache.dtype)[:, :, :, None, None, :]
 
-    out = _softmax_combine([
-        (s_cache, cache_mean.unsqueeze(3)),
-        (s_prev, v_prev.unsqueeze(3)),
-        (s_present, v_blocks.unsqueeze(3)),
-    ])  # (B, G, N, R, L, Dv)
+    # The softmax over [cache | previous block | present block] with one shared max (float32 at least).
+    work = torch.promote_types(s_window.dtype, torch.float32)
+    s_cache, s_window = s_cache.to(work), s_window.to(work)
+    shift = torch.maximum(s_cache.amax(dim=-1), s_window.amax(dim=-1)).detach().unsqueeze(-1)
+    e_cache = torch.exp(s_cache - shift)  # (B, G, N, R, L, S)
+    e_window = torch.exp(s_window - shift)  # (B, G, N, R, L, 2L)
+    denominator = e_cache.sum(dim=-1, keepdim=True) + e_window.sum(dim=-1, keepdim=True)
+    e_window = e_window.to(v_all.dtype)
+    numerator = (e_cache.to(cache_mean.dtype) @ cache_mean.unsqueeze(3)).to(v_all.dtype)
+    v_window = v_all.unfold(2, 2 * L, L).transpose(-1, -2)  # (B, G, N, 2L, Dv): overlapping view, no copy
+    numerator = numerator + e_window @ v_window.unsqueeze(3)
+    out = numerator / denominator.to(numerator.dtype)  # (B, G, N, R, L, Dv)
     out = out.transpose(2, 3).reshape(B, H, T, Dv).to(q.dtype)
 
     new_state = VQAttentionState(
         offset=state.offset + T,
-        cache_count=incl_count[:, :, -1],
-        cache_mean=incl_mean[:, :, -1],
-        recent_k=k_blocks[:, :, -1],
-        recent_v=v_blocks[:, :, -1],
-        recent_z=z_blocks[:, :, -1],
+        cache_count=prefix_count[:, :, -1],
+        cache_mean=prefix_mean[:, :, -1],
+        recent_k=k_all[:, :, -L:],
+        recent_v=v_all[:, :, -L:],
+        recent_z=z[:, :, -L:],
     )
     return out, new_state
