@@ -32,7 +32,7 @@ def test_weight_decay_only_on_matrices():
 
 def test_adamw_settings_and_schedule():
     model = TransformerVQ(preset("tiny"))
-    cfg = TrainConfig(warmup_steps=4, steps=20)
+    cfg = TrainConfig(warmup_steps=4, steps=20, lr=None)
     opt = build_optimizer(model, cfg)
     assert isinstance(opt, torch.optim.AdamW)
     group = opt.param_groups[0]
@@ -47,8 +47,18 @@ def test_adamw_settings_and_schedule():
 
 def test_adafactor_paper_settings():
     model = TransformerVQ(preset("tiny"))
-    opt = build_optimizer(model, TrainConfig(optimizer="adafactor"))
+    opt = build_optimizer(model, TrainConfig(optimizer="adafactor", lr=None))
     assert isinstance(opt, torch.optim.Adafactor)
     group = opt.param_groups[0]
     # relative step sizes with max lr 0.01, update clip d = 1, beta2_t = 1 - t^-0.8, no first moment
     assert (group["lr"], group["d"], group["beta2_decay"]) == (1e-2, 1.0, -0.8)
+
+
+def test_adafactor_trains(corpus_file, tmp_path):
+    from trainutil import read_metrics, tiny_config
+    from transformer_vq.train import train
+
+    run_dir = tmp_path / "run"
+    train(tiny_config(corpus_file, run_dir, "steps=8", "optimizer=adafactor", "lr=none"))
+    losses = [r["loss"] for r in read_metrics(run_dir)]
+    assert len(losses) == 8 and losses[-1] < losses[0]

@@ -14,7 +14,10 @@ from transformer_vq.train import ConfigError, RunConfig, TrainConfig, load_confi
 def test_defaults_are_the_small_model_on_shakespeare():
     cfg = load_config()
     assert cfg.model.d_model == 256 and cfg.train.data == "shakespeare"
-    assert cfg.train.peak_lr == 4e-4 and load_config(overrides=["optimizer=adafactor"]).train.peak_lr == 1e-2
+    assert cfg.train.peak_lr == 2e-3
+    # lr=none: the paper's value for the optimizer
+    assert load_config(overrides=["lr=none"]).train.peak_lr == 4e-4
+    assert load_config(overrides=["optimizer=adafactor", "lr=none"]).train.peak_lr == 1e-2
     assert str(cfg.train.resolved_run_dir()) == "runs/default"
 
 

@@ -58,12 +58,12 @@ class TrainConfig:
     """Tokens per sequence; the operator state is reset at the start of every batch of sequences."""
     update_len: int = 128
     """Backprop window W: one optimizer step per window of this many tokens (a multiple of block_len)."""
-    steps: int = 600
+    steps: int = 800
     """Number of optimizer steps (windows) to train for."""
     optimizer: str = "adamw"
     """'adamw' or 'adafactor' (paper settings, App. C.2)."""
-    lr: float | None = None
-    """Peak learning rate; unset means the paper's (4e-4 for adamw, 1e-2 for adafactor)."""
+    lr: float | None = 2e-3
+    """Peak learning rate. The default suits the small CPU models; none = the paper's value for the optimizer (4e-4 for adamw, 1e-2 for adafactor, App. C.2), meant for its 190M-1.3B models."""
     weight_decay: float = 0.0
     """Decoupled weight decay, applied only to parameters with more than one dimension."""
     warmup_steps: int = 50
@@ -82,9 +82,9 @@ class TrainConfig:
     """Evaluate on the validation split every this many steps (0 = only at the end)."""
     eval_tokens: int = 0
     """Validation tokens per evaluation (0 = the whole split)."""
-    eval_streams: int = 8
+    eval_streams: int = 16
     """Evaluation splits the data into this many contiguous streams run as one batch, state carried."""
-    ckpt_every: int = 100
+    ckpt_every: int = 200
     """Save a checkpoint every this many steps (and always at the end)."""
     keep_ckpts: int = 3
     """How many most recent checkpoints to keep."""
