@@ -216,20 +216,21 @@ def _scan_serial(init_count, init_mean, counts, means):
 
 
 def _scan_matmul(init_count, init_mean, counts, means):
-    """Inclusive prefix merge as one product with lower-triangular weights ``c_i / C_n`` (``i <= n``).
+    """Prefix merges as one product with a lower-triangular matrix of ones, over all codes at once.
 
-    The weights of each prefix sum to one (with the initial summary's ``c_init / C_n``), so the result
-    is a convex combination of bounded means: the stable form of FLASH's lower-triangular matmul.
+    ``mean_n = (c_init m_init + sum_{i <= n} c_i m_i) / C_n``: the per-block sums ``c_i m_i`` (each bounded by ``L``
+    times the largest value) are accumulated by one ``(N, N) x (N, S Dv)`` matmul, the form of FLASH's
+    lower-triangular matmul that runs at matmul speed, and divided by the running counts; the carried summary
+    enters as its mean times ``c_init / C_n``, so nothing carried across calls grows with the sequence.
     """
-    N = counts.shape[2]
+    B, G, N, S = counts.shape
+    Dv = means.shape[-1]
     totals = init_count.unsqueeze(2) + counts.cumsum(dim=2)  # (B, G, N, S)
-    safe = totals.clamp(min=1.0)
-    lower = torch.ones(N, N, dtype=torch.bool, device=counts.device).tril()  # [n, i]: i <= n
-    counts_, init_, safe = (c.to(means.dtype) for c in (counts, init_count, safe))
-    weights = counts_.unsqueeze(2) / safe.unsqueeze(3)  # (B, G, N, N, S): [n, i] = c_i / C_n
-    weights = weights * lower[:, :, None]
-    mean = torch.einsum("bgnis,bgisv->bgnsv", weights, means)
-    mean = mean + (init_.unsqueeze(2) / safe).unsqueeze(-1) * init_mean.unsqueeze(2)
+    safe = totals.clamp(min=1.0).to(means.dtype)
+    lower = torch.ones(N, N, dtype=means.dtype, device=counts.device).tril()  # [n, i]: i <= n
+    sums = means * counts.to(means.dtype).unsqueeze(-1)  # (B, G, N, S, Dv)
+    prefix = (lower @ sums.reshape(B * G, N, S * Dv)).view(B, G, N, S, Dv)
+    mean = (prefix + (init_count.to(means.dtype).unsqueeze(-1) * init_mean).unsqueeze(2)) / safe.unsqueeze(-1)
     return _with_init(init_count, init_mean, totals, mean)
 
 
