@@ -204,15 +204,13 @@ def _summarize(z: torch.Tensor, v: torch.Tensor, n_code: int, acc_dtype: torch.d
 
 
 def _scan_serial(init_count, init_mean, counts, means):
-    """Prefix merges over blocks (axis 2), one block at a time, written into one buffer (no stack, no concat)."""
-    B, G, N, S = counts.shape
-    prefix_count = counts.new_empty(B, G, N + 1, S)
-    prefix_mean = means.new_empty(B, G, N + 1, S, means.shape[-1])
-    prefix_count[:, :, 0], prefix_mean[:, :, 0] = init_count, init_mean
-    for n in range(N):
-        prefix_count[:, :, n + 1], prefix_mean[:, :, n + 1] = _merge(
-            prefix_count[:, :, n], prefix_mean[:, :, n], counts[:, :, n], means[:, :, n])
-    return prefix_count, prefix_mean
+    """Prefix merges over blocks (axis 2), one block at a time; one stack of the prefixes (with the initial one)."""
+    prefix_counts, prefix_means = [init_count], [init_mean]
+    for n in range(counts.shape[2]):
+        count, mean = _merge(prefix_counts[-1], prefix_means[-1], counts[:, :, n], means[:, :, n])
+        prefix_counts.append(count)
+        prefix_means.append(mean)
+    return torch.stack(prefix_counts, dim=2), torch.stack(prefix_means, dim=2)
 
 
 def _scan_matmul(init_count, init_mean, counts, means):
