@@ -206,8 +206,9 @@ def _summarize(z: torch.Tensor, v: torch.Tensor, n_code: int, acc_dtype: torch.d
 def _scan_serial(init_count, init_mean, counts, means):
     """Prefix merges over blocks (axis 2), one block at a time; one stack of the prefixes (with the initial one)."""
     prefix_counts, prefix_means = [init_count], [init_mean]
-    for n in range(counts.shape[2]):
-        count, mean = _merge(prefix_counts[-1], prefix_means[-1], counts[:, :, n], means[:, :, n])
+    # unbind, not indexing: the backward of N index ops would build N full-size zero gradients.
+    for block_count, block_mean in zip(counts.unbind(2), means.unbind(2)):
+        count, mean = _merge(prefix_counts[-1], prefix_means[-1], block_count, block_mean)
         prefix_counts.append(count)
         prefix_means.append(mean)
     return torch.stack(prefix_counts, dim=2), torch.stack(prefix_means, dim=2)
