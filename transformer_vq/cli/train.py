@@ -94,6 +94,7 @@ def run(args) -> int:
               f"--run-dir {result.run_dir}", file=sys.stderr)
         return result.exit_code
     if result.validation is not None:
-        print(f"done: {result.step} steps; validation {result.validation.bits_per_byte:.3f} bits per byte. "
-              f"Next: tvq eval --ckpt {result.run_dir}  |  tvq sample --ckpt {result.run_dir} --prompt 'ROMEO:'")
+        print(f"done: {result.step} steps at {result.tokens_per_s:,.0f} training tokens/s; validation "
+              f"{result.validation.bits_per_byte:.3f} bits per byte.\n"
+              f"next: tvq eval --ckpt {result.run_dir}  |  tvq sample --ckpt {result.run_dir} --prompt 'ROMEO:'")
     return 0

@@ -62,6 +62,8 @@ class TrainResult:
     """0 when all steps ran; 128 + signal number when stopped by SIGTERM (143) or SIGINT (130)."""
     validation: EvalResult | None = None
     sample: str | None = None
+    tokens_per_s: float | None = None
+    """Training tokens per second over this call's steps (all workers together)."""
 
 
 class _StopRequest:
@@ -288,6 +290,7 @@ class _Trainer:
             "commit_loss": _finite_or_none(commit_loss),
             "bits_per_byte": _finite_or_none(ce_loss / math.log(2) * self.train_tokens_per_byte),
             "lr": lr, "grad_norm": _finite_or_none(grad_norm),
+            "tokens": tc.batch_size * tc.update_len, "seconds": seconds,
             "tokens_per_s": tc.batch_size * tc.update_len / seconds, "skipped": not finite,
             **self.model.codebook_metrics(),
         }
@@ -322,6 +325,7 @@ class _Trainer:
         logger = (MetricsLogger(self.run_dir, total_steps=tc.steps, start_step=self.step, log_every=tc.log_every)
                   if self.dist.is_main else None)
         exit_code = 0
+        tokens_per_s = None
         try:
             with _StopRequest() as stop:
                 while self.step < tc.steps:
@@ -351,6 +355,8 @@ class _Trainer:
                             logger.log_eval(self.step, "validation", self.evaluate(tc.eval_tokens).to_dict())
                         self.dist.barrier()
             validation = sample_text = None
+            if logger:
+                tokens_per_s = logger.tokens_per_s
             if exit_code == 0 and self.dist.is_main:
                 validation = self.evaluate(tc.eval_tokens)
                 logger.log_eval(self.step, "validation", validation.to_dict())
@@ -360,7 +366,7 @@ class _Trainer:
             if logger:
                 logger.close()
         return TrainResult(run_dir=self.run_dir, step=self.step, exit_code=exit_code, validation=validation,
-                           sample=sample_text)
+                           sample=sample_text, tokens_per_s=tokens_per_s)
 
     def _sample(self, logger: MetricsLogger) -> str:
         prompt = self.tc.sample_prompt

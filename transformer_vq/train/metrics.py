@@ -27,6 +27,10 @@ class MetricsLogger:
         self.tensorboard = SummaryWriter(str(run_dir / "tb"))
         self.log_every = log_every
         self.total_steps = total_steps
+        # step times vary with the machine's load: the console shows tokens/s over the steps since its
+        # previous line; the totals give the run's average
+        self._interval = [0, 0.0]  # tokens, seconds
+        self.total_tokens, self.total_seconds = 0, 0.0
         self.bar = None
         if sys.stdout.isatty():
             from tqdm import tqdm
@@ -42,12 +46,22 @@ class MetricsLogger:
             # None marks a non-finite value (JSON has no NaN): nothing to plot
             if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.tensorboard.add_scalar(f"train/{key}", value, step)
+        self._interval[0] += metrics["tokens"]
+        self._interval[1] += metrics["seconds"]
+        self.total_tokens += metrics["tokens"]
+        self.total_seconds += metrics["seconds"]
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=_fmt(metrics["loss"], ".4f"), bpb=_fmt(metrics.get("bits_per_byte"), ".3f"),
-                                 tok_s=_fmt(metrics["tokens_per_s"], ",.0f"))
+                                 tok_s=_fmt(self.tokens_per_s, ",.0f"))
         elif step % self.log_every == 0 or step == self.total_steps:
-            self.print(format_step(metrics, self.total_steps))
+            self.print(format_step(metrics, self.total_steps, self._interval[0] / max(self._interval[1], 1e-9)))
+            self._interval = [0, 0.0]
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Training tokens per second over the steps logged so far (time in the steps themselves)."""
+        return self.total_tokens / max(self.total_seconds, 1e-9)
 
     def log_eval(self, step: int, split: str, result: dict) -> None:
         """Record an evaluation (its loss and bits per byte) at ``step``."""
@@ -71,11 +85,11 @@ class MetricsLogger:
         self.jsonl.close()
 
 
-def format_step(metrics: dict, total_steps: int) -> str:
+def format_step(metrics: dict, total_steps: int, tokens_per_s: float) -> str:
     """One console line for a training step."""
     line = (f"step {metrics['step']}/{total_steps}  loss {_fmt(metrics['loss'], '.4f')}  "
             f"bpb {_fmt(metrics.get('bits_per_byte'), '.3f')}  lr {metrics['lr']:.2e}  "
-            f"tok/s {_fmt(metrics['tokens_per_s'], ',.0f')}")
+            f"tok/s {tokens_per_s:,.0f}")
     if "codebook_perplexity" in metrics:
         line += f"  codebook ppl {_fmt(metrics['codebook_perplexity'], '.1f')}"
     if metrics.get("skipped"):
