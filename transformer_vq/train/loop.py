@@ -200,18 +200,21 @@ class _Trainer:
         return {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            # mid-batch: where the current batch starts, plus the state carried into the next window
+            # mid-batch: where the current batch starts (the carried states are saved beside it)
             "data": self.batch_pos if mid_batch else self.batches.state_dict(),
-            "carry": to_plain(self.carry) if mid_batch else None,
             "nonfinite_run": self.nonfinite_run,
             "world_size": self.dist.world_size,
         }
 
     def save(self) -> None:
-        rngs = self.dist.all_gather_object(rng_state())  # every worker's generators, in rank order
+        # every worker's generators and carried state (its own rows of the batch), in rank order
+        mid_batch = self.step % self.tc.windows_per_batch != 0
+        rngs = self.dist.all_gather_object(rng_state())
+        carries = self.dist.all_gather_object(to_plain(self.carry) if mid_batch else None)
         if self.dist.is_main:
+            state = {**self._checkpoint_state(), "rng": rngs, "carry": carries}
             path = save_checkpoint(self.ckpt_root, step=self.step, model=self.model, config=self.cfg.to_dict(),
-                                   state={**self._checkpoint_state(), "rng": rngs}, keep=self.tc.keep_ckpts)
+                                   state=state, keep=self.tc.keep_ckpts)
             self.log(f"saved checkpoint {path}", flush=True)
         self.dist.barrier()
 
@@ -241,7 +244,15 @@ class _Trainer:
         if self.step % self.tc.windows_per_batch != 0:
             self.batch_pos = self.batches.state_dict()
             self.batch = next(self.batches).to(self.device)
-            self.carry = from_plain(state["carry"], self.device) if "data" not in skip else None
+            if "data" in skip:
+                self.carry = None
+            elif len(state["carry"]) == self.dist.world_size:
+                self.carry = from_plain(state["carry"][self.dist.rank], self.device)
+            else:
+                # each worker's state covers its own rows of the batch, which change with the worker count
+                self.log(f"warning: the checkpoint falls mid-batch and was saved by {len(state['carry'])} workers, "
+                         f"this run has {self.dist.world_size}: the rest of this batch starts without context")
+                self.carry = None
         self.log(f"resumed from {ckpt.path} at step {self.step}")
 
     # ---- one step ------------------------------------------------------------------------------------
