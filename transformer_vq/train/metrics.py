@@ -35,7 +35,7 @@ class MetricsLogger:
         if sys.stdout.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+            self.bar = tqdm(total=total_steps, initial=start_step, unit="step")
 
     def log_step(self, metrics: dict) -> None:
         """Record the metrics of one optimizer step (``metrics["step"]`` counts from 1)."""
