@@ -45,12 +45,14 @@ def cli_args(corpus_file: Path, run_dir: Path, *extra: str) -> list[str]:
     return args
 
 
-def tvq_process(args: list[str], **kwargs) -> subprocess.Popen:
-    """Start `python -m transformer_vq ARGS` (stdout/stderr captured, text mode)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1"}  # the same thread count as the in-process runs (conftest._one_thread)
+def tvq_process(args: list[str], *, one_thread: bool = True) -> subprocess.Popen:
+    """Start `python -m transformer_vq ARGS` (stdout/stderr captured, text mode). ``one_thread``: the
+    same thread count as the in-process runs (conftest._one_thread), for bitwise comparisons."""
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    if one_thread:
+        env["OMP_NUM_THREADS"] = "1"
     return subprocess.Popen([sys.executable, "-m", "transformer_vq", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, **kwargs)
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
