@@ -33,7 +33,7 @@ def test_op_bench_figures(tmp_path):
     for row in result["rows"]:
         assert row["status"] == "ok", row
         for key in ("forward_s", "fwd_bwd_s", "forward_gflops", "fwd_bwd_gflops", "forward_fraction_of_peak",
-                    "forward_flops", "inputs_bytes"):
+                    "forward_flops", "inputs_bytes", "matmul_gflops", "load_average_1min"):
             assert row[key] > 0, key
     pairs = {(s["method"], s["baseline"], s["T"]) for s in result["speedups"]}
     assert ("vq-serial", "sdpa", 64) in pairs and ("vq-matmul", "full", 32) in pairs

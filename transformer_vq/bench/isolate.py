@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -61,6 +62,11 @@ def run_cell(target: str, kwargs: dict, *, isolate: bool = True, timeout_s: floa
 
     A cell that fails reports ``status`` "oom", "timeout" or "error" with a message instead of raising.
     """
+    load = {"load_average_1min": round(os.getloadavg()[0], 2)}  # how busy the (possibly shared) CPU was
+    return {**load, **_run(target, kwargs, isolate, timeout_s, mem_limit_gib)}
+
+
+def _run(target, kwargs, isolate, timeout_s, mem_limit_gib) -> dict:
     if not isolate:
         try:
             return _call(target, kwargs)

@@ -3,7 +3,8 @@
 For each method and sequence length ``T`` it times the forward pass and the forward + backward pass of the operator
 alone (inputs already projected: ``q, k, v, bias`` as the layer hands them over), counts the matmul FLOPs the method
 executes, and reports achieved GFLOP/s next to the matmul GFLOP/s of the machine measured in the same run, the speedup
-over SDPA, and the peak memory of the cell.
+over SDPA, and the peak memory of the cell. The matmul GFLOP/s is measured again inside each cell, right before it
+is timed, and the fraction of peak of that cell is taken against it.
 
 Methods:
   * ``vq-serial``, ``vq-matmul``, ``vq-assoc``: ``transformer_vq.ops.vq_attention`` with each cache reduction;
@@ -25,7 +26,7 @@ import torch
 
 from transformer_vq.bench.config import OpBenchConfig
 from transformer_vq.bench.isolate import run_cell
-from transformer_vq.bench.machine import machine_info, median_seconds
+from transformer_vq.bench.machine import machine_info, matmul_gflops, median_seconds
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -116,7 +117,9 @@ def op_cell(method: str, length: int, config: dict, repeats: int, warmup: int, b
     x = make_inputs(cfg, length)
     inputs_bytes = sum(t.nelement() * t.element_size() for t in x.values())
     fn = _method_fn(method, cfg, x)
-    result = {"status": "ok", "inputs_bytes": inputs_bytes}
+    # The yardstick of this cell, measured in its own process right before it: on a shared machine the CPU time
+    # available changes from minute to minute, so a peak measured once per run would not compare like with like.
+    result = {"status": "ok", "inputs_bytes": inputs_bytes, "matmul_gflops": matmul_gflops(DTYPES[cfg.dtype])}
     with torch.no_grad():
         result["forward_s"], result["forward_samples"] = median_seconds(fn, repeats=repeats, warmup=warmup)
     if backward:
@@ -138,7 +141,6 @@ def op_cell(method: str, length: int, config: dict, repeats: int, warmup: int, b
 def run_op_bench(cfg: OpBenchConfig, log=print) -> dict:
     """Run every (method, length) cell of ``cfg``; return the JSON-ready result with machine info and speedups."""
     machine = machine_info()
-    peak = machine["matmul_gflops"][cfg.dtype]
     rows = []
     for method in cfg.methods:
         last = None  # (length, forward_s, fwd_bwd_s) of the last cell that ran, for estimates
@@ -155,7 +157,7 @@ def run_op_bench(cfg: OpBenchConfig, log=print) -> dict:
                 row.update(status="skipped", estimated_forward_s=round(est_fwd, 1),
                            estimated_fwd_bwd_s=round(est_bwd, 1) if cfg.backward else None)
                 rows.append(row)
-                log(_line(row, peak))
+                log(_line(row))
                 continue
             if backward and est_bwd is not None and est_bwd > cfg.budget_s:
                 backward = False
@@ -170,13 +172,13 @@ def run_op_bench(cfg: OpBenchConfig, log=print) -> dict:
             row.update(result)
             if result.get("status") == "ok":
                 row["forward_gflops"] = flops / result["forward_s"] / 1e9
-                row["forward_fraction_of_peak"] = row["forward_gflops"] / peak
+                row["forward_fraction_of_peak"] = row["forward_gflops"] / result["matmul_gflops"]
                 if "fwd_bwd_s" in result:
                     # Backward executes two matmuls per forward matmul: 3x the forward FLOPs in all.
                     row["fwd_bwd_gflops"] = 3 * flops / result["fwd_bwd_s"] / 1e9
                 last = (length, result["forward_s"], result.get("fwd_bwd_s"))
             rows.append(row)
-            log(_line(row, peak))
+            log(_line(row))
     return {"benchmark": "op", "config": asdict(cfg), "machine": machine, "rows": rows,
             "speedups": speedups(rows), "load_average_end": machine_info(measure_peak=False)["load_average_start"]}
 
@@ -213,13 +215,14 @@ def speedups(rows: list[dict], baselines=("sdpa", "full")) -> list[dict]:
     return out
 
 
-def _line(row: dict, peak: float) -> str:
+def _line(row: dict) -> str:
     head = f"{row['method']:>10} T={row['T']:>7}"
     if row.get("status") == "skipped":
         return f"{head}  skipped (est. forward {row['estimated_forward_s']:.0f} s)"
     if row.get("status") != "ok":
         return f"{head}  {row.get('status')}: {row.get('error', '')}"
-    text = f"{head}  fwd {row['forward_s']:.3f} s  {row['forward_gflops']:.0f} GFLOP/s ({100 * row['forward_gflops'] / peak:.0f}% of matmul)"
+    text = (f"{head}  fwd {row['forward_s']:.3f} s  {row['forward_gflops']:.0f} GFLOP/s "
+            f"({100 * row['forward_fraction_of_peak']:.0f}% of matmul {row['matmul_gflops']:.0f})")
     if "fwd_bwd_s" in row:
         text += f"  fwd+bwd {row['fwd_bwd_s']:.3f} s"
     if "peak_rss_bytes" in row:

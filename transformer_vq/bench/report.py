@@ -42,31 +42,31 @@ def _machine_lines(result: dict) -> list[str]:
 
 def op_table(result: dict) -> str:
     cfg = result["config"]
-    peak = result["machine"]["matmul_gflops"][cfg["dtype"]]
     lines = [
         f"### Operator: one attention layer, {cfg['dtype']}, B={cfg['batch']} H={cfg['n_head']} G={cfg['n_group']} "
         f"Dk={cfg['d_k']} Dv={cfg['d_v']} S={cfg['n_code']} L={cfg['block_len']} (FLASH C={cfg['chunk_len']})",
         "",
-        "| method | T | forward | GFLOP/s (% of matmul) | fwd+bwd | fwd+bwd GFLOP/s | peak RSS | fwd speedup vs sdpa |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| method | T | forward | GFLOP/s (% of matmul) | fwd+bwd | fwd+bwd GFLOP/s | peak RSS | fwd speedup vs sdpa "
+        "| fwd+bwd speedup vs sdpa | matmul GFLOP/s (cell) | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     speed = {(s["method"], s["T"]): s for s in result["speedups"] if s["baseline"] == "sdpa"}
     for row in result["rows"]:
         status = _cell_status(row)
         head = f"| {row['method']} | {row['T']} |"
         if status:
-            lines.append(f"{head} {status} | | | | | |")
+            lines.append(f"{head} {status} | | | | | | | | |")
             continue
         bwd = _seconds(row.get("fwd_bwd_s")) if "fwd_bwd_s" in row else (
             f"skipped (est. {_seconds(row['estimated_fwd_bwd_s'])})" if row.get("estimated_fwd_bwd_s") else "-")
         bwd_gf = f"{row['fwd_bwd_gflops']:.0f}" if "fwd_bwd_gflops" in row else "-"
         rss = f"{row['peak_rss_bytes'] / 2**20:.0f} MiB" if "peak_rss_bytes" in row else "-"
-        s = speed.get((row["method"], row["T"]))
-        sp = "-"
-        if s and "forward_speedup" in s:
-            sp = f"{s['forward_speedup']:.1f}x" + (" (est.)" if s["forward_estimated"] else "")
+        s = speed.get((row["method"], row["T"]), {})
+        sp = [f"{s[k]:.1f}x" + (" (est.)" if s[k.replace("speedup", "estimated")] else "") if k in s else "-"
+              for k in ("forward_speedup", "fwd_bwd_speedup")]
         lines.append(f"{head} {_seconds(row['forward_s'])} | {row['forward_gflops']:.0f} "
-                     f"({100 * row['forward_gflops'] / peak:.0f}%) | {bwd} | {bwd_gf} | {rss} | {sp} |")
+                     f"({100 * row['forward_fraction_of_peak']:.0f}%) | {bwd} | {bwd_gf} | {rss} | {sp[0]} | {sp[1]} "
+                     f"| {row['matmul_gflops']:.0f} | {row.get('load_average_1min', '-')} |")
     return "\n".join(lines + [""] + _machine_lines(result))
 
 
