@@ -277,7 +277,7 @@ class _Trainer:
         # one collective for the logged losses and the flags every worker must agree on
         shared = torch.tensor([out.loss.item(), out.ce_loss.item(), out.commit_loss.item(),
                                float(not math.isfinite(out.loss.item())), float(stop.signum is not None)],
-                              dtype=torch.float64)
+                              dtype=torch.float64, device=self.device)  # nccl reduces only GPU tensors
         self.dist.all_reduce_sum_([shared])
         loss, ce_loss, commit_loss = (shared[:3] / self.dist.world_size).tolist()
         finite = shared[3].item() == 0 and math.isfinite(grad_norm)
