@@ -76,6 +76,8 @@ class TrainConfig:
     """'float32' or 'bfloat16' (autocast of the computation, parameters stay float32)."""
     device: str = "auto"
     """'auto' (cuda when available), 'cpu' or 'cuda'."""
+    threads: int = 0
+    """CPU threads for PyTorch (0 = PyTorch's default, one per core); see docs/training.md on shared CPUs."""
     log_every: int = 10
     """Print a line every this many steps when not on a terminal (metrics.jsonl gets every step)."""
     eval_every: int = 0
@@ -102,7 +104,7 @@ class TrainConfig:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 errors.append(f"{name} must be a positive integer, got {value!r}")
-        for name in ("seed", "warmup_steps", "eval_every", "eval_tokens", "sample_tokens"):
+        for name in ("seed", "warmup_steps", "eval_every", "eval_tokens", "sample_tokens", "threads"):
             value = getattr(self, name)
             if not _is_int(value) or value < 0:
                 errors.append(f"{name} must be an integer >= 0, got {value!r}")

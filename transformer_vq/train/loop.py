@@ -143,6 +143,8 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
     Returns a :class:`TrainResult`; raises :class:`TrainingError`, :class:`CheckpointError` or the data
     layer's ``DataError`` with a message for the user.
     """
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
     device = resolve_device(cfg.train.device)
     dist_info = setup_distributed(device.type)
     if device.type == "cuda":
