@@ -21,6 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from transformer_vq.data.batches import check_vocab
+
 
 @dataclass
 class EvalResult:
@@ -122,8 +124,6 @@ def evaluate(ckpt: str, *, split: str = "validation", data_path: str | None = No
     model, run_cfg, _ = model_from_checkpoint(ckpt, device=device)
     corpus = load_corpus_for(run_cfg.train, data_path=data_path)
     tokens = corpus.split(split)
-    from transformer_vq.data.batches import check_vocab
-
     check_vocab(tokens, run_cfg.model.vocab_size, split)
     return evaluate_tokens(
         model, tokens, window_len=window_len or run_cfg.train.update_len,
