@@ -4,6 +4,7 @@ global batch (gradients averaged, codebook statistics summed, each worker readin
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -17,16 +18,20 @@ from transformer_vq.train.checkpoint import latest_checkpoint
 EXTRA = ("steps=6", "ckpt_every=100", "batch_size=4")
 
 
+def torchrun(args: list[str]) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node 2 -m transformer_vq ARGS` on CPU (gloo), one thread per worker."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "transformer_vq", *args]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 def test_two_workers_match_one_process(corpus_file, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     train(tiny_config(corpus_file, one, *EXTRA))
-
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "-m", "transformer_vq", *cli_args(corpus_file, two, *EXTRA)]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "on 2 x cpu" in proc.stdout
+    assert "on 2 x cpu" in torchrun(cli_args(corpus_file, two, *EXTRA)).stdout
 
     # per-step losses and gradient norms equal up to float32 summation order (~1e-7 relative); the
     # gradient norm shows the gradients are averaged (summed, it would double), the loss that each
@@ -44,3 +49,21 @@ def test_two_workers_match_one_process(corpus_file, tmp_path):
         torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=1e-4, msg=name)
     # the codebooks moved (EMA updates happened) and agree too
     assert not torch.equal(w1["units.0.quantizer.ema_count"], torch.zeros_like(w1["units.0.quantizer.ema_count"]))
+
+
+def test_two_workers_resume_mid_batch_bitwise(corpus_file, tmp_path):
+    """Each worker's carried state and RNG (dropout on) are saved and restored: rewinding a 2-worker
+    run to its mid-batch checkpoint at step 3 and resuming reproduces steps 4-8 exactly."""
+    run_dir = tmp_path / "run"
+    extra = ("steps=8", "ckpt_every=3", "keep_ckpts=5", "model.dropres=0.1")
+    torchrun(cli_args(corpus_file, run_dir, *extra))
+    reference = {r["step"]: r["loss"] for r in read_metrics(run_dir)}
+    for later in ("step_00000006", "step_00000008"):
+        shutil.rmtree(run_dir / "checkpoints" / later)
+    (run_dir / "checkpoints" / "latest").write_text("step_00000003\n")
+    (run_dir / "metrics.jsonl").write_text("")
+
+    proc = torchrun(["train", "--resume", "auto", "--run-dir", str(run_dir)])
+    assert "resumed from" in proc.stdout and "at step 3" in proc.stdout
+    resumed = {r["step"]: r["loss"] for r in read_metrics(run_dir)}
+    assert resumed == {step: reference[step] for step in range(4, 9)}
