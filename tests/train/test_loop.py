@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from trainutil import read_metrics, tiny_config
@@ -44,3 +45,13 @@ def test_bfloat16_autocast_keeps_float32_parameters(corpus_file, tmp_path):
     assert all(p.dtype == torch.float32 for p in model.parameters())
     losses = [r["loss"] for r in read_metrics(tmp_path / "run")]
     assert all(loss is not None for loss in losses)
+
+
+def test_metrics_jsonl_and_tensorboard(trained_run):
+    records = read_metrics(trained_run)
+    assert [r["step"] for r in records] == list(range(1, 7))
+    assert set(records[0]) == {"step", "loss", "ce_loss", "commit_loss", "bits_per_byte", "lr", "grad_norm", "tokens",
+                               "seconds", "tokens_per_s", "skipped", "codebook_perplexity", "codebook_unused"}
+    assert all(r["loss"] == pytest.approx(r["ce_loss"] + 1e-4 * r["commit_loss"]) for r in records)
+    events = list((trained_run / "tb").glob("events.out.tfevents.*"))
+    assert events and b"train/loss" in events[0].read_bytes() and b"validation/bits_per_byte" in events[0].read_bytes()
