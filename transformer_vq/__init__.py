@@ -1,26 +1,40 @@
 """Transformer-VQ in PyTorch: softmax attention in linear time through vector-quantized keys.
 
 Lingle, "Transformer-VQ: Linear-Time Transformers via Vector Quantization", ICLR 2024.
+
+The public names below are imported on first use, so that ``import transformer_vq.cli`` (the ``tvq``
+command) can set up the process (thread policy) before PyTorch is loaded.
 """
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-from transformer_vq.config import TransformerVQConfig, preset, PRESETS  # noqa: E402
-from transformer_vq.nn.quantizer import VectorQuantizer  # noqa: E402
-from transformer_vq.nn.attention import VQAttention  # noqa: E402
-from transformer_vq.nn.model import TransformerVQ, ModelOutput, ModelState  # noqa: E402
-from transformer_vq.ops import vq_attention, vq_attention_reference  # noqa: E402
+_EXPORTS = {
+    "TransformerVQConfig": "transformer_vq.config",
+    "preset": "transformer_vq.config",
+    "PRESETS": "transformer_vq.config",
+    "VectorQuantizer": "transformer_vq.nn.quantizer",
+    "VQAttention": "transformer_vq.nn.attention",
+    "TransformerVQ": "transformer_vq.nn.model",
+    "ModelOutput": "transformer_vq.nn.model",
+    "ModelState": "transformer_vq.nn.model",
+    "vq_attention": "transformer_vq.ops",
+    "vq_attention_reference": "transformer_vq.ops",
+}
 
-__all__ = [
-    "__version__",
-    "TransformerVQConfig",
-    "preset",
-    "PRESETS",
-    "VectorQuantizer",
-    "VQAttention",
-    "TransformerVQ",
-    "ModelOutput",
-    "ModelState",
-    "vq_attention",
-    "vq_attention_reference",
-]
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'transformer_vq' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))
