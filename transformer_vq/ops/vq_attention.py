@@ -138,7 +138,7 @@ def vq_attention(
         )
         outs.append(out)
         start = stop
-    return torch.cat(outs, dim=2), state
+    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), state
 
 
 def _check_inputs(q, k_hat, z, v, codebook, bias, block_len, reduction):
@@ -359,14 +359,21 @@ def _attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, r
     q_blocks = q.view(B, G, R, N, L, Dk).transpose(2, 3)  # (B, G, N, R, L, Dk)
     bias_blocks = bias.view(B, G, R, N, L, 2 * L).transpose(2, 3)  # (B, G, N, R, L, 2L)
     k_window = k_all.unfold(2, 2 * L, L)  # (B, G, N, Dk, 2L): column j is the key at (n-1) L + j
-    s_window = q_blocks @ k_window.unsqueeze(3) + bias_blocks  # (B, G, N, R, L, 2L)
+    # Without autograd the score and weight tensors are scratch space: update them in place. Every fresh tensor of
+    # T x (S + 2L) floats costs a pass of page faults, and these passes, not the matmuls, bound the speed on a CPU.
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_hat, v, bias))
+    add, sub, exp, masked_fill, div = (
+        (torch.add, torch.sub, torch.exp, torch.Tensor.masked_fill, torch.div) if grad
+        else (torch.Tensor.add_, torch.Tensor.sub_, torch.Tensor.exp_, torch.Tensor.masked_fill_, torch.Tensor.div_))
+
+    s_window = add(q_blocks @ k_window.unsqueeze(3), bias_blocks)  # (B, G, N, R, L, 2L)
     column = torch.arange(2 * L, device=q.device)
     row = torch.arange(L, device=q.device)
     blocked = (column[None, :] > L + row[:, None]).expand(N, L, 2 * L)  # (N, L, 2L): future keys
     if not has_prev_block:
         blocked = blocked.clone()
         blocked[0, :, :L] = True  # block -1 does not exist
-    s_window = s_window.masked_fill(blocked[:, None], float("-inf"))
+    s_window = masked_fill(s_window, blocked[:, None], float("-inf"))
 
     # Cache of query block i: the state's cache merged with blocks n-1 .. n+i-2, i.e. the prefix before the
     # "previous" block i; the last prefix (through every block) is the final state's cache.
@@ -378,20 +385,20 @@ def _attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, r
 
     # One (R T, Dk) x (Dk, S) product per group: the codebook is shared by every block.
     s_cache = (q.reshape(B, G, R * T, Dk) @ codebook.transpose(-1, -2).unsqueeze(0)).view(B, G, R, N, L, S)
-    s_cache = s_cache.transpose(2, 3) + _log_counts(cache_count, s_cache.dtype)[:, :, :, None, None, :]
+    s_cache = add(s_cache.transpose(2, 3), _log_counts(cache_count, s_cache.dtype)[:, :, :, None, None, :])
 
     # The softmax over [cache | previous block | present block] with one shared max (float32 at least).
     work = torch.promote_types(s_window.dtype, torch.float32)
     s_cache, s_window = s_cache.to(work), s_window.to(work)
     shift = torch.maximum(s_cache.amax(dim=-1), s_window.amax(dim=-1)).detach().unsqueeze(-1)
-    e_cache = torch.exp(s_cache - shift)  # (B, G, N, R, L, S)
-    e_window = torch.exp(s_window - shift)  # (B, G, N, R, L, 2L)
+    e_cache = exp(sub(s_cache, shift))  # (B, G, N, R, L, S)
+    e_window = exp(sub(s_window, shift))  # (B, G, N, R, L, 2L)
     denominator = e_cache.sum(dim=-1, keepdim=True) + e_window.sum(dim=-1, keepdim=True)
     e_window = e_window.to(v_all.dtype)
     numerator = (e_cache.to(cache_mean.dtype) @ cache_mean.unsqueeze(3)).to(v_all.dtype)
     v_window = v_all.unfold(2, 2 * L, L).transpose(-1, -2)  # (B, G, N, 2L, Dv): overlapping view, no copy
-    numerator = numerator + e_window @ v_window.unsqueeze(3)
-    out = numerator / denominator.to(numerator.dtype)  # (B, G, N, R, L, Dv)
+    numerator = add(numerator, e_window @ v_window.unsqueeze(3))
+    out = div(numerator, denominator.to(numerator.dtype))  # (B, G, N, R, L, Dv)
     out = out.transpose(2, 3).reshape(B, H, T, Dv).to(q.dtype)
 
     new_state = VQAttentionState(
