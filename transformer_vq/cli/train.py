@@ -14,10 +14,15 @@ import sys
 EPILOG = """examples:
   tvq train                                     # small model, Shakespeare, about 5 minutes on 2 CPU cores
   tvq train --data text --data-path notes/ --name notes --steps 2000
+  tvq train --data pg19 --data-path pg19/ --data-option tokenizer=pg19-32k.model --preset pg19
   tvq train --resume auto                       # continue runs/default from its latest checkpoint
   tvq train --set model.n_layers=4 --set lr=1e-3 --precision bfloat16
   torchrun --nproc_per_node 2 -m transformer_vq train --batch-size 16
 """
+
+
+# Training fields that are mappings, set by their own repeatable flag instead of one --FIELD VALUE.
+MAPPING_FIELDS = ("data_options",)
 
 
 def add_parser(subparsers):
@@ -36,9 +41,14 @@ def add_parser(subparsers):
     parser.add_argument("--resume", nargs="?", const="auto", metavar="auto|PATH",
                         help="continue from the run directory's latest complete checkpoint ('auto', the default "
                              "when the flag is given alone) or from the given run/checkpoint directory")
+    parser.add_argument("--data-option", dest="data_options", action="append", default=[], metavar="KEY=VALUE",
+                        help="a keyword option of the corpus loader, e.g. tokenizer=pg19.model or "
+                             "'fractions=[0.9, 0.05, 0.05]' (repeatable; saved with the run)")
     fields = parser.add_argument_group("training fields (see docs/training.md)")
     docs = field_docs(TrainConfig)
     for field in dataclasses.fields(TrainConfig):
+        if field.name in MAPPING_FIELDS:
+            continue
         default = field.default
         fields.add_argument(f"--{field.name.replace('_', '-')}", dest=f"field_{field.name}", metavar="VALUE",
                             help=f"{docs.get(field.name, '')} (default: {default!r})")
@@ -50,16 +60,20 @@ def build_config(args):
     saved config (its config.json), with the flags and --set applied on top."""
     import json
 
-    from transformer_vq.train.config import RunConfig, TrainConfig, load_config
+    from transformer_vq.train.config import RunConfig, TrainConfig, load_config, parse_data_options
 
     flags = [f"train.{f.name}={getattr(args, 'field_' + f.name)}" for f in dataclasses.fields(TrainConfig)
-             if getattr(args, "field_" + f.name) is not None]
+             if f.name not in MAPPING_FIELDS and getattr(args, "field_" + f.name) is not None]
     overrides = flags + list(args.overrides)
     cfg = load_config(args.preset, args.config, overrides)
     if args.resume is not None and args.preset is None and args.config is None:
         saved = cfg.train.resolved_run_dir() / "config.json"
         if saved.is_file():
             cfg = load_config(None, None, overrides, base=RunConfig.from_dict(json.loads(saved.read_text())))
+    if args.data_options:
+        # on top of the options of the config file (or of the run being resumed)
+        options = {**cfg.train.data_options, **parse_data_options(args.data_options)}
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, data_options=options))
     return cfg
 
 

@@ -3,6 +3,9 @@ and a model rebuilt from a checkpoint alone (its saved config says which archite
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import torch
 
 from transformer_vq.train.checkpoint import Checkpoint, find_checkpoint
@@ -18,17 +21,50 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_corpus_for(train_cfg: TrainConfig, *, data_path: str | None = None):
-    """The corpus a training config names (``data_path`` overrides the configured path)."""
+# A run's copy of its corpus's tokenizer (PG-19's SentencePiece model), so the run can be evaluated
+# and sampled from wherever the original tokenizer went.
+RUN_TOKENIZER = "tokenizer.model"
+
+
+def load_corpus_for(train_cfg: TrainConfig, *, data_path: str | None = None, run_dir: str | Path | None = None,
+                    data_options: dict | None = None):
+    """The corpus a training config names, with its saved loader options.
+
+    ``data_path`` overrides the configured path; with ``run_dir``, the run's own copy of the
+    tokenizer (if it has one) is used; ``data_options`` override the saved options (and that copy).
+    """
     from transformer_vq.data import load_corpus
 
     path = data_path if data_path is not None else train_cfg.data_path
-    return load_corpus(train_cfg.data, data_path=path)
+    options = dict(train_cfg.data_options)
+    if run_dir is not None and (Path(run_dir) / RUN_TOKENIZER).is_file():
+        options["tokenizer"] = str(Path(run_dir) / RUN_TOKENIZER)
+    options.update(data_options or {})
+    return load_corpus(train_cfg.data, data_path=path, **options)
 
 
-def codec_for(run_cfg: RunConfig, *, data_path: str | None = None):
+def save_run_tokenizer(corpus, run_dir: str | Path) -> Path | None:
+    """Copy the corpus's tokenizer file (``metadata["tokenizer"]``, PG-19) into the run directory,
+    where :func:`load_corpus_for` finds it; returns the copy, or None for corpora without one."""
+    source = corpus.metadata.get("tokenizer")
+    if not source:
+        return None
+    target = Path(run_dir) / RUN_TOKENIZER
+    if not (target.exists() and target.samefile(source)):
+        shutil.copyfile(source, target)
+    return target
+
+
+def run_dir_of(ckpt: Checkpoint) -> Path:
+    """The run directory of a checkpoint (``RUN_DIR/checkpoints/step_N``), or the checkpoint's own
+    directory when it was moved out of its run."""
+    parent = ckpt.path.parent
+    return parent.parent if parent.name == "checkpoints" else parent
+
+
+def codec_for(run_cfg: RunConfig, *, data_path: str | None = None, run_dir: str | Path | None = None):
     """``(encode, decode)`` for a run: byte-level UTF-8 for 256-token models (no corpus needed),
-    otherwise the corpus's own tokenizer."""
+    otherwise the corpus's own tokenizer (the run's copy when ``run_dir`` has one)."""
     if run_cfg.model.vocab_size == 256:
         def encode(text: str) -> list[int]:
             return list(text.encode("utf-8"))
@@ -37,7 +73,7 @@ def codec_for(run_cfg: RunConfig, *, data_path: str | None = None):
             return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
         return encode, decode
-    corpus = load_corpus_for(run_cfg.train, data_path=data_path)
+    corpus = load_corpus_for(run_cfg.train, data_path=data_path, run_dir=run_dir)
     return corpus.encode, corpus.decode
 
 

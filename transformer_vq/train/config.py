@@ -50,6 +50,8 @@ class TrainConfig:
     """Corpus name for transformer_vq.data.load_corpus ('shakespeare', 'text', 'enwik8', ...)."""
     data_path: str | None = None
     """Local file or directory of the corpus (required for 'text')."""
+    data_options: dict = dataclasses.field(default_factory=dict)
+    """Keyword options of the corpus loader (e.g. tokenizer=PATH for pg19); on the command line --data-option KEY=VALUE."""
     seed: int = 0
     """Seeds the initialization, dropout and the data order."""
     batch_size: int = 8
@@ -128,6 +130,9 @@ class TrainConfig:
                     f"seq_len={self.seq_len} must be a multiple of update_len={self.update_len}; "
                     f"set seq_len to a multiple such as {max(1, self.seq_len // self.update_len) * self.update_len}"
                 )
+        if not isinstance(self.data_options, dict) or not all(isinstance(k, str) for k in self.data_options):
+            errors.append(f"data_options must be a mapping of option name to value (on the command line: "
+                          f"--data-option KEY=VALUE), got {self.data_options!r}")
         if not self.name or "/" in self.name:
             errors.append(f"name must be a non-empty string without '/', got {self.name!r}")
         if errors:
@@ -218,6 +223,30 @@ def load_config(preset: str | None = None, file: str | Path | None = None,
     model = _build(TransformerVQConfig, model_values, "model")
     train = _build(TrainConfig, values["train"], "train")
     return RunConfig(model=model, train=train)
+
+
+def parse_data_options(items: typing.Sequence[str]) -> dict:
+    """``["tokenizer=t.model", "fractions=[0.9, 0.05, 0.05]"]`` -> loader keyword options.
+
+    Values are read as YAML scalars or flow lists (``4`` is an int, ``null`` is None, ``[a, b]`` a
+    list), so they are saved in config.json with their types; anything else stays a string.
+    """
+    import yaml
+
+    options = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"data option {item!r} must look like KEY=VALUE, e.g. --data-option tokenizer=pg19.model")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        # only what JSON can hold goes into config.json (YAML would also make dates and the like)
+        if not isinstance(value, (str, int, float, bool, list, type(None))):
+            value = text
+        options[key.strip()] = value
+    return options
 
 
 def field_docs(cls) -> dict[str, str]:

@@ -7,7 +7,14 @@ into ``streams`` contiguous pieces evaluated side by side (each carrying its own
 
 Bits per byte: the mean next-token loss in bits times tokens per byte of the split,
 ``bpb = mean_nll / ln 2 * n_tokens / n_bytes``. For byte-level data ``n_tokens = n_bytes``, so a
-model with uniform logits over 256 bytes scores exactly 8 bits per byte.
+model with uniform logits over 256 bytes scores exactly 8 bits per byte. For tokenized text
+(PG-19) ``n_bytes`` is the UTF-8 byte count of the original text (``corpus.split_bytes``), so the
+number is comparable across tokenizers.
+
+Word-level perplexity (PG-19, Rae et al. 2020), when the corpus counts the whitespace-separated
+words of the original split text (``corpus.metadata["split_words"]``):
+``exp(total NLL nats / n_words) = exp(mean_nll * n_tokens / n_words)``; a model with uniform
+logits over V tokens scores ``V ** (n_tokens / n_words)``.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ class EvalResult:
     """Number of predicted tokens."""
     seconds: float
     tokens_per_s: float
+    word_perplexity: float | None = None
+    """Word-level perplexity, for corpora that count the words of their original text (PG-19); else None."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -44,7 +53,7 @@ class EvalResult:
 @torch.no_grad()
 def evaluate_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: int, tokens_per_byte: float = 1.0,
                     streams: int = 1, max_tokens: int = 0, precision: str = "float32", split: str = "validation",
-                    progress: bool | None = None) -> EvalResult:
+                    progress: bool | None = None, tokens_per_word: float | None = None) -> EvalResult:
     """Evaluate ``model`` on a flat token array.
 
     Args:
@@ -57,6 +66,8 @@ def evaluate_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: i
         max_tokens: evaluate only the first this many tokens (0 = all).
         precision: 'float32' or 'bfloat16' autocast.
         progress: show a progress bar (default: when stderr is a terminal).
+        tokens_per_word: tokens of the whole split divided by the whitespace-separated words of its
+            original text; given, the result has a word-level perplexity.
     """
     if max_tokens:
         tokens = tokens[:max_tokens]
@@ -102,8 +113,13 @@ def evaluate_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: i
         model.train(was_training)
     seconds = time.perf_counter() - begin
     loss = total_nll.item() / n_pred
+    word_perplexity = None
+    if tokens_per_word is not None:
+        # an untrained model over a large vocabulary can overflow a float: report inf
+        exponent = loss * tokens_per_word
+        word_perplexity = math.exp(exponent) if exponent < 709 else math.inf
     return EvalResult(split=split, loss=loss, bits_per_byte=loss / math.log(2) * tokens_per_byte, tokens=n_pred,
-                      seconds=seconds, tokens_per_s=n_pred / max(seconds, 1e-9))
+                      seconds=seconds, tokens_per_s=n_pred / max(seconds, 1e-9), word_perplexity=word_perplexity)
 
 
 def corpus_tokens_per_byte(corpus, split: str) -> float:
@@ -112,22 +128,33 @@ def corpus_tokens_per_byte(corpus, split: str) -> float:
     return len(corpus.split(split)) / n_bytes
 
 
+def corpus_tokens_per_word(corpus, split: str) -> float | None:
+    """Tokens per whitespace-separated word of the original text of ``split``, for corpora that count
+    words (``metadata["split_words"]``, e.g. PG-19); None otherwise."""
+    words = (corpus.metadata.get("split_words") or {}).get(split)
+    return len(corpus.split(split)) / words if words else None
+
+
 def evaluate(ckpt: str, *, split: str = "validation", data_path: str | None = None, streams: int | None = None,
-             max_tokens: int = 0, window_len: int | None = None, device: str = "auto") -> EvalResult:
+             max_tokens: int = 0, window_len: int | None = None, device: str = "auto",
+             data_options: dict | None = None) -> EvalResult:
     """Evaluate a checkpoint (a run directory or a checkpoint directory) on a split of its corpus.
 
-    The corpus, model and precision come from the checkpoint's saved config; ``data_path`` replaces
-    the saved data path (for data that moved).
+    The corpus (with its saved loader options, and the run's copy of its tokenizer), model and
+    precision come from the checkpoint's saved config; ``data_path`` replaces the saved data path
+    (for data that moved) and ``data_options`` override saved loader options.
     """
-    from transformer_vq.train.build import load_corpus_for, model_from_checkpoint
+    from transformer_vq.train.build import load_corpus_for, model_from_checkpoint, run_dir_of
 
-    model, run_cfg, _ = model_from_checkpoint(ckpt, device=device)
-    corpus = load_corpus_for(run_cfg.train, data_path=data_path)
+    model, run_cfg, checkpoint = model_from_checkpoint(ckpt, device=device)
+    corpus = load_corpus_for(run_cfg.train, data_path=data_path, run_dir=run_dir_of(checkpoint),
+                             data_options=data_options)
     tokens = corpus.split(split)
     check_vocab(tokens, run_cfg.model.vocab_size, split)
     return evaluate_tokens(
         model, tokens, window_len=window_len or run_cfg.train.update_len,
         tokens_per_byte=corpus_tokens_per_byte(corpus, split),
+        tokens_per_word=corpus_tokens_per_word(corpus, split),
         streams=streams or run_cfg.train.eval_streams, max_tokens=max_tokens,
         precision=run_cfg.train.precision, split=split,
     )

@@ -35,13 +35,14 @@ import numpy as np
 import torch
 
 from transformer_vq.data.batches import check_vocab, corpus_batches
-from transformer_vq.train.build import build_model, load_corpus_for, resolve_device
+from transformer_vq.train.build import build_model, load_corpus_for, resolve_device, save_run_tokenizer
 from transformer_vq.train.carry import from_plain, to_plain
 from transformer_vq.train.checkpoint import (CheckpointError, find_checkpoint, latest_checkpoint, list_checkpoints,
                                              save_checkpoint)
 from transformer_vq.train.config import ConfigError, RunConfig
 from transformer_vq.train.distributed import Distributed, setup_distributed, teardown_distributed
-from transformer_vq.train.evaluate import EvalResult, corpus_tokens_per_byte, evaluate_tokens
+from transformer_vq.train.evaluate import (EvalResult, corpus_tokens_per_byte, corpus_tokens_per_word,
+                                          evaluate_tokens)
 from transformer_vq.train.metrics import MetricsLogger
 from transformer_vq.train.optim import build_optimizer, build_scheduler
 from transformer_vq.train.sample import stream_text
@@ -314,7 +315,8 @@ class _Trainer:
     def evaluate(self, max_tokens: int) -> EvalResult:
         return evaluate_tokens(
             self.model, self.corpus.split("validation"), window_len=self.tc.seq_len,
-            tokens_per_byte=corpus_tokens_per_byte(self.corpus, "validation"), streams=self.tc.eval_streams,
+            tokens_per_byte=corpus_tokens_per_byte(self.corpus, "validation"),
+            tokens_per_word=corpus_tokens_per_word(self.corpus, "validation"), streams=self.tc.eval_streams,
             max_tokens=max_tokens, precision=self.tc.precision, progress=False,
         )
 
@@ -330,6 +332,7 @@ class _Trainer:
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.json").write_text(self.cfg.to_json())
+            save_run_tokenizer(self.corpus, self.run_dir)
             n_params = sum(p.numel() for p in self.model.parameters())
             self.log(f"training a {n_params / 1e6:.2f}M-parameter model on {self.corpus.name} "
                      f"({len(self.corpus.split('train')):,} training tokens) for {tc.steps} steps of "

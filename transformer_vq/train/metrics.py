@@ -64,12 +64,15 @@ class MetricsLogger:
         return self.total_tokens / max(self.total_seconds, 1e-9)
 
     def log_eval(self, step: int, split: str, result: dict) -> None:
-        """Record an evaluation (its loss and bits per byte) at ``step``."""
+        """Record an evaluation (its loss, bits per byte and, on PG-19, word-level perplexity) at ``step``."""
         self.jsonl.write(json.dumps({"step": step, "eval": split, **result}) + "\n")
         self.jsonl.flush()
-        for key in ("loss", "bits_per_byte"):
+        keys = ("loss", "bits_per_byte") + (("word_perplexity",) if result.get("word_perplexity") is not None else ())
+        for key in keys:
             self.tensorboard.add_scalar(f"{split}/{key}", result[key], step)
-        self.print(f"step {step}: {split} loss {result['loss']:.4f}, {result['bits_per_byte']:.4f} bits per byte")
+        words = (f", word-level perplexity {result['word_perplexity']:.2f}"
+                 if result.get("word_perplexity") is not None else "")
+        self.print(f"step {step}: {split} loss {result['loss']:.4f}, {result['bits_per_byte']:.4f} bits per byte{words}")
 
     def print(self, message: str) -> None:
         """Print without breaking the progress bar."""

@@ -1,4 +1,5 @@
-"""Sampling: stream text from a model token by token through its linear-time state.
+"""Sampling: stream text from a model token by token through its linear-time state, or, for an
+image model (trained on ``imagenet64``), sample whole 64x64 images and write them as PNG files.
 
 ``model.stream`` carries the operator state, so each new token costs the same whatever the length
 of the past (no recomputation). Given the same seed, prompt and settings, the text is the same.
@@ -6,6 +7,8 @@ of the past (no recomputation). Given the same seed, prompt and settings, the te
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -75,10 +78,10 @@ def sample(ckpt: str, prompt: str = "\n", *, max_new_tokens: int = 500, temperat
 
     Returns an iterator of text pieces; ``"".join(sample(...))`` is the whole sample.
     """
-    from transformer_vq.train.build import codec_for, model_from_checkpoint
+    from transformer_vq.train.build import codec_for, model_from_checkpoint, run_dir_of
 
-    model, run_cfg, _ = model_from_checkpoint(ckpt, device=device)
-    encode, decode = codec_for(run_cfg, data_path=data_path)
+    model, run_cfg, checkpoint = model_from_checkpoint(ckpt, device=device)
+    encode, decode = codec_for(run_cfg, data_path=data_path, run_dir=run_dir_of(checkpoint))
     prompt_ids = encode(prompt)
     bad = [i for i in prompt_ids if not 0 <= i < run_cfg.model.vocab_size]
     if bad:
@@ -86,3 +89,62 @@ def sample(ckpt: str, prompt: str = "\n", *, max_new_tokens: int = 500, temperat
                          f"[0, {run_cfg.model.vocab_size})")
     return stream_text(model, prompt_ids, decode, max_new_tokens=max_new_tokens, temperature=temperature,
                        top_k=top_k, top_p=top_p, seed=seed)
+
+
+# Corpora whose sequences are images of 12,288 raster-order bytes (see transformer_vq.data.images).
+IMAGE_CORPORA = ("imagenet64",)
+
+
+def is_image_run(run_cfg) -> bool:
+    """Whether a run's model generates images: decided by the corpus it was trained on (saved config)."""
+    return run_cfg.train.data in IMAGE_CORPORA
+
+
+def sample_image_tokens(model: torch.nn.Module, num_images: int, *, temperature: float = 1.0,
+                        top_k: int | None = None, top_p: float = 1.0, seed: int = 0) -> torch.Tensor:
+    """``[num_images, 12288]`` bytes: images sampled side by side as one batch.
+
+    An image's first subpixel is never predicted in training (a sequence starts with it and there
+    is no start token), so it is drawn uniformly from 0..255 with the seeded generator; the model
+    samples the remaining 12,287 given it.
+    """
+    from transformer_vq.data.imagenet64 import IMAGE_TOKENS
+
+    if num_images < 1:
+        raise ValueError(f"the number of images must be at least 1, got {num_images}")
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    first = torch.randint(0, 256, (num_images, 1), generator=generator, device=device)  # (N, 1)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            rest = [token for token in model.stream(first, IMAGE_TOKENS - 1, temperature=temperature, top_k=top_k,
+                                                    top_p=top_p, generator=generator)]
+    finally:
+        model.train(was_training)
+    return torch.cat([first, torch.stack(rest, dim=1)], dim=1).cpu()  # (N, 12288)
+
+
+def sample_images(ckpt: str, out_dir: str | os.PathLike, *, num_images: int = 4, temperature: float = 1.0,
+                  top_k: int | None = None, top_p: float = 1.0, seed: int = 0,
+                  device: str = "auto") -> list[Path]:
+    """Sample ``num_images`` images from an image model's checkpoint into ``out_dir``.
+
+    Writes ``sample_000.png`` ... (one 64x64 RGB PNG per image) and ``grid.png`` (all of them,
+    :func:`~transformer_vq.data.images.save_grid`); returns the paths, the grid last.
+    """
+    from transformer_vq.data.images import save_grid, save_png
+    from transformer_vq.train.build import model_from_checkpoint
+
+    model, run_cfg, _ = model_from_checkpoint(ckpt, device=device)
+    if not is_image_run(run_cfg) or run_cfg.model.vocab_size != 256:
+        raise ValueError(f"{ckpt} is not an image model (trained on {run_cfg.train.data!r}, vocabulary "
+                         f"{run_cfg.model.vocab_size}); image sampling needs a byte model trained on "
+                         f"{' or '.join(IMAGE_CORPORA)}")
+    images = sample_image_tokens(model, num_images, temperature=temperature, top_k=top_k, top_p=top_p,
+                                 seed=seed).numpy()
+    out = Path(out_dir)
+    paths = [save_png(tokens, out / f"sample_{i:03d}.png") for i, tokens in enumerate(images)]
+    paths.append(save_grid(list(images), out / "grid.png"))
+    return paths
