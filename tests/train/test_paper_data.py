@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,7 +97,7 @@ def test_pg19_run_keeps_its_tokenizer_and_reports_word_perplexity(pg19_tree, pg1
     assert copy.read_bytes() == pg19_tokenizer.read_bytes()
     saved = json.loads((run_dir / "config.json").read_text())
     assert saved["train"]["data_options"] == {"tokenizer": str(pg19_tokenizer)}
-    capsys.readouterr()
+    assert re.search(r"validation [\d.]+ bits per byte, word-level perplexity [\d.]+\.", capsys.readouterr().out)
     # the original tokenizer is gone: eval and sample work from the run's copy
     pg19_tokenizer.unlink()
     assert main(["eval", "--ckpt", str(run_dir), "--json", "--streams", "1"]) == 0

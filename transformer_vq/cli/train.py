@@ -108,7 +108,12 @@ def run(args) -> int:
               f"--run-dir {result.run_dir}", file=sys.stderr)
         return result.exit_code
     if result.validation is not None:
+        from transformer_vq.train.sample import is_image_run
+
+        sample_hint = "--out samples/ --num-samples 4" if is_image_run(cfg) else "--prompt 'ROMEO:'"
+        words = (f", word-level perplexity {result.validation.word_perplexity:.2f}"
+                 if result.validation.word_perplexity is not None else "")
         print(f"done: {result.step} steps at {result.tokens_per_s:,.0f} training tokens/s; validation "
-              f"{result.validation.bits_per_byte:.3f} bits per byte.\n"
-              f"next: tvq eval --ckpt {result.run_dir}  |  tvq sample --ckpt {result.run_dir} --prompt 'ROMEO:'")
+              f"{result.validation.bits_per_byte:.3f} bits per byte{words}.\n"
+              f"next: tvq eval --ckpt {result.run_dir}  |  tvq sample --ckpt {result.run_dir} {sample_hint}")
     return 0

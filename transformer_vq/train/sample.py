@@ -8,6 +8,7 @@ of the past (no recomputation). Given the same seed, prompt and settings, the te
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -101,12 +102,14 @@ def is_image_run(run_cfg) -> bool:
 
 
 def sample_image_tokens(model: torch.nn.Module, num_images: int, *, temperature: float = 1.0,
-                        top_k: int | None = None, top_p: float = 1.0, seed: int = 0) -> torch.Tensor:
+                        top_k: int | None = None, top_p: float = 1.0, seed: int = 0,
+                        progress: bool | None = None) -> torch.Tensor:
     """``[num_images, 12288]`` bytes: images sampled side by side as one batch.
 
     An image's first subpixel is never predicted in training (a sequence starts with it and there
     is no start token), so it is drawn uniformly from 0..255 with the seeded generator; the model
-    samples the remaining 12,287 given it.
+    samples the remaining 12,287 given it. ``progress``: a progress bar over the subpixels
+    (default: when stderr is a terminal; on a CPU this takes minutes).
     """
     from transformer_vq.data.imagenet64 import IMAGE_TOKENS
 
@@ -117,10 +120,18 @@ def sample_image_tokens(model: torch.nn.Module, num_images: int, *, temperature:
     first = torch.randint(0, 256, (num_images, 1), generator=generator, device=device)  # (N, 1)
     was_training = model.training
     model.eval()
+    tokens = model.stream(first, IMAGE_TOKENS - 1, temperature=temperature, top_k=top_k, top_p=top_p,
+                          generator=generator)
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if progress:
+        from tqdm import tqdm
+
+        tokens = tqdm(tokens, total=IMAGE_TOKENS - 1, desc=f"sampling {num_images} images", unit="subpixel",
+                      leave=False)
     try:
         with torch.no_grad():
-            rest = [token for token in model.stream(first, IMAGE_TOKENS - 1, temperature=temperature, top_k=top_k,
-                                                    top_p=top_p, generator=generator)]
+            rest = list(tokens)
     finally:
         model.train(was_training)
     return torch.cat([first, torch.stack(rest, dim=1)], dim=1).cpu()  # (N, 12288)
