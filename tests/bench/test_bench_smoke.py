@@ -22,8 +22,8 @@ TINY_MODEL = dict(d_model=32, d_k=8, d_v=32, n_code=8, block_len=16, flash_chunk
 
 
 def test_op_bench_figures(tmp_path):
-    result = run_op_bench(OpBenchConfig(methods=("vq-serial", "vq-matmul", "sdpa", "full", "flash"), **TINY_OP),
-                          log=lambda line: None)
+    result = run_op_bench(OpBenchConfig(methods=("vq-serial", "vq-matmul", "sdpa", "full", "flash"), paired=(64,),
+                                        **TINY_OP), log=lambda line: None)
     machine = result["machine"]
     for key in ("cpu", "commit", "torch", "numpy", "python", "load_average_start", "date_utc"):
         assert key in machine
@@ -38,10 +38,13 @@ def test_op_bench_figures(tmp_path):
     pairs = {(s["method"], s["baseline"], s["T"]) for s in result["speedups"]}
     assert ("vq-serial", "sdpa", 64) in pairs and ("vq-matmul", "full", 32) in pairs
     assert all(s["forward_speedup"] > 0 for s in result["speedups"])
+    paired = {p["method"]: p for p in result["paired"]}
+    assert set(paired) == {"vq-serial", "vq-matmul", "sdpa", "full", "flash"}
+    assert paired["vq-serial"]["speedup"]["sdpa"] > 0 and len(paired["sdpa"]["samples"]) == 1
     paths = write_report(result, tmp_path, "op")
     assert json.loads(paths["json"].read_text())["rows"] == result["rows"]
     assert paths["png"].read_bytes()[:4] == b"\x89PNG"
-    assert "| vq-serial | 64 |" in paths["md"].read_text()
+    assert "| vq-serial | 64 |" in paths["md"].read_text() and "Paired forward times" in paths["md"].read_text()
 
 
 def test_op_bench_skips_cells_over_budget_and_isolates():

@@ -60,6 +60,9 @@ class OpBenchConfig:
     """Address-space limit of each cell's process, in GiB (0: none)."""
     seed: int = 0
     """Seed of the random inputs."""
+    paired: tuple[int, ...] = ()
+    """Lengths at which all methods are also timed in one process, interleaved round by round (forward only): speedups
+    robust to a load that changes between cells."""
 
     def __post_init__(self):
         errors = [f"unknown method {m!r}; choose from {', '.join(OP_METHODS)}" for m in self.methods

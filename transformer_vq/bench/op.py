@@ -20,6 +20,7 @@ Cells whose estimated time exceeds the budget are not run and are reported as ``
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict
 
 import torch
@@ -113,7 +114,8 @@ def _method_fn(method: str, cfg: OpBenchConfig, x: dict):
 
 def op_cell(method: str, length: int, config: dict, repeats: int, warmup: int, backward: bool) -> dict:
     """Time one method at one length (run inside a cell process by ``run_cell``)."""
-    cfg = OpBenchConfig(**{**config, "lengths": tuple(config["lengths"]), "methods": tuple(config["methods"])})
+    cfg = OpBenchConfig(**{**config, "lengths": tuple(config["lengths"]), "methods": tuple(config["methods"]),
+                           "paired": tuple(config.get("paired", ()))})
     x = make_inputs(cfg, length)
     inputs_bytes = sum(t.nelement() * t.element_size() for t in x.values())
     fn = _method_fn(method, cfg, x)
@@ -136,6 +138,56 @@ def op_cell(method: str, length: int, config: dict, repeats: int, warmup: int, b
 
         result["fwd_bwd_s"], result["fwd_bwd_samples"] = median_seconds(step, repeats=repeats, warmup=warmup)
     return result
+
+
+def paired_cell(methods: list[str], length: int, config: dict, rounds: int, warmup: bool) -> dict:
+    """Forward times of several methods on the same inputs, interleaved: one call of each method per round.
+
+    Every round sees (nearly) the same load for every method, so the per-round time ratios are robust to a shared
+    machine whose load drifts; their median is the paired speedup.
+    """
+    cfg = OpBenchConfig(**{**config, "lengths": tuple(config["lengths"]), "methods": tuple(config["methods"]),
+                           "paired": tuple(config.get("paired", ()))})
+    x = make_inputs(cfg, length)
+    fns = {m: _method_fn(m, cfg, x) for m in methods}
+    samples = {m: [] for m in methods}
+    with torch.no_grad():
+        if warmup:
+            for fn in fns.values():
+                fn()
+        for _ in range(rounds):
+            for method, fn in fns.items():
+                seconds, _ = median_seconds(fn, repeats=1, warmup=0)
+                samples[method].append(seconds)
+    return {"status": "ok", "samples": samples}
+
+
+def run_paired(cfg: OpBenchConfig, log=print) -> list[dict]:
+    """For each length of ``cfg.paired``: every method's median forward time and median per-round speedup of each
+    VQ method over each baseline that ran."""
+    out = []
+    for length in cfg.paired:
+        slow = length > 8192
+        result = run_cell("transformer_vq.bench.op:paired_cell",
+                          {"methods": list(cfg.methods), "length": length, "config": asdict(cfg),
+                           "rounds": cfg.repeats, "warmup": not slow},
+                          isolate=cfg.isolate, timeout_s=3600.0, mem_limit_gib=cfg.mem_limit_gib or None)
+        if result.get("status") != "ok":
+            out.append({"T": length, **result})
+            log(f"paired T={length}: {result.get('status')}: {result.get('error', '')}")
+            continue
+        samples = result["samples"]
+        for method, times in samples.items():
+            entry = {"T": length, "method": method, "forward_s": statistics.median(times), "samples": times,
+                     "load_average_1min": result.get("load_average_1min"), "speedup": {}}
+            if method.startswith("vq"):
+                for base in ("sdpa", "full", "flash"):
+                    if base in samples:
+                        entry["speedup"][base] = statistics.median(b / m for b, m in zip(samples[base], times))
+            out.append(entry)
+            speed = "  ".join(f"{v:.1f}x vs {k}" for k, v in entry["speedup"].items())
+            log(f"paired {method:>10} T={length:>7}  fwd {entry['forward_s']:.3f} s  {speed}")
+    return out
 
 
 def run_op_bench(cfg: OpBenchConfig, log=print) -> dict:
@@ -179,8 +231,8 @@ def run_op_bench(cfg: OpBenchConfig, log=print) -> dict:
                 last = (length, result["forward_s"], result.get("fwd_bwd_s"))
             rows.append(row)
             log(_line(row))
-    return {"benchmark": "op", "config": asdict(cfg), "machine": machine, "rows": rows,
-            "speedups": speedups(rows), "load_average_end": machine_info(measure_peak=False)["load_average_start"]}
+    return {"benchmark": "op", "config": asdict(cfg), "machine": machine, "rows": rows, "speedups": speedups(rows),
+            "paired": run_paired(cfg, log), "load_average_end": machine_info(measure_peak=False)["load_average_start"]}
 
 
 def speedups(rows: list[dict], baselines=("sdpa", "full")) -> list[dict]:

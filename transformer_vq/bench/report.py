@@ -67,6 +67,15 @@ def op_table(result: dict) -> str:
         lines.append(f"{head} {_seconds(row['forward_s'])} | {row['forward_gflops']:.0f} "
                      f"({100 * row['forward_fraction_of_peak']:.0f}%) | {bwd} | {bwd_gf} | {rss} | {sp[0]} | {sp[1]} "
                      f"| {row['matmul_gflops']:.0f} | {row.get('load_average_1min', '-')} |")
+    paired = [p for p in result.get("paired", []) if "method" in p]
+    if paired:
+        lines += ["", "Paired forward times (all methods on the same inputs in one process, interleaved round by round; "
+                  "speedup = median of the per-round ratios):", "",
+                  "| method | T | forward | speedup vs sdpa | speedup vs full | load |", "|---|---:|---:|---:|---:|---:|"]
+        for p in paired:
+            sp = [f"{p['speedup'][b]:.1f}x" if b in p["speedup"] else "-" for b in ("sdpa", "full")]
+            lines.append(f"| {p['method']} | {p['T']} | {_seconds(p['forward_s'])} | {sp[0]} | {sp[1]} "
+                         f"| {p.get('load_average_1min', '-')} |")
     return "\n".join(lines + [""] + _machine_lines(result))
 
 

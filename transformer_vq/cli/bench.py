@@ -51,8 +51,8 @@ def add_parser(subparsers):
             if isinstance(default, bool):
                 sub.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=helptext)
             elif isinstance(default, tuple):
-                kind = parse_length if isinstance(default[0], int) else str
-                sub.add_argument(flag, nargs="+", type=kind, default=default, metavar="V", help=helptext)
+                kind = parse_length if "int" in str(field.type) else str  # annotation: tuple[int, ...] or tuple[str, ...]
+                sub.add_argument(flag, nargs="*", type=kind, default=default, metavar="V", help=helptext)
             else:
                 sub.add_argument(flag, type=type(default), default=default, metavar="V", help=helptext)
         sub.add_argument("--out", default="bench-results", metavar="DIR",
