@@ -1,9 +1,9 @@
 """``tvq bench decode``: per-token latency of sampling after long contexts, VQ against full attention's KV cache.
 
-For each model and context length C the prompt of C tokens is read (in pieces of ``prompt_chunk`` tokens with the state
-carried, which gives the same state as one call), then new tokens are generated exactly as ``TransformerVQ.generate``
-does (one ``model(token, state)`` call and one ``sample_next_token`` per token); the median time of one such step is
-the per-token latency. The state's size (``state.nbytes()``) is reported with it: constant for VQ, ``O(C)`` for the
+For each model one prompt is read up to each context length C in turn (in pieces of ``prompt_chunk`` tokens with the
+state carried, which gives the same state as one call), keeping the state reached at each C; then new tokens are
+generated exactly as ``TransformerVQ.generate`` does (one ``model(token, state)`` call and one ``sample_next_token``
+per token), one token from each context per round; the median time of one such step is the per-token latency. The state's size (``state.nbytes()``) is reported with it: constant for VQ, ``O(C)`` for the
 key/value cache of ``full``.
 """
 
@@ -32,8 +32,14 @@ def model_config(cfg: DecodeBenchConfig, attn_type: str) -> TransformerVQConfig:
 
 
 @torch.no_grad()
-def decode_cell(model: str, context: int, config: dict) -> dict:
-    """Read ``context`` tokens, then time ``new_tokens`` generation steps (run inside a cell process)."""
+def decode_cell(model: str, config: dict) -> dict:
+    """Read one prompt up to each context length in turn, keeping the state reached at each; then generate from all
+    of them, one token per context per round (run inside a cell process).
+
+    Interleaving the rounds times every context under the same load, and in the same process (after the same large
+    allocations), so the latency ratios between contexts measure the model, not the machine's mood. A context whose
+    prompt would take longer than the budget (extrapolated from the prompt read so far) is skipped.
+    """
     from transformer_vq.nn.model import TransformerVQ
     from transformer_vq.nn.sampling import sample_next_token
 
@@ -42,45 +48,49 @@ def decode_cell(model: str, context: int, config: dict) -> dict:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype]
     net = TransformerVQ(model_config(cfg, model)).to(dtype).eval()
     gen = torch.Generator().manual_seed(cfg.seed)
-    prompt = torch.randint(0, 256, (1, context), generator=gen)
-    start = time.perf_counter()
+    contexts = sorted(cfg.contexts)
+    prompt = torch.randint(0, 256, (1, contexts[-1]), generator=gen)
+    power = 2 if model in QUADRATIC else 1
+    outs, rows, read, prompt_s = {}, {}, 0, 0.0
     out = None
-    for piece in prompt.split(cfg.prompt_chunk, dim=1):
-        out = net(piece, None if out is None else out.state)
-    prompt_s = time.perf_counter() - start
-    steps = []
+    for context in contexts:
+        if read > 0 and prompt_s * (context / read) ** power > cfg.budget_s:
+            rows[context] = {"status": "skipped", "estimated_s": round(prompt_s * (context / read) ** power, 1)}
+            continue
+        start = time.perf_counter()
+        for piece in prompt[:, read:context].split(cfg.prompt_chunk, dim=1):
+            out = net(piece, None if out is None else out.state)
+        prompt_s += time.perf_counter() - start
+        read = context
+        outs[context] = out
+        rows[context] = {"status": "ok", "prompt_s": prompt_s, "step_samples": []}
     for _ in range(cfg.new_tokens):
-        begin = time.perf_counter()
-        token = sample_next_token(out.logits[:, -1], temperature=1.0, generator=gen)
-        out = net(token[:, None], out.state)
-        steps.append(time.perf_counter() - begin)
-    return {"status": "ok", "per_token_s": statistics.median(steps), "step_samples": steps, "prompt_s": prompt_s,
-            "state_bytes": out.state.nbytes(), "state_type": type(out.state.layers[0]).__name__}
+        for context, last in outs.items():
+            begin = time.perf_counter()
+            token = sample_next_token(last.logits[:, -1], temperature=1.0, generator=gen)
+            outs[context] = net(token[:, None], last.state)
+            rows[context]["step_samples"].append(time.perf_counter() - begin)
+    for context, last in outs.items():
+        rows[context].update(per_token_s=statistics.median(rows[context]["step_samples"]),
+                             state_bytes=last.state.nbytes(), state_type=type(last.state.layers[0]).__name__)
+    return {"status": "ok", "contexts": {str(c): r for c, r in rows.items()}}
 
 
 def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict:
-    """Run every (model, context) cell; return the JSON-ready result with latency ratios to the shortest context."""
+    """One cell per model (all its contexts); return the JSON-ready result with latency ratios to the shortest context."""
     machine = machine_info()
     rows = []
     for model in cfg.models:
-        last = None  # (context, prompt_s) of the last cell that ran
+        result = run_cell("transformer_vq.bench.decode:decode_cell", {"model": model, "config": asdict(cfg)},
+                          isolate=cfg.isolate, timeout_s=max(900.0, 10 * cfg.budget_s),
+                          mem_limit_gib=cfg.mem_limit_gib or None)
+        cell = result.pop("contexts", None)
         for context in cfg.contexts:
-            row = {"model": model, "context": context}
-            est = None
-            if last is not None:
-                est = last[1] * (context / last[0]) ** (2 if model in QUADRATIC else 1)
-            if est is not None and est > cfg.budget_s:
-                row.update(status="skipped", estimated_s=round(est, 1))
-            else:
-                row.update(run_cell("transformer_vq.bench.decode:decode_cell",
-                                    {"model": model, "context": context, "config": asdict(cfg)},
-                                    isolate=cfg.isolate, timeout_s=max(900.0, 5 * (est or 0)),
-                                    mem_limit_gib=cfg.mem_limit_gib or None))
-                if row.get("status") == "ok":
-                    last = (context, row["prompt_s"])
+            row = {"model": model, "context": context, **result}
+            if cell is not None:
+                row.update(cell[str(context)])
             rows.append(row)
             log(_line(row))
-    for model in cfg.models:
         done = [r for r in rows if r["model"] == model and r.get("status") == "ok"]
         for r in done:
             r["latency_vs_shortest"] = r["per_token_s"] / done[0]["per_token_s"]
