@@ -3,6 +3,7 @@ the tokenizer saved with the run, loader options from the command line, PNG samp
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -199,3 +200,19 @@ def test_text_model_is_not_sampled_as_images(trained_run, tmp_path):
 
     with pytest.raises(ValueError, match="is not an image model"):
         sample_images(str(trained_run), tmp_path / "x")
+
+
+def test_resume_reuses_saved_data_options(tmp_path):
+    from transformer_vq.cli import build_parser
+    from transformer_vq.cli.train import build_config
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    saved = load_config("tiny", overrides=[f"run_dir={run_dir}", "data=text"])
+    saved = dataclasses.replace(saved, train=dataclasses.replace(saved.train, data_options={"glob": "*.txt"}))
+    (run_dir / "config.json").write_text(saved.to_json())
+    args = build_parser().parse_args(["train", "--resume", "--run-dir", str(run_dir)])
+    assert build_config(args).train.data_options == {"glob": "*.txt"}
+    args = build_parser().parse_args(["train", "--resume", "--run-dir", str(run_dir),
+                                      "--data-option", "fractions=[0.8, 0.1, 0.1]"])
+    assert build_config(args).train.data_options == {"glob": "*.txt", "fractions": [0.8, 0.1, 0.1]}
