@@ -76,6 +76,15 @@ def test_train_bench_figures():
     assert "| vq/mha |" in table(result)
 
 
+def test_train_bench_interleaved():
+    cfg = TrainBenchConfig(lengths=(16, 32), models=("vq/shga", "full/shga"), repeats=2, interleaved=True, budget_s=1e9,
+                           **TINY_MODEL)
+    rows = run_train_bench(cfg, log=lambda line: None)["rows"]
+    assert [(r["model"], r["T"]) for r in rows] == [(m, t) for m in cfg.models for t in cfg.lengths]
+    for row in rows:
+        assert row["status"] == "ok" and len(row["step_samples"]) == 2 and row["tokens_per_s"] > 0, row
+
+
 def test_decode_bench_figures():
     cfg = DecodeBenchConfig(contexts=(16, 48), models=("vq", "full"), new_tokens=2, prompt_chunk=32, **TINY_MODEL)
     result = run_decode_bench(cfg, log=lambda line: None)

@@ -111,6 +111,9 @@ class TrainBenchConfig:
     """Address-space limit of each cell's process, in GiB (0: none)."""
     seed: int = 0
     """Seed of the weights and the tokens."""
+    interleaved: bool = False
+    """Run every (model, T) in one process, one step of each per round, so that all of them are timed under the same
+    load (peak memory is then per run, and a cell out of memory is caught in-process)."""
 
     def __post_init__(self):
         errors = []

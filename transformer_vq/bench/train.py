@@ -12,6 +12,7 @@ Table 6.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict
 
 import torch
@@ -34,18 +35,20 @@ def model_config(cfg: TrainBenchConfig, model: str) -> TransformerVQConfig:
     )
 
 
-def train_cell(model: str, length: int, config: dict, repeats: int, warmup: int) -> dict:
-    """Time training steps of one model at one length (run inside a cell process)."""
+def _config(config: dict) -> TrainBenchConfig:
+    return TrainBenchConfig(**{**config, "lengths": tuple(config["lengths"]), "models": tuple(config["models"])})
+
+
+def _training_step(cfg: TrainBenchConfig, model: str):
+    """``(step(ids), parameter count)``: one training step of a fresh ``model`` on ``ids [B, T + 1]``."""
     from transformer_vq.nn.model import TransformerVQ
 
-    cfg = TrainBenchConfig(**{**config, "lengths": tuple(config["lengths"]), "models": tuple(config["models"])})
     torch.manual_seed(cfg.seed)
     net = TransformerVQ(model_config(cfg, model)).train()
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
-    ids = torch.randint(0, 256, (cfg.batch, length + 1))
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16")
 
-    def step():
+    def step(ids):
         with autocast:
             out = net(ids[:, :-1], targets=ids[:, 1:])
         out.loss.backward()
@@ -53,14 +56,66 @@ def train_cell(model: str, length: int, config: dict, repeats: int, warmup: int)
         optimizer.zero_grad(set_to_none=True)
         net.update_codebooks()
 
-    seconds, samples = median_seconds(step, repeats=repeats, warmup=warmup)
+    return step, sum(p.numel() for p in net.parameters())
+
+
+def train_cell(model: str, length: int, config: dict, repeats: int, warmup: int) -> dict:
+    """Time training steps of one model at one length (run inside a cell process)."""
+    cfg = _config(config)
+    step, n_params = _training_step(cfg, model)
+    ids = torch.randint(0, 256, (cfg.batch, length + 1))
+    seconds, samples = median_seconds(lambda: step(ids), repeats=repeats, warmup=warmup)
     return {"status": "ok", "step_s": seconds, "step_samples": samples, "tokens_per_s": cfg.batch * length / seconds,
-            "parameters": sum(p.numel() for p in net.parameters())}
+            "parameters": n_params}
+
+
+def interleaved_cell(config: dict) -> dict:
+    """Every (model, T) in this process: a warm-up step of each (increasing T, skipping those whose step is estimated
+    over budget), then ``repeats`` rounds of one step of each; per-(model, T) medians."""
+    from transformer_vq.bench.isolate import _is_oom
+
+    cfg = _config(config)
+    steps = {model: _training_step(cfg, model) for model in cfg.models}
+    ids = {length: torch.randint(0, 256, (cfg.batch, length + 1)) for length in cfg.lengths}
+    cells, last = {}, {}
+    for length in sorted(cfg.lengths):
+        for model in cfg.models:
+            key = f"{model}@{length}"
+            if model in last:
+                power = 2 if model.split("/")[0] in QUADRATIC else 1
+                est = last[model][1] * (length / last[model][0]) ** power
+                if est > cfg.budget_s:
+                    cells[key] = {"status": "skipped", "estimated_s": round(est, 1)}
+                    continue
+            try:
+                seconds, _ = median_seconds(lambda: steps[model][0](ids[length]), repeats=1, warmup=0)
+            except (RuntimeError, MemoryError) as error:
+                if not _is_oom(error):
+                    raise
+                cells[key] = {"status": "oom", "error": f"{type(error).__name__}: {error}"[:300]}
+                continue
+            last[model] = (length, seconds)
+            cells[key] = {"status": "ok", "step_samples": [], "parameters": steps[model][1]}
+    running = [key for key, cell in cells.items() if cell["status"] == "ok"]
+    for _ in range(cfg.repeats):
+        for key in running:
+            model, length = key.split("@")
+            seconds, _ = median_seconds(lambda: steps[model][0](ids[int(length)]), repeats=1, warmup=0)
+            cells[key]["step_samples"].append(seconds)
+    for key in running:
+        cell = cells[key]
+        cell["step_s"] = statistics.median(cell["step_samples"])
+        cell["tokens_per_s"] = cfg.batch * int(key.split("@")[1]) / cell["step_s"]
+    return {"status": "ok", "cells": cells}
 
 
 def run_train_bench(cfg: TrainBenchConfig, log=print) -> dict:
     """Run every (model, length) cell; return the JSON-ready result."""
     machine = machine_info()
+    if cfg.interleaved:
+        rows = _run_interleaved(cfg, log)
+        return {"benchmark": "train", "config": asdict(cfg), "models": list(cfg.models), "machine": machine,
+                "rows": rows, "load_average_end": machine_info(measure_peak=False)["load_average_start"]}
     rows = []
     for model in cfg.models:
         last = None  # (length, step_s) of the last cell that ran
@@ -85,6 +140,19 @@ def run_train_bench(cfg: TrainBenchConfig, log=print) -> dict:
             log(_line(row))
     return {"benchmark": "train", "config": asdict(cfg), "models": list(cfg.models), "machine": machine,
             "rows": rows, "load_average_end": machine_info(measure_peak=False)["load_average_start"]}
+
+
+def _run_interleaved(cfg: TrainBenchConfig, log) -> list[dict]:
+    result = run_cell("transformer_vq.bench.train:interleaved_cell", {"config": asdict(cfg)}, isolate=cfg.isolate,
+                      timeout_s=None, mem_limit_gib=cfg.mem_limit_gib or None)
+    cells = result.pop("cells", {})
+    rows = []
+    for model in cfg.models:
+        for length in cfg.lengths:
+            row = {"model": model, "T": length, **result, **cells.get(f"{model}@{length}", {})}
+            rows.append(row)
+            log(_line(row))
+    return rows
 
 
 def _line(row: dict) -> str:
