@@ -56,8 +56,8 @@ def save_run_tokenizer(corpus, run_dir: str | Path) -> Path | None:
 
 
 def run_dir_of(ckpt: Checkpoint) -> Path:
-    """The run directory of a checkpoint (``RUN_DIR/checkpoints/step_N``), or the checkpoint's own
-    directory when it was moved out of its run."""
+    """The run directory of a checkpoint (``RUN_DIR/checkpoints/step_N``), or the directory holding
+    the checkpoint when it was moved out of its run."""
     parent = ckpt.path.parent
     return parent.parent if parent.name == "checkpoints" else parent
 
