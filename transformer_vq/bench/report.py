@@ -105,16 +105,17 @@ def decode_table(result: dict) -> str:
         f"d_model={cfg['d_model']} n_layers={cfg['n_layers']} S={cfg['n_code']} L={cfg['block_len']}, "
         f"median of {cfg['new_tokens']} tokens",
         "",
-        "| model | context | ms / token | state size |",
-        "|---|---:|---:|---:|",
+        "| model | context | ms / token | vs shortest context | state size |",
+        "|---|---:|---:|---:|---:|",
     ]
     for row in result["rows"]:
         status = _cell_status(row)
         head = f"| {row['model']} | {row['context']} |"
         if status:
-            lines.append(f"{head} {status} | |")
+            lines.append(f"{head} {status} | | |")
             continue
-        lines.append(f"{head} {row['per_token_s'] * 1e3:.2f} | {row['state_bytes'] / 2**20:.2f} MiB |")
+        lines.append(f"{head} {row['per_token_s'] * 1e3:.2f} | {row['latency_vs_shortest']:.2f}x "
+                     f"| {row['state_bytes'] / 2**20:.2f} MiB |")
     return "\n".join(lines + [""] + _machine_lines(result))
 
 
