@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from transformer_vq.ops.window_bias import window_bias
+
 
 def window_bias_matrix(bias: torch.Tensor, block_len: int, offset: int = 0) -> torch.Tensor:
     """Expand the per-(query, offset) window bias into the dense ``[.., T, T]`` bias ``beta`` of the SPEC.
@@ -24,18 +26,10 @@ def window_bias_matrix(bias: torch.Tensor, block_len: int, offset: int = 0) -> t
 
     Returns:
         ``[B, H, T, T]`` with ``beta[..., t, p] = bias[..., t, p - w(t)]`` inside the window and ``0``
-        outside it (the causal mask is not applied here).
+        outside it and for future keys (the causal mask itself is applied by the caller).
     """
-    T = bias.shape[-2]
-    L = block_len
-    pos = torch.arange(T, device=bias.device) + offset
-    query_pos = pos[:, None]  # (T, 1)
-    key_pos = pos[None, :]  # (1, T)
-    window_start = (query_pos // L - 1) * L
-    index = key_pos - window_start  # (T, T), the column of `bias` each (query, key) pair reads
-    inside = (index >= 0) & (index < 2 * L)
-    gathered = torch.gather(bias, -1, index.clamp(0, 2 * L - 1).expand(*bias.shape[:-1], T))
-    return torch.where(inside, gathered, torch.zeros((), dtype=bias.dtype, device=bias.device))
+    pos = torch.arange(bias.shape[-2], device=bias.device) + offset
+    return window_bias(bias, pos, pos, block_len)[0]
 
 
 def vq_attention_reference(
