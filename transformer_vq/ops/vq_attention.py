@@ -269,23 +269,31 @@ def _log_counts(count: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(count > 0, count.clamp(min=1.0).log(), torch.full_like(count, float("-inf")))
 
 
-def _softmax_combine(parts):
+def _softmax_combine(parts, *, in_place: bool = False):
     """``sum_i exp(s_i - m) @ v_i / sum_i exp(s_i - m).sum(-1)`` with one shared max ``m``.
 
     Args:
         parts: ``(scores [..., t, m_i], values [..., m_i, Dv])`` pairs; scores may hold ``-inf``, but
             every row has at least one finite score overall (the query's own key).
+        in_place: overwrite the scores with the weights (only without autograd). Every fresh tensor of
+            ``t x m_i`` floats costs a pass of page faults, which on a CPU bounds the speed more than the matmuls.
     """
     # The softmax runs in float32 (float64 stays float64) whatever the autocast dtype of the scores.
     scores = [s.to(torch.promote_types(s.dtype, torch.float32)) for s, _ in parts]
     # The max is a constant shift: stopping its gradient leaves every gradient of the softmax unchanged.
     shift = torch.stack([s.amax(dim=-1) for s in scores]).amax(dim=0).detach().unsqueeze(-1)
-    numerator, denominator = 0, 0
+    numerator = denominator = None
     for s, (_, values) in zip(scores, parts):
-        weights = torch.exp(s - shift)
-        denominator = denominator + weights.sum(dim=-1, keepdim=True)
-        numerator = numerator + weights.to(values.dtype) @ values
-    return numerator / denominator.to(numerator.dtype)
+        weights = s.sub_(shift).exp_() if in_place else torch.exp(s - shift)
+        part = weights.to(values.dtype) @ values
+        total = weights.sum(dim=-1, keepdim=True)
+        if numerator is None:
+            numerator, denominator = part, total
+        else:
+            numerator = numerator.add_(part) if in_place else numerator + part
+            denominator = denominator + total
+    denominator = denominator.to(numerator.dtype)
+    return numerator.div_(denominator) if in_place else numerator / denominator
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -362,9 +370,7 @@ def _attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, r
     # Without autograd the score and weight tensors are scratch space: update them in place. Every fresh tensor of
     # T x (S + 2L) floats costs a pass of page faults, and these passes, not the matmuls, bound the speed on a CPU.
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_hat, v, bias))
-    add, sub, exp, masked_fill, div = (
-        (torch.add, torch.sub, torch.exp, torch.Tensor.masked_fill, torch.div) if grad
-        else (torch.Tensor.add_, torch.Tensor.sub_, torch.Tensor.exp_, torch.Tensor.masked_fill_, torch.Tensor.div_))
+    add, masked_fill = (torch.add, torch.Tensor.masked_fill) if grad else (torch.Tensor.add_, torch.Tensor.masked_fill_)
 
     s_window = add(q_blocks @ k_window.unsqueeze(3), bias_blocks)  # (B, G, N, R, L, 2L)
     column = torch.arange(2 * L, device=q.device)
@@ -388,17 +394,9 @@ def _attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, r
     s_cache = add(s_cache.transpose(2, 3), _log_counts(cache_count, s_cache.dtype)[:, :, :, None, None, :])
 
     # The softmax over [cache | previous block | present block] with one shared max (float32 at least).
-    work = torch.promote_types(s_window.dtype, torch.float32)
-    s_cache, s_window = s_cache.to(work), s_window.to(work)
-    shift = torch.maximum(s_cache.amax(dim=-1), s_window.amax(dim=-1)).detach().unsqueeze(-1)
-    e_cache = exp(sub(s_cache, shift))  # (B, G, N, R, L, S)
-    e_window = exp(sub(s_window, shift))  # (B, G, N, R, L, 2L)
-    denominator = e_cache.sum(dim=-1, keepdim=True) + e_window.sum(dim=-1, keepdim=True)
-    e_window = e_window.to(v_all.dtype)
-    numerator = (e_cache.to(cache_mean.dtype) @ cache_mean.unsqueeze(3)).to(v_all.dtype)
     v_window = v_all.unfold(2, 2 * L, L).transpose(-1, -2)  # (B, G, N, 2L, Dv): overlapping view, no copy
-    numerator = add(numerator, e_window @ v_window.unsqueeze(3))
-    out = div(numerator, denominator.to(numerator.dtype))  # (B, G, N, R, L, Dv)
+    out = _softmax_combine([(s_cache, cache_mean.unsqueeze(3)), (s_window, v_window.unsqueeze(3))],
+                           in_place=not grad)  # (B, G, N, R, L, Dv)
     out = out.transpose(2, 3).reshape(B, H, T, Dv).to(q.dtype)
 
     new_state = VQAttentionState(
