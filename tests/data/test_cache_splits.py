@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 
+from transformer_vq import fileio
 from transformer_vq.data import cache
 from transformer_vq.data.errors import DataError
 from transformer_vq.data.splits import byte_corpus, documents_per_split, split_bounds
@@ -31,25 +32,25 @@ def test_unwritable_cache_is_a_clear_error(tmp_path):
 def test_atomic_writer_leaves_nothing_on_failure(tmp_path):
     target = tmp_path / "out.bin"
     with pytest.raises(RuntimeError):
-        with cache.atomic_writer(target) as handle:
+        with fileio.atomic_writer(target) as handle:
             handle.write(b"partial")
             raise RuntimeError("crash")
     assert not target.exists() and os.listdir(tmp_path) == []
-    cache.atomic_write_bytes(target, b"done")
+    fileio.atomic_write_bytes(target, b"done")
     assert target.read_bytes() == b"done" and os.listdir(tmp_path) == ["out.bin"]
 
 
 def test_manifest_detects_changed_file(tmp_path):
     target = tmp_path / "data.bin"
-    cache.atomic_write_bytes(target, b"abc")
-    manifest = cache.write_manifest(target, note="x")
+    fileio.atomic_write_bytes(target, b"abc")
+    manifest = fileio.write_manifest(target, note="x")
     assert manifest["sha256"] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-    assert cache.verified_manifest(target)["note"] == "x"
+    assert fileio.verified_manifest(target)["note"] == "x"
     target.write_bytes(b"abd")  # same size, different content
-    assert cache.verified_manifest(target) is None
-    assert cache.verified_manifest(target, full=False) is not None  # size-only check
+    assert fileio.verified_manifest(target) is None
+    assert fileio.verified_manifest(target, full=False) is not None  # size-only check
     target.write_bytes(b"abcd")
-    assert cache.verified_manifest(target, full=False) is None
+    assert fileio.verified_manifest(target, full=False) is None
 
 
 def test_enwik8_sized_split_is_exactly_90_5_5():

@@ -15,7 +15,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from transformer_vq.data import cache
+from transformer_vq import fileio
 from transformer_vq.data.errors import DataError
 
 AR_MAGIC = b"!<arch>\n"
@@ -119,6 +119,6 @@ def apt_download(package: str, dest: Path, *, command: tuple[str, ...] | None = 
                 f"(as root) first. {instead}"
             )
         final = dest / debs[-1].name
-        with open(debs[-1], "rb") as source, cache.atomic_writer(final) as sink:
-            shutil.copyfileobj(source, sink, cache.CHUNK)
+        with open(debs[-1], "rb") as source, fileio.atomic_writer(final) as sink:
+            shutil.copyfileobj(source, sink, fileio.CHUNK)
     return final

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from transformer_vq.data import cache
+from transformer_vq import fileio
 from transformer_vq.data.errors import DataError
 
 
@@ -26,8 +26,8 @@ def download(url: str, dest: str | os.PathLike, *, timeout: float = 60.0, hint: 
         with urllib.request.urlopen(url, timeout=timeout) as response:
             announced = response.headers.get("Content-Length")
             received = 0
-            with cache.atomic_writer(dest) as sink:
-                while chunk := response.read(cache.CHUNK):
+            with fileio.atomic_writer(dest) as sink:
+                while chunk := response.read(fileio.CHUNK):
                     sink.write(chunk)
                     received += len(chunk)
                 if announced is not None and received != int(announced):

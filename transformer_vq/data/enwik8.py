@@ -20,6 +20,7 @@ import zipfile
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from transformer_vq import fileio
 from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.download import download
@@ -52,8 +53,8 @@ def extract_member(zip_path: Path, out: Path, *, max_bytes: int | None) -> Path:
                     f"it is not the standard {ZIP_NAME}: {GET_IT}"
                 )
             written = 0
-            with archive.open(MEMBER) as source, cache.atomic_writer(out) as sink:
-                while chunk := source.read(cache.CHUNK):
+            with archive.open(MEMBER) as source, fileio.atomic_writer(out) as sink:
+                while chunk := source.read(fileio.CHUNK):
                     written += len(chunk)
                     if max_bytes is not None and written > max_bytes:
                         raise DataError(
@@ -75,7 +76,7 @@ def verify_enwik8(path: Path, expected_size: int | None, expected_digests: Mappi
             f"different one. Delete it if it is in the cache, or {GET_IT}"
         )
     algorithms = tuple(sorted({"sha256", *(expected_digests or {})}))
-    digests = cache.file_digests(path, algorithms)
+    digests = fileio.file_digests(path, algorithms)
     for algorithm, expected in (expected_digests or {}).items():
         if digests[algorithm] != expected:
             raise DataError(
@@ -125,7 +126,7 @@ def load_enwik8(
 
     directory = cache.dataset_dir("enwik8", cache_dir)
     out = directory / MEMBER
-    manifest = cache.verified_manifest(out)
+    manifest = fileio.verified_manifest(out)
     if manifest is None or any(manifest.get(a) != d for a, d in (expected_digests or {}).items()):
         zip_path = source
         if zip_path is None:
@@ -138,7 +139,7 @@ def load_enwik8(
         except DataError:
             out.unlink()  # never leave an unverified file where the next load would find it
             raise
-        manifest = cache.write_manifest(out, source=str(zip_path), **{a: d for a, d in digests.items() if a != "sha256"})
+        manifest = fileio.write_manifest(out, source=str(zip_path), **{a: d for a, d in digests.items() if a != "sha256"})
     digests = {a: manifest[a] for a in ("md5", "sha1", "sha256") if a in manifest}
     return _corpus(out, fractions, digests, manifest["source"])
 

@@ -23,6 +23,7 @@ import zlib
 from pathlib import Path
 from typing import Sequence
 
+from transformer_vq import fileio
 from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.debian import apt_download, read_deb_file
@@ -87,7 +88,7 @@ def load_gcide(
     """
     directory = cache.dataset_dir("gcide", cache_dir)
     out = directory / "gcide.txt"
-    manifest = cache.verified_manifest(out)
+    manifest = fileio.verified_manifest(out)
     if manifest is None or (data_path is not None and manifest.get("source") != str(find_source(data_path))):
         if data_path is not None:
             source = find_source(data_path)
@@ -96,7 +97,7 @@ def load_gcide(
             source = cached[-1] if cached else apt_download(PACKAGE, directory / "download", command=apt_command)
         facts = {"source": str(source)}
         if source.suffix == ".deb":
-            deb_sha256 = cache.file_digest(source)
+            deb_sha256 = fileio.file_digest(source)
             known = KNOWN_RELEASES.get(source.name)
             if known is not None and deb_sha256 != known[0]:
                 raise DataError(
@@ -110,8 +111,8 @@ def load_gcide(
         text = decompress_text(raw, source)
         if not text:
             raise DataError(f"the dictionary text from {source} is empty; {INSTEAD}")
-        cache.atomic_write_bytes(out, text)
-        manifest = cache.write_manifest(out, **facts)
+        fileio.atomic_write_bytes(out, text)
+        manifest = fileio.write_manifest(out, **facts)
         known = KNOWN_RELEASES.get(facts.get("package", ""))
         if known is not None and (manifest["size"], manifest["sha256"]) != known[1:]:
             out.unlink()

@@ -33,6 +33,7 @@ from typing import Iterator
 
 import numpy as np
 
+from transformer_vq import fileio
 from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
@@ -176,7 +177,7 @@ def convert(train_files: list[Path], val_file: Path, directory: Path, validation
     ``directory/images.json`` last, which marks the conversion complete.
     """
     counts = {"train": 0, "validation": 0, "test": 0}
-    with cache.atomic_writer(directory / "train.bin") as train, cache.atomic_writer(directory / "validation.bin") as val:
+    with fileio.atomic_writer(directory / "train.bin") as train, fileio.atomic_writer(directory / "validation.bin") as val:
         index = 0  # global index of the next training image
         for path in train_files:
             for rows in iter_planar_chunks(path):
@@ -187,11 +188,11 @@ def convert(train_files: list[Path], val_file: Path, directory: Path, validation
                 counts["train"] += int((~held_out).sum())
                 counts["validation"] += int(held_out.sum())
                 index += len(rows)
-    with cache.atomic_writer(directory / "test.bin") as test:
+    with fileio.atomic_writer(directory / "test.bin") as test:
         for rows in iter_planar_chunks(val_file):
             test.write(planar_to_raster(rows).tobytes())
             counts["test"] += len(rows)
-    cache.atomic_write_json(directory / "images.json", counts)
+    fileio.atomic_write_json(directory / "images.json", counts)
     return counts
 
 
@@ -227,7 +228,7 @@ def load_imagenet64(
     listing = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sources]
     key = hashlib.sha256(json.dumps([listing, validation_every]).encode()).hexdigest()[:16]
     directory = cache.dataset_dir("imagenet64", cache_dir) / key
-    counts = cache.read_json(directory / "images.json")
+    counts = fileio.read_json(directory / "images.json")
     if counts is None or any(
         not (directory / f"{s}.bin").is_file() or (directory / f"{s}.bin").stat().st_size != counts.get(s, -1) * IMAGE_TOKENS
         for s in ("train", "validation", "test")

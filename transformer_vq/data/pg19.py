@@ -24,6 +24,7 @@ from typing import Iterator
 
 import numpy as np
 
+from transformer_vq import fileio
 from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
@@ -128,7 +129,7 @@ def tokenize_split(files: list[Path], tokenizer: ExactTokenizer, out: Path) -> d
     """
     scratch = out.with_name(out.name + ".tokens")
     starts, n_tokens, n_bytes, n_words = [], 0, 0, 0
-    with cache.atomic_writer(scratch) as sink:
+    with fileio.atomic_writer(scratch) as sink:
         for i in range(0, len(files), BOOKS_PER_BATCH):
             batch = files[i:i + BOOKS_PER_BATCH]
             texts = [read_book(path) for path in batch]
@@ -143,7 +144,7 @@ def tokenize_split(files: list[Path], tokenizer: ExactTokenizer, out: Path) -> d
         flat = np.memmap(scratch, dtype=tokenizer.dtype, mode="r")
         tmp = out.with_name(f".{out.name}.tmp")
         array = np.lib.format.open_memmap(tmp, mode="w+", dtype=tokenizer.dtype, shape=(n_tokens,))
-        step = cache.CHUNK
+        step = fileio.CHUNK
         for begin in range(0, n_tokens, step):
             array[begin:begin + step] = flat[begin:begin + step]
         array.flush()
@@ -151,9 +152,9 @@ def tokenize_split(files: list[Path], tokenizer: ExactTokenizer, out: Path) -> d
         os.replace(tmp, out)
     finally:
         scratch.unlink(missing_ok=True)
-    with cache.atomic_writer(out.with_name(out.stem + ".docs.npy")) as handle:
+    with fileio.atomic_writer(out.with_name(out.stem + ".docs.npy")) as handle:
         np.save(handle, np.asarray(starts, dtype=np.int64))
-    return cache.write_manifest(out, tokens=n_tokens, bytes=n_bytes, words=n_words, books=len(files),
+    return fileio.write_manifest(out, tokens=n_tokens, bytes=n_bytes, words=n_words, books=len(files),
                                tokenizer_sha256=tokenizer.sha256)
 
 
@@ -185,7 +186,7 @@ def load_pg19(
         out = cache.dataset_dir("pg19", cache_dir) / key / f"{split}.npy"
         # Tokenized splits are derived data: check the size only (hashing gigabytes on every
         # load costs more than the rare rebuild); a mismatch rebuilds the split.
-        manifest = cache.verified_manifest(out, full=False)
+        manifest = fileio.verified_manifest(out, full=False)
         docs_path = out.with_name(out.stem + ".docs.npy")
         if manifest is None or not docs_path.is_file():
             manifest = tokenize_split(books, sp, out)

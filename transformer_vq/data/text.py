@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from transformer_vq import fileio
 from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
@@ -46,14 +47,14 @@ def concatenate_files(files: Sequence[Path], out: Path, **facts) -> dict:
     """
     starts = []
     offset = 0
-    with cache.atomic_writer(out) as sink:
+    with fileio.atomic_writer(out) as sink:
         for path in files:
             starts.append(offset)
             with open(path, "rb") as source:
-                while chunk := source.read(cache.CHUNK):
+                while chunk := source.read(fileio.CHUNK):
                     sink.write(chunk)
                     offset += len(chunk)
-    return cache.write_manifest(out, doc_starts=starts, **facts)
+    return fileio.write_manifest(out, doc_starts=starts, **facts)
 
 
 def load_text(
@@ -91,7 +92,7 @@ def load_text(
     listing = [(f.relative_to(path).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
     key = hashlib.sha256(json.dumps([str(path.resolve()), listing]).encode()).hexdigest()[:16]
     out = cache.dataset_dir("text", cache_dir) / f"{key}.bin"
-    manifest = cache.verified_manifest(out)
+    manifest = fileio.verified_manifest(out)
     if manifest is None:
         manifest = concatenate_files(files, out, source=str(path.resolve()), names=[name for name, _, _ in listing])
     return byte_corpus(

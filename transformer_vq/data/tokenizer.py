@@ -25,7 +25,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from transformer_vq.data import cache
+from transformer_vq import fileio
 from transformer_vq.data.errors import DataError
 
 SPACE_SYMBOL = "\u2581"
@@ -162,8 +162,8 @@ def train_tokenizer(
         raise DataError(f"SentencePiece training failed ({exc}). Use a larger --vocab-size (it must cover the 256 "
                         f"byte pieces plus every distinct character), and check the training text is not empty") from exc
     out = Path(out)
-    cache.atomic_write_bytes(out, model.getvalue())
+    fileio.atomic_write_bytes(out, model.getvalue())
     tokenizer = ExactTokenizer(model.getvalue(), out)
-    cache.write_manifest(out, vocab_size=tokenizer.vocab_size, requested_vocab_size=vocab_size,
+    fileio.write_manifest(out, vocab_size=tokenizer.vocab_size, requested_vocab_size=vocab_size,
                          max_sentences=max_sentences, seed=seed, **facts)
     return tokenizer
