@@ -12,13 +12,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-
-def _bytes_decode(ids: Sequence[int]) -> str:
-    return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
-
-
-def _bytes_encode(text: str) -> list[int]:
-    return list(text.encode("utf-8"))
+from transformer_vq.data.codec import decode_bytes, encode_bytes
 
 
 @dataclass
@@ -45,8 +39,8 @@ class Corpus:
     splits: Mapping[str, np.ndarray]
     vocab_size: int
     split_bytes: Mapping[str, int] = field(default_factory=dict)
-    encode: Callable[[str], list[int]] = _bytes_encode
-    decode: Callable[[Sequence[int]], str] = _bytes_decode
+    encode: Callable[[str], list[int]] = encode_bytes
+    decode: Callable[[Sequence[int]], str] = decode_bytes
     eod_id: int | None = None
     metadata: dict = field(default_factory=dict)
     documents: Mapping[str, np.ndarray] = field(default_factory=dict)

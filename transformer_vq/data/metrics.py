@@ -1,15 +1,17 @@
-"""Evaluation metrics from a total negative log-likelihood, as the paper reports them.
+"""Evaluation metrics from the mean next-token negative log-likelihood, as the paper reports them;
+evaluation and the training log both compute them here.
 
 * Bits per byte (enwik8, the byte-level corpora, and ImageNet64 where a byte is a subpixel):
-  total NLL in bits over the number of *original* bytes. For tokenized text (PG-19) the NLL of
-  all tokens, end-of-document tokens included, is divided by the UTF-8 byte count of the original
-  text, so the number is comparable across tokenizers.
+  total NLL in bits over the number of *original* bytes, i.e. the mean NLL in bits times the
+  split's tokens per byte. For tokenized text (PG-19) the NLL of all tokens, end-of-document
+  tokens included, is divided by the UTF-8 byte count of the original text, so the number is
+  comparable across tokenizers.
 * Word-level perplexity (PG-19, following Rae et al., 2020): ``exp(total NLL in nats / number of
   words)``, where words are the whitespace-separated words of the original text (Python's
-  ``str.split()`` with no argument).
+  ``str.split()`` with no argument, :func:`count_words`).
 
-Totals are taken as Python floats (double precision) so summing millions of per-token losses
-loses nothing that matters at the reported precision.
+Evaluation sums per-token losses in double precision before taking the mean, so millions of them
+lose nothing that matters at the reported precision.
 """
 
 from __future__ import annotations
@@ -20,29 +22,35 @@ import numpy as np
 
 LN2 = math.log(2.0)
 
-
-def bits_per_byte(total_nll_nats: float, num_bytes: int) -> float:
-    """Bits per byte: ``total_nll_nats / (num_bytes * ln 2)``.
-
-    Uniform logits over 256 byte values give ``ln 256`` nats per byte, i.e. exactly 8.0.
-    """
-    if num_bytes <= 0:
-        raise ValueError(f"num_bytes must be positive, got {num_bytes}")
-    return float(total_nll_nats) / (num_bytes * LN2)
+# exp() of more than this overflows a float: an untrained model over a large vocabulary gets inf
+_MAX_EXP = 709.0
 
 
-def bits_per_token(total_nll_nats: float, num_tokens: int) -> float:
-    """Mean NLL per token in bits (equal to bits per byte for byte-level data)."""
-    if num_tokens <= 0:
-        raise ValueError(f"num_tokens must be positive, got {num_tokens}")
-    return float(total_nll_nats) / (num_tokens * LN2)
+def bits_per_byte(mean_nll: float, tokens_per_byte: float = 1.0) -> float:
+    """Bits per original byte from the mean next-token NLL in nats: ``mean_nll / ln 2 * tokens_per_byte``
+    (total NLL in bits over the original bytes). ``tokens_per_byte`` is 1 for byte-level data, where
+    uniform logits over 256 bytes (``ln 256`` nats per token) give exactly 8.0."""
+    return mean_nll / LN2 * tokens_per_byte
 
 
-def word_level_perplexity(total_nll_nats: float, num_words: int) -> float:
-    """Word-level perplexity as in Rae et al. (2020): ``exp(total_nll_nats / num_words)``."""
-    if num_words <= 0:
-        raise ValueError(f"num_words must be positive, got {num_words}")
-    return math.exp(float(total_nll_nats) / num_words)
+def word_perplexity(mean_nll: float, tokens_per_word: float) -> float:
+    """Word-level perplexity (Rae et al., 2020) from the mean next-token NLL in nats:
+    ``exp(total NLL / words) = exp(mean_nll * tokens_per_word)``, inf when that overflows."""
+    exponent = mean_nll * tokens_per_word
+    return math.exp(exponent) if exponent < _MAX_EXP else math.inf
+
+
+def corpus_tokens_per_byte(corpus, split: str) -> float:
+    """Tokens per original byte of ``split`` of a :class:`~transformer_vq.data.corpus.Corpus`."""
+    n_bytes = corpus.split_bytes.get(split) or len(corpus.split(split))
+    return len(corpus.split(split)) / n_bytes
+
+
+def corpus_tokens_per_word(corpus, split: str) -> float | None:
+    """Tokens per whitespace-separated word of the original text of ``split``, for corpora that count
+    words (``metadata["split_words"]``, e.g. PG-19, with :func:`count_words`); None otherwise."""
+    words = (corpus.metadata.get("split_words") or {}).get(split)
+    return len(corpus.split(split)) / words if words else None
 
 
 def count_words(text: str | bytes | np.ndarray) -> int:

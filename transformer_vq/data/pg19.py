@@ -28,6 +28,7 @@ from transformer_vq import fileio
 from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.metrics import count_words
 from transformer_vq.data.splits import SPLITS
 from transformer_vq.data.tokenizer import ExactTokenizer, train_tokenizer
 
@@ -139,7 +140,7 @@ def tokenize_split(files: list[Path], tokenizer: ExactTokenizer, out: Path) -> d
                 sink.write(np.asarray(ids, dtype=tokenizer.dtype).tobytes())
                 n_tokens += len(ids)
                 n_bytes += path.stat().st_size
-                n_words += len(text.split())
+                n_words += count_words(text)
     try:
         flat = np.memmap(scratch, dtype=tokenizer.dtype, mode="r")
         tmp = out.with_name(f".{out.name}.tmp")

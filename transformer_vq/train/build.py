@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from transformer_vq.data.codec import BYTE_VOCAB, decode_bytes, encode_bytes
 from transformer_vq.train.checkpoint import Checkpoint, find_checkpoint
 from transformer_vq.train.config import RunConfig, TrainConfig
 
@@ -65,14 +66,8 @@ def run_dir_of(ckpt: Checkpoint) -> Path:
 def codec_for(run_cfg: RunConfig, *, data_path: str | None = None, run_dir: str | Path | None = None):
     """``(encode, decode)`` for a run: byte-level UTF-8 for 256-token models (no corpus needed),
     otherwise the corpus's own tokenizer (the run's copy when ``run_dir`` has one)."""
-    if run_cfg.model.vocab_size == 256:
-        def encode(text: str) -> list[int]:
-            return list(text.encode("utf-8"))
-
-        def decode(ids) -> str:
-            return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
-
-        return encode, decode
+    if run_cfg.model.vocab_size == BYTE_VOCAB:
+        return encode_bytes, decode_bytes
     corpus = load_corpus_for(run_cfg.train, data_path=data_path, run_dir=run_dir)
     return corpus.encode, corpus.decode
 

@@ -11,20 +11,20 @@ Layout of a run directory's ``checkpoints/``::
     latest                  name of the newest complete checkpoint, updated after it is in place
 
 A checkpoint is built in a temporary directory beside its final place, every file fsynced, then
-renamed into place (atomic on POSIX), then ``latest`` is replaced the same way. A crash at any moment
-leaves either the previous set of checkpoints or the new one, never a half-written checkpoint under
-its final name; a checkpoint damaged later (truncated copy, bad disk) fails its checksum and
-:func:`latest_checkpoint` falls back to the previous complete one.
+renamed into place (:func:`transformer_vq.fileio.atomic_directory`), then ``latest`` is replaced the
+same way; old checkpoints are pruned by renaming them out of the ``step_*`` names before deleting
+them. A crash at any moment leaves either the previous set of checkpoints or the new one, never a
+half-written or half-deleted checkpoint under a ``step_*`` name (the hidden debris it may leave is
+removed at the next save); a checkpoint damaged later (truncated copy, bad disk) fails its checksum
+and :func:`latest_checkpoint` falls back to the previous complete one. Weights or optimizer state
+holding NaN or infinity are never saved.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import pickle
 import re
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +32,7 @@ from pathlib import Path
 import safetensors.torch
 import torch
 
+from transformer_vq import fileio
 from transformer_vq.config import TransformerVQConfig
 
 FILES = ("model.safetensors", "state.pt", "config.json")
@@ -94,35 +95,6 @@ def check_architecture(saved: dict, current: TransformerVQConfig | None, path: P
         )
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    _fsync_file(tmp)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def step_name(step: int) -> str:
     return f"step_{step:08d}"
 
@@ -132,30 +104,58 @@ def save_checkpoint(root: Path, *, step: int, model: torch.nn.Module, config: di
     """Write checkpoint ``step`` under ``root`` atomically, point ``latest`` at it, keep the newest ``keep``.
 
     ``state`` must hold only tensors and plain Python data (it is read back with weights_only=True).
+    Weights or optimizer state that are not finite are refused (:class:`CheckpointError`): a
+    checkpoint is only worth saving when training can resume from it. The debris of interrupted
+    saves and prunings under ``root`` is removed first: call it only where no other process saves
+    into ``root`` (a training holds its run directory's lock).
     """
+    refuse_nonfinite(step, model, state)
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
+    fileio.clean_debris(root)
     final = root / step_name(step)
-    tmp = root / f".{final.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    safetensors.torch.save_model(model, str(tmp / "model.safetensors"))
-    torch.save({**state, "step": step}, tmp / "state.pt")
-    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    manifest = {name: _sha256(tmp / name) for name in FILES}
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    for name in (*FILES, "manifest.json"):
-        _fsync_file(tmp / name)
-    _fsync_dir(tmp)
-    if final.exists():  # the same step saved again (e.g. stopped right after a resume): replace it
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    _fsync_dir(root)
-    _atomic_write_text(root / "latest", final.name + "\n")
+    with fileio.atomic_directory(final) as tmp:
+        safetensors.torch.save_model(model, str(tmp / "model.safetensors"))
+        torch.save({**state, "step": step}, tmp / "state.pt")
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        fileio.write_dir_manifest(tmp, FILES)
+    fileio.atomic_write_text(root / "latest", final.name + "\n")
     for old in list_checkpoints(root)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        fileio.remove_tree(old)  # renamed out of the step_* names first: never half-deleted under its name
     return final
+
+
+def _tensors(tree, prefix: str):
+    """(name, tensor) for every tensor in a tree of dicts and lists."""
+    if isinstance(tree, torch.Tensor):
+        yield prefix, tree
+    elif isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _tensors(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(tree, (list, tuple)):
+        for i, value in enumerate(tree):
+            yield from _tensors(value, f"{prefix}.{i}")
+
+
+def nonfinite_names(named_tensors) -> list[str]:
+    """Names of the floating-point tensors of ``named_tensors`` that hold a NaN or an infinity."""
+    named = [(name, t) for name, t in named_tensors if t.is_floating_point() and t.numel()]
+    if not named:
+        return []
+    finite = torch.stack([torch.isfinite(t).all() for _, t in named]).tolist()  # one device sync
+    return [name for (name, _), ok in zip(named, finite) if not ok]
+
+
+def refuse_nonfinite(step: int, model: torch.nn.Module, state: dict) -> None:
+    """Raise :class:`CheckpointError` when the weights or the optimizer state hold NaN or infinity."""
+    bad = nonfinite_names(_tensors(dict(model.state_dict()), "")) + nonfinite_names(
+        _tensors(state.get("optimizer", {}), "optimizer"))
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise CheckpointError(
+            f"refusing to save checkpoint {step_name(step)}: {', '.join(bad[:3])}{more} hold NaN or infinity, "
+            f"and training could not resume from it; lower the learning rate, or resume from an earlier checkpoint"
+        )
 
 
 def list_checkpoints(root: Path) -> list[Path]:
@@ -167,25 +167,21 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
 
 
+_MANIFEST_PROBLEMS = {
+    "no_manifest": "{path} is not a complete checkpoint (no manifest.json); it may have been interrupted while saving",
+    "bad_manifest": "{path}/manifest.json is corrupted (not valid JSON)",
+    "missing": "checkpoint {path} is missing {name}",
+    "checksum": "checkpoint {path} is corrupted: {name} does not match its checksum (truncated or modified after saving)",
+}
+
+
 def read_checkpoint(path: Path) -> Checkpoint:
     """Read and verify one checkpoint directory. Raises :class:`CheckpointError` when it is
     incomplete, damaged, or holds anything but tensors and plain data."""
     path = Path(path)
-    manifest_path = path / "manifest.json"
-    if not manifest_path.is_file():
-        raise CheckpointError(f"{path} is not a complete checkpoint (no manifest.json); it may have been "
-                              f"interrupted while saving")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise CheckpointError(f"{manifest_path} is corrupted (not valid JSON)") from None
-    for name in FILES:
-        file = path / name
-        if not file.is_file():
-            raise CheckpointError(f"checkpoint {path} is missing {name}")
-        if manifest.get(name) != _sha256(file):
-            raise CheckpointError(f"checkpoint {path} is corrupted: {name} does not match its checksum "
-                                  f"(truncated or modified after saving)")
+    problem = fileio.check_dir_manifest(path, FILES)
+    if problem is not None:
+        raise CheckpointError(_MANIFEST_PROBLEMS[problem.kind].format(path=path, name=problem.name))
     config = json.loads((path / "config.json").read_text())
     state = safe_torch_load(path / "state.pt")
     return Checkpoint(path=path, config=config, state=state)

@@ -5,7 +5,8 @@ before it, through the compressed cache, however far back. To use a batch, the s
 into ``streams`` contiguous pieces evaluated side by side (each carrying its own state); with
 ``streams=1`` it is exactly one sequence.
 
-Bits per byte: the mean next-token loss in bits times tokens per byte of the split,
+The metrics are computed by :mod:`transformer_vq.data.metrics`. Bits per byte: the mean
+next-token loss in bits times tokens per byte of the split,
 ``bpb = mean_nll / ln 2 * n_tokens / n_bytes``. For byte-level data ``n_tokens = n_bytes``, so a
 model with uniform logits over 256 bytes scores exactly 8 bits per byte. For tokenized text
 (PG-19) ``n_bytes`` is the UTF-8 byte count of the original text (``corpus.split_bytes``), so the
@@ -29,6 +30,9 @@ import torch
 import torch.nn.functional as F
 
 from transformer_vq.data.batches import check_vocab
+from transformer_vq.data.metrics import (bits_per_byte, corpus_tokens_per_byte, corpus_tokens_per_word,
+                                         word_perplexity)
+from transformer_vq.train.inference import evaluating
 
 
 @dataclass
@@ -50,7 +54,6 @@ class EvalResult:
         return asdict(self)
 
 
-@torch.no_grad()
 def evaluate_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: int, tokens_per_byte: float = 1.0,
                     streams: int = 1, max_tokens: int = 0, precision: str = "float32", split: str = "validation",
                     progress: bool | None = None, tokens_per_word: float | None = None) -> EvalResult:
@@ -74,65 +77,59 @@ def evaluate_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: i
     n_pred = len(tokens) - 1
     if n_pred < 1:
         raise ValueError(f"the {split} split has {len(tokens)} tokens; evaluation needs at least 2")
-    streams = max(1, min(streams, n_pred))
     device = next(model.parameters()).device
+    rows, mask = _streams(tokens, n_pred, max(1, min(streams, n_pred)), device)
+    begin = time.perf_counter()
+    with evaluating(model):
+        total_nll = _total_nll(model, rows, mask, window_len, precision, _progress(split, progress))
+    seconds = time.perf_counter() - begin
+    loss = total_nll / n_pred
+    return EvalResult(split=split, loss=loss, bits_per_byte=bits_per_byte(loss, tokens_per_byte), tokens=n_pred,
+                      seconds=seconds, tokens_per_s=n_pred / max(seconds, 1e-9),
+                      word_perplexity=None if tokens_per_word is None else word_perplexity(loss, tokens_per_word))
+
+
+def _streams(tokens: np.ndarray, n_pred: int, streams: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows, mask)``: ``(streams, piece + 1)`` token rows, where stream s predicts
+    ``tokens[s*piece + 1 : (s+1)*piece + 1]``, and the ``(streams, piece)`` mask of real predictions
+    (the last stream is padded, and its padded positions are masked out of the loss)."""
     piece = math.ceil(n_pred / streams)
-    # (streams, piece + 1): stream s predicts tokens[s*piece + 1 : (s+1)*piece + 1]; the last stream is
-    # padded, and its padded positions are masked out of the loss
     rows = np.zeros((streams, piece + 1), dtype=np.int64)
     mask = np.zeros((streams, piece), dtype=bool)
     for s in range(streams):
         chunk = np.asarray(tokens[s * piece: min((s + 1) * piece, n_pred) + 1], dtype=np.int64)
         rows[s, :len(chunk)] = chunk
         mask[s, :len(chunk) - 1] = True
-    rows_t = torch.from_numpy(rows).to(device)
-    mask_t = torch.from_numpy(mask).to(device)
+    return torch.from_numpy(rows).to(device), torch.from_numpy(mask).to(device)
 
-    was_training = model.training
-    model.eval()
-    total_nll = torch.zeros((), dtype=torch.float64, device=device)
-    state = None
-    starts = range(0, piece, window_len)
+
+def _progress(split: str, progress: bool | None):
+    """Wraps the window starts in a progress bar when asked (default: when stderr is a terminal)."""
     if progress is None:
         progress = sys.stderr.isatty()
-    if progress:
-        from tqdm import tqdm
+    if not progress:
+        return lambda starts: starts
+    from tqdm import tqdm
 
-        starts = tqdm(starts, desc=f"eval {split}", unit="window", leave=False)
-    begin = time.perf_counter()
-    try:
-        for start in starts:
-            end = min(start + window_len, piece)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
-                out = model(rows_t[:, start:end], state=state)
-            state = out.state
-            # (streams, w): per-token NLL in float32 whatever the autocast dtype
-            nll = F.cross_entropy(out.logits.float().transpose(1, 2), rows_t[:, start + 1:end + 1], reduction="none")
-            total_nll += nll[mask_t[:, start:end]].sum(dtype=torch.float64)
-    finally:
-        model.train(was_training)
-    seconds = time.perf_counter() - begin
-    loss = total_nll.item() / n_pred
-    word_perplexity = None
-    if tokens_per_word is not None:
-        # an untrained model over a large vocabulary can overflow a float: report inf
-        exponent = loss * tokens_per_word
-        word_perplexity = math.exp(exponent) if exponent < 709 else math.inf
-    return EvalResult(split=split, loss=loss, bits_per_byte=loss / math.log(2) * tokens_per_byte, tokens=n_pred,
-                      seconds=seconds, tokens_per_s=n_pred / max(seconds, 1e-9), word_perplexity=word_perplexity)
+    return lambda starts: tqdm(starts, desc=f"eval {split}", unit="window", leave=False)
 
 
-def corpus_tokens_per_byte(corpus, split: str) -> float:
-    """Tokens per byte of ``split`` of a :class:`~transformer_vq.data.corpus.Corpus`."""
-    n_bytes = corpus.split_bytes.get(split) or len(corpus.split(split))
-    return len(corpus.split(split)) / n_bytes
-
-
-def corpus_tokens_per_word(corpus, split: str) -> float | None:
-    """Tokens per whitespace-separated word of the original text of ``split``, for corpora that count
-    words (``metadata["split_words"]``, e.g. PG-19); None otherwise."""
-    words = (corpus.metadata.get("split_words") or {}).get(split)
-    return len(corpus.split(split)) / words if words else None
+def _total_nll(model: torch.nn.Module, rows: torch.Tensor, mask: torch.Tensor, window_len: int, precision: str,
+               progress) -> float:
+    """Summed NLL in nats of the masked predictions, the state carried from window to window."""
+    device = rows.device
+    piece = mask.shape[1]
+    total_nll = torch.zeros((), dtype=torch.float64, device=device)
+    state = None
+    for start in progress(range(0, piece, window_len)):
+        end = min(start + window_len, piece)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
+            out = model(rows[:, start:end], state=state)
+        state = out.state
+        # (streams, w): per-token NLL in float32 whatever the autocast dtype
+        nll = F.cross_entropy(out.logits.float().transpose(1, 2), rows[:, start + 1:end + 1], reduction="none")
+        total_nll += nll[mask[:, start:end]].sum(dtype=torch.float64)
+    return total_nll.item()
 
 
 def evaluate(ckpt: str, *, split: str = "validation", data_path: str | None = None, streams: int | None = None,

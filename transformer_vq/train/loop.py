@@ -23,29 +23,29 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import signal
-import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from transformer_vq import fileio
 from transformer_vq.data.batches import check_vocab, corpus_batches
+from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte, corpus_tokens_per_word
 from transformer_vq.train.build import build_model, load_corpus_for, resolve_device, save_run_tokenizer
 from transformer_vq.train.carry import from_plain, to_plain
-from transformer_vq.train.checkpoint import (CheckpointError, find_checkpoint, latest_checkpoint, list_checkpoints,
-                                             save_checkpoint)
+from transformer_vq.train.checkpoint import (find_checkpoint, latest_checkpoint, list_checkpoints, nonfinite_names,
+                                             save_checkpoint, step_name)
 from transformer_vq.train.config import ConfigError, RunConfig
 from transformer_vq.train.distributed import Distributed, setup_distributed, teardown_distributed
-from transformer_vq.train.evaluate import (EvalResult, corpus_tokens_per_byte, corpus_tokens_per_word,
-                                          evaluate_tokens)
+from transformer_vq.train.evaluate import EvalResult, evaluate_tokens
 from transformer_vq.train.metrics import MetricsLogger
 from transformer_vq.train.optim import build_optimizer, build_scheduler
+from transformer_vq.train.rng import rng_state, set_rng_state
+from transformer_vq.train.rundir import hold_run_dir, writing
 from transformer_vq.train.sample import stream_text
+from transformer_vq.train.signals import StopRequest
 
 
 class TrainingError(RuntimeError):
@@ -67,63 +67,6 @@ class TrainResult:
     """Training tokens per second over this call's steps (all workers together)."""
 
 
-class _StopRequest:
-    """Turns the first SIGTERM / SIGINT into a request to stop after the current step; a second
-    signal gets the previous behaviour back (e.g. Ctrl-C twice interrupts at once)."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self):
-        self.signum: int | None = None
-        self._previous = {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.signum = signum
-        self._restore()
-        print(f"\n{signal.Signals(signum).name} received: finishing the current step, then saving and exiting",
-              file=sys.stderr, flush=True)
-
-    def _restore(self):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-
-    def __exit__(self, *exc):
-        self._restore()
-
-
-def rng_state() -> dict:
-    """Every random number generator a run may draw from, as tensors and plain data."""
-    np_state = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    """Restore what :func:`rng_state` returned."""
-    torch.set_rng_state(state["torch"])
-    np_state = state["numpy"]
-    np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
-                         np_state["has_gauss"], np_state["cached_gaussian"]))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
@@ -141,7 +84,8 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
         _skip_restore: for tests only: parts of a checkpoint ({"data", "rng"}) *not* to restore, to
             show that restoring them is what makes resumed training identical.
 
-    Returns a :class:`TrainResult`; raises :class:`TrainingError`, :class:`CheckpointError` or the data
+    Returns a :class:`TrainResult`; raises :class:`TrainingError`, :class:`CheckpointError` (its subclass
+    ``RunDirError`` when the run directory is unusable or in use by another training) or the data
     layer's ``DataError`` with a message for the user.
     """
     if cfg.train.threads:
@@ -151,7 +95,9 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
     if device.type == "cuda":
         device = torch.device("cuda", dist_info.local_rank)
     try:
-        return _Trainer(cfg, dist_info, device, model).run(resume, _skip_restore)
+        # locked before anything slow (loading the corpus): a second training is refused at once
+        with hold_run_dir(cfg.train.resolved_run_dir(), dist_info):
+            return _Trainer(cfg, dist_info, device, model).run(resume, _skip_restore)
     finally:
         teardown_distributed(dist_info)
 
@@ -194,6 +140,7 @@ class _Trainer:
         self.batch_pos = self.batches.state_dict()  # data position before the current batch
         self.carry = None  # operator state carried into the next window
         self.nonfinite_run = 0
+        self.skip_reason: str | None = None  # why the last step was skipped
         self.train_tokens_per_byte = corpus_tokens_per_byte(self.corpus, "train")
 
     # ---- checkpoints -------------------------------------------------------------------------------
@@ -216,8 +163,9 @@ class _Trainer:
         carries = self.dist.all_gather_object(to_plain(self.carry) if mid_batch else None)
         if self.dist.is_main:
             state = {**self._checkpoint_state(), "rng": rngs, "carry": carries}
-            path = save_checkpoint(self.ckpt_root, step=self.step, model=self.model, config=self.cfg.to_dict(),
-                                   state=state, keep=self.tc.keep_ckpts)
+            with writing(self.run_dir, f"save checkpoint {step_name(self.step)}"):
+                path = save_checkpoint(self.ckpt_root, step=self.step, model=self.model,
+                                       config=self.cfg.to_dict(), state=state, keep=self.tc.keep_ckpts)
             self.log(f"saved checkpoint {path}", flush=True)
         self.dist.barrier()
 
@@ -260,17 +208,10 @@ class _Trainer:
 
     # ---- one step ------------------------------------------------------------------------------------
 
-    def train_step(self, stop: _StopRequest) -> dict:
+    def train_step(self, stop: StopRequest) -> dict:
         """One optimizer step on the next window; returns its metrics (identical on every worker)."""
         tc = self.tc
-        window = self.step % tc.windows_per_batch
-        if window == 0:
-            self.batch_pos = self.batches.state_dict()
-            self.batch = next(self.batches).to(self.device)
-            self.carry = None
-        lo = window * tc.update_len
-        inputs = self.batch[:, lo:lo + tc.update_len]  # (B_local, update_len)
-        targets = self.batch[:, lo + 1:lo + tc.update_len + 1]  # (B_local, update_len)
+        inputs, targets = self._next_window()  # (B_local, update_len) each
         begin = time.perf_counter()
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=tc.precision == "bfloat16"):
             out = self.forward(inputs, state=self.carry, targets=targets)
@@ -283,18 +224,15 @@ class _Trainer:
                               dtype=torch.float64, device=self.device)  # nccl reduces only GPU tensors
         self.dist.all_reduce_sum_([shared])
         loss, ce_loss, commit_loss = (shared[:3] / self.dist.world_size).tolist()
-        finite = shared[3].item() == 0 and math.isfinite(grad_norm)
-        if finite:
-            self.optimizer.step()
-            stats = self.model.codebook_stats()
-            self.dist.all_reduce_sum_(stats)
-            self.model.update_codebooks()
-            self.nonfinite_run = 0
-        else:
-            self.model.reset_codebook_stats()
-            self.nonfinite_run += 1
-        self.optimizer.zero_grad(set_to_none=True)
         lr = self.scheduler.get_last_lr()[0]
+        if shared[3].item() != 0 or not math.isfinite(grad_norm):
+            self.skip_reason = "loss or gradient"
+        elif not all(math.isfinite(group_lr) for group_lr in self.scheduler.get_last_lr()):
+            self.skip_reason = f"learning rate (lr={lr})"  # AdamW would turn every weight into NaN
+        else:
+            self.skip_reason = None
+        self._update(lr) if self.skip_reason is None else self._skip()
+        self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.carry = out.state.detach()
         self.step += 1
@@ -302,13 +240,43 @@ class _Trainer:
         metrics = {
             "step": self.step, "loss": _finite_or_none(loss), "ce_loss": _finite_or_none(ce_loss),
             "commit_loss": _finite_or_none(commit_loss),
-            "bits_per_byte": _finite_or_none(ce_loss / math.log(2) * self.train_tokens_per_byte),
+            "bits_per_byte": _finite_or_none(bits_per_byte(ce_loss, self.train_tokens_per_byte)),
             "lr": lr, "grad_norm": _finite_or_none(grad_norm),
             "tokens": tc.batch_size * tc.update_len, "seconds": seconds,
-            "tokens_per_s": tc.batch_size * tc.update_len / seconds, "skipped": not finite,
+            "tokens_per_s": tc.batch_size * tc.update_len / seconds, "skipped": self.skip_reason is not None,
             **self.model.codebook_metrics(),
         }
         return {"metrics": metrics, "stop": shared[4].item() > 0}
+
+    def _next_window(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets of the next window, starting a new batch (and a fresh state) when due."""
+        window = self.step % self.tc.windows_per_batch
+        if window == 0:
+            self.batch_pos = self.batches.state_dict()
+            self.batch = next(self.batches).to(self.device)
+            self.carry = None
+        lo, update_len = window * self.tc.update_len, self.tc.update_len
+        return self.batch[:, lo:lo + update_len], self.batch[:, lo + 1:lo + update_len + 1]
+
+    def _update(self, lr: float) -> None:
+        """Apply the step: weights, then the codebooks from every worker's statistics."""
+        self.optimizer.step()
+        bad = nonfinite_names(self.model.named_parameters())
+        if bad:  # identical weights on every worker: all of them stop here
+            raise TrainingError(
+                f"step {self.step + 1} made the weights non-finite ({', '.join(bad[:3])}) although its loss and "
+                f"gradient were finite: the learning rate {lr:g} is too large. Nothing after the last checkpoint "
+                f"was saved; lower the learning rate and start again or resume with --resume auto"
+            )
+        stats = self.model.codebook_stats()
+        self.dist.all_reduce_sum_(stats)
+        self.model.update_codebooks()
+        self.nonfinite_run = 0
+
+    def _skip(self) -> None:
+        """Skip the step: weights, optimizer and codebooks untouched (the statistics are discarded)."""
+        self.model.reset_codebook_stats()
+        self.nonfinite_run += 1
 
     # ---- the loop ------------------------------------------------------------------------------------
 
@@ -321,7 +289,28 @@ class _Trainer:
         )
 
     def run(self, resume: str | None, skip: frozenset) -> TrainResult:
-        tc = self.tc
+        self._start(resume, skip)
+        logger = None
+        if self.dist.is_main:
+            with writing(self.run_dir, "open metrics.jsonl and tb/"):
+                logger = MetricsLogger(self.run_dir, total_steps=self.tc.steps, start_step=self.step,
+                                       log_every=self.tc.log_every)
+        validation = sample_text = None
+        try:
+            exit_code = self._loop(logger)
+            if exit_code == 0 and self.dist.is_main:
+                validation, sample_text = self._finish(logger)
+        finally:
+            if logger:
+                logger.close()
+        return TrainResult(run_dir=self.run_dir, step=self.step, exit_code=exit_code, validation=validation,
+                           sample=sample_text, tokens_per_s=logger.tokens_per_s if logger else None)
+
+    def _start(self, resume: str | None, skip: frozenset) -> None:
+        """Check the run directory, restore a checkpoint, and record the run's config (main process)."""
+        if self.dist.is_main:
+            # temporary directories of killed saves, checkpoints whose pruning was killed midway
+            fileio.clean_debris(self.ckpt_root)
         if resume is None and list_checkpoints(self.ckpt_root):
             raise ConfigError(
                 f"run directory {self.run_dir} already holds checkpoints; continue that run with --resume auto, "
@@ -329,60 +318,61 @@ class _Trainer:
             )
         if resume is not None:
             self.restore(resume, skip)
-        if self.dist.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.json").write_text(self.cfg.to_json())
+        if not self.dist.is_main:
+            return
+        with writing(self.run_dir, "write the run's config.json"):
+            fileio.atomic_write_text(self.run_dir / "config.json", self.cfg.to_json())
             save_run_tokenizer(self.corpus, self.run_dir)
-            n_params = sum(p.numel() for p in self.model.parameters())
-            self.log(f"training a {n_params / 1e6:.2f}M-parameter model on {self.corpus.name} "
-                     f"({len(self.corpus.split('train')):,} training tokens) for {tc.steps} steps of "
-                     f"{tc.batch_size} x {tc.update_len} tokens on {self.dist.world_size} x {self.device.type}; "
-                     f"run directory {self.run_dir}", flush=True)
-        logger = (MetricsLogger(self.run_dir, total_steps=tc.steps, start_step=self.step, log_every=tc.log_every)
-                  if self.dist.is_main else None)
-        exit_code = 0
-        tokens_per_s = None
-        try:
-            with _StopRequest() as stop:
-                while self.step < tc.steps:
-                    result = self.train_step(stop)
-                    metrics = result["metrics"]
+        tc = self.tc
+        n_params = sum(p.numel() for p in self.model.parameters())
+        self.log(f"training a {n_params / 1e6:.2f}M-parameter model on {self.corpus.name} "
+                 f"({len(self.corpus.split('train')):,} training tokens) for {tc.steps} steps of "
+                 f"{tc.batch_size} x {tc.update_len} tokens on {self.dist.world_size} x {self.device.type}; "
+                 f"run directory {self.run_dir}", flush=True)
+
+    def _loop(self, logger: MetricsLogger | None) -> int:
+        """Train until ``steps`` (returns 0) or a stop signal (returns 128 + its number), saving as configured."""
+        tc = self.tc
+        with StopRequest() as stop:
+            while self.step < tc.steps:
+                result = self.train_step(stop)
+                if logger:
+                    self._log_step(logger, result["metrics"])
+                if self.nonfinite_run >= tc.max_nonfinite:
+                    self.save()
+                    raise TrainingError(
+                        f"stopped at step {self.step}: {self.nonfinite_run} steps in a row had a non-finite "
+                        f"{self.skip_reason} (max_nonfinite={tc.max_nonfinite}); the weights are those of the last "
+                        f"good step (saved). Lower the learning rate (--set lr=...), use precision=float32, "
+                        f"or check the data"
+                    )
+                if result["stop"]:
+                    self.save()
+                    return 128 + (stop.signum or signal.SIGTERM)
+                if self.step % tc.ckpt_every == 0 or self.step == tc.steps:
+                    self.save()
+                if tc.eval_every and self.step % tc.eval_every == 0 and self.step < tc.steps:
                     if logger:
-                        logger.log_step(metrics)
-                        if metrics["skipped"]:
-                            logger.print(f"step {self.step}: non-finite loss or gradient, step skipped "
-                                         f"({self.nonfinite_run} in a row)")
-                    if self.nonfinite_run >= tc.max_nonfinite:
-                        self.save()
-                        raise TrainingError(
-                            f"stopped at step {self.step}: {self.nonfinite_run} steps in a row had a non-finite loss "
-                            f"or gradient (max_nonfinite={tc.max_nonfinite}); the weights are those of the last "
-                            f"good step (saved). Lower the learning rate (--set lr=...), use precision=float32, "
-                            f"or check the data"
-                        )
-                    if result["stop"]:
-                        self.save()
-                        exit_code = 128 + (stop.signum or signal.SIGTERM)
-                        break
-                    if self.step % tc.ckpt_every == 0 or self.step == tc.steps:
-                        self.save()
-                    if tc.eval_every and self.step % tc.eval_every == 0 and self.step < tc.steps:
-                        if logger:
-                            logger.log_eval(self.step, "validation", self.evaluate(tc.eval_tokens).to_dict())
-                        self.dist.barrier()
-            validation = sample_text = None
-            if logger:
-                tokens_per_s = logger.tokens_per_s
-            if exit_code == 0 and self.dist.is_main:
-                validation = self.evaluate(tc.eval_tokens)
-                logger.log_eval(self.step, "validation", validation.to_dict())
-                if tc.sample_tokens:
-                    sample_text = self._sample(logger)
-        finally:
-            if logger:
-                logger.close()
-        return TrainResult(run_dir=self.run_dir, step=self.step, exit_code=exit_code, validation=validation,
-                           sample=sample_text, tokens_per_s=tokens_per_s)
+                        self._log_eval(logger, self.evaluate(tc.eval_tokens))
+                    self.dist.barrier()
+        return 0
+
+    def _log_step(self, logger: MetricsLogger, metrics: dict) -> None:
+        with writing(self.run_dir, "write metrics.jsonl"):
+            logger.log_step(metrics)
+        if metrics["skipped"]:
+            logger.print(f"step {self.step}: non-finite {self.skip_reason}, step skipped "
+                         f"({self.nonfinite_run} in a row)")
+
+    def _log_eval(self, logger: MetricsLogger, result: EvalResult) -> None:
+        with writing(self.run_dir, "write metrics.jsonl"):
+            logger.log_eval(self.step, "validation", result.to_dict())
+
+    def _finish(self, logger: MetricsLogger) -> tuple[EvalResult, str | None]:
+        """The end-of-training validation and sample (main process)."""
+        validation = self.evaluate(self.tc.eval_tokens)
+        self._log_eval(logger, validation)
+        return validation, self._sample(logger) if self.tc.sample_tokens else None
 
     def _sample(self, logger: MetricsLogger) -> str:
         prompt = self.tc.sample_prompt

@@ -14,6 +14,9 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from transformer_vq.data.codec import BYTE_VOCAB
+from transformer_vq.train.inference import evaluating
+
 REPLACEMENT = "\ufffd"
 
 
@@ -55,18 +58,13 @@ def stream_text(model: torch.nn.Module, prompt_ids: Sequence[int], decode: Calla
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # (1, T_prompt)
-    was_training = model.training
-    model.eval()
     text = TextStream(decode)
-    try:
-        with torch.no_grad():
-            for token in model.stream(input_ids, max_new_tokens, temperature=temperature, top_k=top_k,
-                                      top_p=top_p, generator=generator):
-                piece = text.push(int(token[0]))
-                if piece:
-                    yield piece
-    finally:
-        model.train(was_training)
+    with evaluating(model):
+        for token in model.stream(input_ids, max_new_tokens, temperature=temperature, top_k=top_k,
+                                  top_p=top_p, generator=generator):
+            piece = text.push(int(token[0]))
+            if piece:
+                yield piece
     tail = text.flush()
     if tail:
         yield tail
@@ -117,9 +115,7 @@ def sample_image_tokens(model: torch.nn.Module, num_images: int, *, temperature:
         raise ValueError(f"the number of images must be at least 1, got {num_images}")
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
-    first = torch.randint(0, 256, (num_images, 1), generator=generator, device=device)  # (N, 1)
-    was_training = model.training
-    model.eval()
+    first = torch.randint(0, BYTE_VOCAB, (num_images, 1), generator=generator, device=device)  # (N, 1)
     tokens = model.stream(first, IMAGE_TOKENS - 1, temperature=temperature, top_k=top_k, top_p=top_p,
                           generator=generator)
     if progress is None:
@@ -129,11 +125,8 @@ def sample_image_tokens(model: torch.nn.Module, num_images: int, *, temperature:
 
         tokens = tqdm(tokens, total=IMAGE_TOKENS - 1, desc=f"sampling {num_images} images", unit="subpixel",
                       leave=False)
-    try:
-        with torch.no_grad():
-            rest = list(tokens)
-    finally:
-        model.train(was_training)
+    with evaluating(model):
+        rest = list(tokens)
     return torch.cat([first, torch.stack(rest, dim=1)], dim=1).cpu()  # (N, 12288)
 
 
@@ -149,7 +142,7 @@ def sample_images(ckpt: str, out_dir: str | os.PathLike, *, num_images: int = 4,
     from transformer_vq.train.build import model_from_checkpoint
 
     model, run_cfg, _ = model_from_checkpoint(ckpt, device=device)
-    if not is_image_run(run_cfg) or run_cfg.model.vocab_size != 256:
+    if not is_image_run(run_cfg) or run_cfg.model.vocab_size != BYTE_VOCAB:
         raise ValueError(f"{ckpt} is not an image model (trained on {run_cfg.train.data!r}, vocabulary "
                          f"{run_cfg.model.vocab_size}); image sampling needs a byte model trained on "
                          f"{' or '.join(IMAGE_CORPORA)}")

@@ -1,0 +1,173 @@
+"""The run directory as a place to write: one clear error for an unusable one, and an exclusive lock
+so that two trainings never write the same run at once.
+
+Errors: a run directory that is a file, is not writable, or sits on a full disk raises
+:class:`RunDirError` naming the path and what to do (the command line prints it and exits 2),
+instead of the ``OSError`` traceback of whichever write failed first.
+
+Lock: a training (fresh or resumed) holds ``fcntl.flock`` on ``RUN_DIR/.lock`` while it runs, with
+its pid and host written in the file for the message a second training gets. The kernel releases a
+``flock`` when its holder dies, so the lock of a killed training is simply taken over; a lock file
+still held although the pid in it is dead on this host (a leftover child of the dead process that
+inherited the descriptor) is replaced. Under ``torchrun`` only rank 0 holds it: the workers of one
+run share its directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Iterator
+
+from transformer_vq.train.checkpoint import CheckpointError
+
+LOCK_NAME = ".lock"
+
+
+class RunDirError(CheckpointError):
+    """The run directory cannot be used (not a directory, not writable, disk full, in use)."""
+
+
+def disk_error(err: OSError, path: Path, doing: str) -> RunDirError:
+    """A :class:`RunDirError` for an ``OSError`` raised while ``doing`` something in run directory ``path``."""
+    where = err.filename or path
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return RunDirError(f"cannot {doing}: no space left on the disk holding {where}; free some space, "
+                           f"or pass another --run-dir on a disk with room")
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return RunDirError(f"cannot {doing}: {where} is not writable ({err.strerror}); pass a writable "
+                           f"--run-dir, or fix the directory's permissions")
+    if err.errno in (errno.ENOTDIR, errno.EEXIST) or (path.exists() and not path.is_dir()):
+        return RunDirError(f"cannot {doing}: run directory {path} is a file, not a directory; pass another "
+                           f"--run-dir, or move the file away")
+    return RunDirError(f"cannot {doing} in run directory {path}: {err.strerror or err}; pass another --run-dir")
+
+
+@contextlib.contextmanager
+def writing(path: Path, doing: str) -> Iterator[None]:
+    """Turn an ``OSError`` raised inside the block into a :class:`RunDirError` about run directory ``path``."""
+    try:
+        yield
+    except OSError as err:
+        raise disk_error(err, Path(path), doing) from None
+
+
+def make_run_dir(path: Path) -> None:
+    """Create run directory ``path`` (and its parents), or raise a :class:`RunDirError` saying why not."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"run directory {path} is a file, not a directory; pass another --run-dir, "
+                          f"or move the file away")
+    with writing(path, "create the run directory"):
+        path.mkdir(parents=True, exist_ok=True)
+
+
+def _holder(fd: int) -> dict:
+    """What the holder of a lock file wrote in it ({} when unreadable)."""
+    with contextlib.suppress(OSError, ValueError):
+        obj = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
+        if isinstance(obj, dict):
+            return obj
+    return {}
+
+
+def _is_dead(holder: dict) -> bool:
+    """Whether the lock's holder is a process of this host that no longer exists."""
+    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        return False
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, owned by another user
+        return False
+    return False
+
+
+class RunLock:
+    """An exclusive lock on a run directory (see the module docstring); release it with :meth:`release`."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_NAME
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise a :class:`RunDirError` naming the training that holds it."""
+        for _ in range(3):  # a holder that releases (unlinks) while we open gets a second try
+            with writing(self.path.parent, "lock the run directory"):
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder(fd)
+                if _is_dead(holder) and _same_file(fd, self.path):
+                    self.path.unlink()  # held only by a leftover of a dead training: start a new lock file
+                    os.close(fd)
+                    continue
+                os.close(fd)
+                raise self._busy(holder) from None
+            if _same_file(fd, self.path):
+                with writing(self.path.parent, "lock the run directory"):
+                    self._write_holder(fd)
+                self.fd = fd
+                return
+            os.close(fd)  # locked a file its holder unlinked on release: lock the new one
+        raise RunDirError(f"cannot lock run directory {self.path.parent}: its lock file {self.path} keeps "
+                          f"changing; is another training starting there?")
+
+    def _busy(self, holder: dict) -> RunDirError:
+        who = (f"pid {holder['pid']} on {holder.get('host', '?')}, started {holder.get('started', '?')}"
+               if "pid" in holder else "another process")
+        return RunDirError(f"run directory {self.path.parent} is in use by another training ({who}); wait for "
+                           f"it to finish or stop it, or pass another --run-dir")
+
+    @staticmethod
+    def _write_holder(fd: int) -> None:
+        record = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode("utf-8"), 0)
+
+    def release(self) -> None:
+        """Remove the lock file and release the lock (unlinking first: a waiting opener then retries)."""
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            if _same_file(self.fd, self.path):
+                self.path.unlink()
+        os.close(self.fd)
+        self.fd = None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
+@contextlib.contextmanager
+def hold_run_dir(run_dir: Path, dist_info) -> Iterator[None]:
+    """Create ``run_dir`` and hold its lock for the block (rank 0 only); every worker raises the
+    same :class:`RunDirError` when the directory cannot be used."""
+    lock = RunLock(run_dir)
+    problem = None
+    if dist_info.is_main:
+        try:
+            make_run_dir(run_dir)
+            lock.acquire()
+        except RunDirError as err:
+            problem = str(err)
+    problems = dist_info.all_gather_object(problem)
+    try:
+        if problems[0] is not None:
+            raise RunDirError(problems[0])
+        yield
+    finally:
+        lock.release()
