@@ -196,6 +196,36 @@ def convert(train_files: list[Path], val_file: Path, directory: Path, validation
     return counts
 
 
+def converted_dir(train_files: list[Path], val_file: Path, validation_every: int,
+                  cache_dir: str | os.PathLike | None) -> Path:
+    """The cache directory of a conversion, keyed by the release files' names, sizes and times."""
+    listing = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in (*train_files, val_file)]
+    key = hashlib.sha256(json.dumps([listing, validation_every]).encode()).hexdigest()[:16]
+    return cache.dataset_dir("imagenet64", cache_dir) / key
+
+
+def converted_counts(directory: Path) -> dict | None:
+    """The image count per split of a complete conversion in ``directory``; None when there is none."""
+    counts = fileio.read_json(directory / "images.json")
+    if counts is None:
+        return None
+    for split in ("train", "validation", "test"):
+        path = directory / f"{split}.bin"
+        if not path.is_file() or path.stat().st_size != counts.get(split, -1) * IMAGE_TOKENS:
+            return None
+    return counts
+
+
+def check_image_counts(root: Path, train_files: list[Path], val_file: Path, expected: tuple[int, int]) -> None:
+    """Refuse an incomplete release before spending an hour converting it."""
+    found = (sum(count_images(p) for p in train_files), count_images(val_file))
+    if found != tuple(expected):
+        raise DataError(
+            f"{root} holds {found[0]:,} training and {found[1]:,} validation images; the release has "
+            f"{expected[0]:,} and {expected[1]:,}: some files are incomplete. {GET_IT}"
+        )
+
+
 def load_imagenet64(
     data_path: str | os.PathLike | None = None,
     *,
@@ -224,22 +254,11 @@ def load_imagenet64(
             f"found train_data_batch_1..{len(train_files)} under {root}, but the release has "
             f"{expected_train_batches} batches: unzip both Imagenet64_train_part1 and part2 there. {GET_IT}"
         )
-    sources = [*train_files, val_file]
-    listing = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sources]
-    key = hashlib.sha256(json.dumps([listing, validation_every]).encode()).hexdigest()[:16]
-    directory = cache.dataset_dir("imagenet64", cache_dir) / key
-    counts = fileio.read_json(directory / "images.json")
-    if counts is None or any(
-        not (directory / f"{s}.bin").is_file() or (directory / f"{s}.bin").stat().st_size != counts.get(s, -1) * IMAGE_TOKENS
-        for s in ("train", "validation", "test")
-    ):
+    directory = converted_dir(train_files, val_file, validation_every, cache_dir)
+    counts = converted_counts(directory)
+    if counts is None:
         if expected_images is not None:
-            found = (sum(count_images(p) for p in train_files), count_images(val_file))
-            if found != tuple(expected_images):
-                raise DataError(
-                    f"{root} holds {found[0]:,} training and {found[1]:,} validation images; the release has "
-                    f"{expected_images[0]:,} and {expected_images[1]:,}: some files are incomplete. {GET_IT}"
-                )
+            check_image_counts(root, train_files, val_file, expected_images)
         counts = convert(train_files, val_file, directory, validation_every)
     for split, n in counts.items():
         if n == 0:
