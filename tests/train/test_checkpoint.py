@@ -166,3 +166,63 @@ def test_pickle_with_code_payload_is_refused_and_never_runs(trained_run, tmp_pat
     # the payload is live: an unrestricted load (what the code above must never do) runs it
     torch.load(ckpt_dir / "state.pt", weights_only=False)
     assert marker.exists()
+
+
+def test_debris_of_killed_saves_and_prunings_is_cleaned_on_resume(trained_run, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    root = run_dir / "checkpoints"
+    # a save killed before its rename (this version's and older versions' temporary names), and a
+    # pruning killed after its rename: none of them is under a step_* name, so loading skips them
+    debris = [root / ".step_00000009.x7_k2q.tmp", root / ".step_00000009.tmp-4242", root / ".trash-step_00000000-77"]
+    for path in debris:
+        path.mkdir()
+        (path / "model.safetensors").write_bytes(b"partial")
+    assert [p.name for p in list_checkpoints(root)] == ["step_00000003", "step_00000006"]
+    assert latest_checkpoint(root).step == 6 and capsys.readouterr().err == ""
+    result = train(tiny_config(find_corpus(trained_run), run_dir, "steps=7", "ckpt_every=3"), resume="auto")
+    assert result.step == 7
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000003", "step_00000006", "step_00000007"]
+
+
+def test_pruning_killed_midway_leaves_no_half_deleted_checkpoint(trained_run, tmp_path, monkeypatch):
+    from transformer_vq import fileio
+
+    root = tmp_path / "checkpoints"
+    ckpt = find_checkpoint(trained_run)
+    model = TransformerVQ(tiny_config_model(ckpt))
+    for step in (1, 2):
+        save_checkpoint(root, step=step, model=model, config=ckpt.config, state=ckpt.state, keep=2)
+    original_rmtree = shutil.rmtree
+
+    def killed_rmtree(path, ignore_errors=False):  # the process dies after deleting one file
+        (path / "model.safetensors").unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fileio.shutil, "rmtree", killed_rmtree)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(root, step=3, model=model, config=ckpt.config, state=ckpt.state, keep=2)
+    monkeypatch.setattr(fileio.shutil, "rmtree", original_rmtree)
+    assert sorted(p.name for p in root.iterdir()) == [f".trash-step_00000001-{os.getpid()}", "latest",
+                                                      "step_00000002", "step_00000003"]
+    assert latest_checkpoint(root).step == 3
+    for path in list_checkpoints(root):
+        assert read_checkpoint(path).step == int(path.name[5:])  # every step_* verifies
+    save_checkpoint(root, step=4, model=model, config=ckpt.config, state=ckpt.state, keep=2)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000003", "step_00000004"]
+
+
+def test_non_finite_weights_are_never_saved(trained_run, tmp_path):
+    ckpt = find_checkpoint(trained_run)
+    model = TransformerVQ(tiny_config_model(ckpt))
+    ckpt.load_weights(model)
+    with torch.no_grad():
+        model.units[0].quantizer.ema_count[0] = float("nan")
+    root = tmp_path / "checkpoints"
+    with pytest.raises(CheckpointError) as err:
+        save_checkpoint(root, step=7, model=model, config=ckpt.config, state=ckpt.state, keep=2)
+    assert str(err.value) == (
+        "refusing to save checkpoint step_00000007: units.0.quantizer.ema_count hold NaN or infinity, and training "
+        "could not resume from it; lower the learning rate, or resume from an earlier checkpoint"
+    )
+    assert not root.exists() or list(root.iterdir()) == []

@@ -3,6 +3,8 @@ row stop the run with a clear message."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -70,3 +72,52 @@ def test_one_skipped_step_changes_nothing(corpus_file, tmp_path):
     train(tiny_config(corpus_file, clean_dir, "steps=3", "warmup_steps=100"), model=clean)
     for (name, a), (_, b) in zip(model.state_dict().items(), clean.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+def test_infinite_learning_rate_skips_steps_and_saves_only_finite_weights(corpus_file, tmp_path):
+    """``lr=inf`` once trained a step whose loss and gradient were finite, turning every weight into NaN, and
+    saved that checkpoint. A non-finite learning rate now skips the step like a non-finite loss does."""
+    run_dir = tmp_path / "run"
+    cfg = tiny_config(corpus_file, run_dir, "steps=8", "ckpt_every=2", "max_nonfinite=3")
+    # the flags refuse inf; the loop must hold even when a non-finite rate reaches it
+    object.__setattr__(cfg.train, "lr", math.inf)
+    with pytest.raises(TrainingError) as err:
+        train(cfg)
+    assert str(err.value) == (
+        "stopped at step 3: 3 steps in a row had a non-finite learning rate (lr=inf) (max_nonfinite=3); the weights "
+        "are those of the last good step (saved). Lower the learning rate (--set lr=...), use precision=float32, "
+        "or check the data"
+    )
+    assert [r["skipped"] for r in read_metrics(run_dir)] == [True, True, True]
+    saved = load_file(str(read_checkpoint(run_dir / "checkpoints" / "step_00000003").path / "model.safetensors"))
+    torch.manual_seed(cfg.train.seed)
+    initial = TransformerVQ(cfg.model).state_dict()
+    assert saved.keys() == initial.keys()
+    for name, value in saved.items():
+        assert torch.equal(value, initial[name]), name  # untouched initial weights, resumable
+
+
+def test_step_that_makes_weights_non_finite_stops_without_saving(corpus_file, tmp_path, monkeypatch):
+    """A finite loss, gradient and learning rate can still overflow the weights (a huge finite rate):
+    training stops at that step, and nothing from it is saved."""
+    run_dir = tmp_path / "run"
+    original_step = torch.optim.AdamW.step
+    calls = []
+
+    def overflowing_step(self, *args, **kwargs):
+        result = original_step(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 3:
+            with torch.no_grad():
+                self.param_groups[0]["params"][0].fill_(math.inf)
+        return result
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", overflowing_step)
+    with pytest.raises(TrainingError) as err:
+        train(tiny_config(corpus_file, run_dir, "steps=8", "ckpt_every=2"))
+    assert str(err.value) == (
+        "step 3 made the weights non-finite (embed.weight) although its loss and gradient were finite: the "
+        "learning rate 0.0018 is too large. Nothing after the last checkpoint was saved; lower the learning rate "
+        "and start again or resume with --resume auto"
+    )
+    assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_")] == ["step_00000002"]

@@ -158,6 +158,7 @@ def hold_run_dir(run_dir: Path, dist_info) -> Iterator[None]:
     same :class:`RunDirError` when the directory cannot be used."""
     lock = RunLock(run_dir)
     problem = None
+    created = not Path(run_dir).exists()
     if dist_info.is_main:
         try:
             make_run_dir(run_dir)
@@ -171,3 +172,6 @@ def hold_run_dir(run_dir: Path, dist_info) -> Iterator[None]:
         yield
     finally:
         lock.release()
+        if created and dist_info.is_main:
+            with contextlib.suppress(OSError):
+                Path(run_dir).rmdir()  # a run that failed before writing anything leaves no empty directory
