@@ -17,12 +17,12 @@ _EXPORTS = {
     "preset": "transformer_vq.config",
     "PRESETS": "transformer_vq.config",
     "VectorQuantizer": "transformer_vq.nn.quantizer",
-    "VQAttention": "transformer_vq.nn.attention",
+    "GatedAttentionUnit": "transformer_vq.nn.gau",
     "TransformerVQ": "transformer_vq.nn.model",
     "ModelOutput": "transformer_vq.nn.model",
     "ModelState": "transformer_vq.nn.model",
     "vq_attention": "transformer_vq.ops",
-    "vq_attention_reference": "transformer_vq.ops",
+    "vq_attention_naive": "transformer_vq.ops",
 }
 
 __all__ = ["__version__", *_EXPORTS]

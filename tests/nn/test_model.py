@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer_vq import TransformerVQ, VQAttention, preset
+from transformer_vq import GatedAttentionUnit, TransformerVQ, preset
 from transformer_vq.nn.sampling import sample_next_token
 
 VARIANTS = {
@@ -112,7 +112,7 @@ def test_sampling_argument_errors(kwargs, message):
 def test_layer_causality_by_jacobian():
     """Row t of the Jacobian (contracted with a random vector): zero for inputs s > t, non-zero for s <= t."""
     model = tiny_model()
-    unit: VQAttention = model.units[0]
+    unit: GatedAttentionUnit = model.units[0]
     T = 11
     x = torch.randn(1, T, model.cfg.d_model, dtype=torch.float64, requires_grad=True)
     y = unit(x).x
@@ -164,3 +164,21 @@ def test_presets_have_the_papers_parameter_counts(name, low, high):
     with torch.device("meta"):
         model = TransformerVQ(preset(name))
     assert low <= model.num_parameters() <= high
+
+
+@pytest.mark.parametrize("attn_type", ["full", "flash_quad", "flash"])
+@pytest.mark.parametrize("head_type,n_head", [("shga", 1), ("mqa", 2), ("mha", 2)])
+def test_model_with_baseline_continues_through_state(attn_type, head_type, n_head):
+    """The model dispatches to the baseline cores; windows fed with the state carried equal the whole sequence."""
+    torch.manual_seed(0)
+    cfg = preset("tiny", attn_type=attn_type, head_type=head_type, n_head=n_head, flash_chunk_len=4)
+    model = TransformerVQ(cfg).double().eval()
+    ids = torch.randint(0, cfg.vocab_size, (2, 29))
+    whole = model(ids).logits
+    state, pieces = None, []
+    for a, b in [(0, 5), (5, 6), (6, 20), (20, 29)]:
+        out = model(ids[:, a:b], state)
+        state = out.state
+        pieces.append(out.logits)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), whole, rtol=1e-10, atol=1e-10)
+    assert state.offset == 29 and state.nbytes() > 0

@@ -7,11 +7,11 @@ over SDPA, and the peak memory of the cell. The matmul GFLOP/s is measured again
 is timed, and the fraction of peak of that cell is taken against it.
 
 Methods:
-  * ``vq-serial``, ``vq-matmul``, ``vq-assoc``: ``transformer_vq.ops.vq_attention`` with each cache reduction;
+  * ``vq-serial``, ``vq-matmul``, ``vq-assoc``: ``transformer_vq.ops.vq.vq_attention`` with each cache reduction;
   * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` with no bias, the fastest exact
     quadratic attention PyTorch offers (the yardstick of the speedup targets);
-  * ``full``: ``transformer_vq.ops.full_attention``, the project's quadratic baseline (SDPA with the window bias);
-  * ``flash``: ``transformer_vq.ops.flash_attention`` (mixed chunk), ``flash_quad`` (squared ReLU, quadratic).
+  * ``full``: ``transformer_vq.ops.full.full_attention``, the project's quadratic baseline (SDPA with the window bias);
+  * ``flash``: ``transformer_vq.ops.flash.flash_attention`` (mixed chunk), ``flash_quad`` (squared ReLU, quadratic).
 
 Memory is the peak resident set size (``ru_maxrss``) of the process that ran the cell, above its size after importing
 torch: it includes the inputs and the autograd graph, and nothing of other cells (each runs in its own process).
@@ -88,25 +88,26 @@ def make_inputs(cfg: OpBenchConfig, length: int) -> dict:
 def _method_fn(method: str, cfg: OpBenchConfig, x: dict):
     """A closure computing the method's output from the tensors in ``x``."""
     if method.startswith("vq"):
-        from transformer_vq.ops.vq_attention import vq_attention
+        from transformer_vq.ops.vq import vq_attention
 
         reduction = method.split("-")[1]
-        return lambda: vq_attention(x["q"], x["k"], x["z"], x["v"], x["codebook"], x["bias"],
-                                    block_len=cfg.block_len, reduction=reduction)[0]
+        return lambda: vq_attention(x["q"], x["k"], x["v"], x["bias"], block_len=cfg.block_len, z=x["z"],
+                                    codebook=x["codebook"], reduction=reduction)[0]
     if method == "sdpa":
         gqa = cfg.n_group != cfg.n_head
         return lambda: torch.nn.functional.scaled_dot_product_attention(
             x["q"], x["k"], x["v"], is_causal=True, scale=1.0, enable_gqa=gqa)
     if method == "full":
-        from transformer_vq.ops.full_attention import full_attention
+        from transformer_vq.ops.full import full_attention
 
         return lambda: full_attention(x["q"], x["k"], x["v"], x["bias"], block_len=cfg.block_len)[0]
     if method == "flash":
-        from transformer_vq.ops.flash_attention import flash_attention
+        from transformer_vq.ops.flash import flash_attention
 
-        return lambda: flash_attention(x["q"], x["k"], x["v"], x["bias"], chunk_len=cfg.chunk_len)[0]
+        return lambda: flash_attention(x["q"], x["k"], x["v"], x["bias"], block_len=cfg.block_len,
+                                       chunk_len=cfg.chunk_len)[0]
     if method == "flash_quad":
-        from transformer_vq.ops.flash_attention import flash_quad_attention
+        from transformer_vq.ops.flash import flash_quad_attention
 
         return lambda: flash_quad_attention(x["q"], x["k"], x["v"], x["bias"], block_len=cfg.block_len)[0]
     raise ValueError(method)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer_vq.config import TransformerVQConfig
-from transformer_vq.nn.attention import VQAttention, rms_norm
+from transformer_vq.nn.gau import GatedAttentionUnit, rms_norm
 from transformer_vq.nn.position import sinusoids
 from transformer_vq.nn.quantizer import VectorQuantizer
 from transformer_vq.nn.sampling import sample_next_token
@@ -58,7 +58,7 @@ class TransformerVQ(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.abs_pos_scale = nn.Parameter(torch.zeros(())) if cfg.abs_pos else None
-        self.units = nn.ModuleList(VQAttention(cfg) for _ in range(2 * cfg.n_layers))
+        self.units = nn.ModuleList(GatedAttentionUnit(cfg) for _ in range(2 * cfg.n_layers))
         self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size)
         self.reset_parameters()
 

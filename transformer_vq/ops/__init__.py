@@ -1,9 +1,25 @@
-"""Pure attention functions: the math, with no parameters.
+"""Pure attention operators: the math, with no parameters (docs/operator.md).
 
-``vq_attention`` is the linear-time operator; ``vq_attention_reference`` the dense formula it must equal.
+One package per operator, each with its kernel(s), its state and a ``naive`` reference that is slow and obviously
+right: :mod:`~transformer_vq.ops.vq` (the linear-time operator), :mod:`~transformer_vq.ops.full` (softmax, quadratic),
+:mod:`~transformer_vq.ops.flash` (FLASH-Quad and FLASH). Every kernel is called the same way
+(:class:`~transformer_vq.ops.protocol.AttentionKernel`) and returns a state satisfying
+:class:`~transformer_vq.ops.protocol.AttentionState`; ``KERNELS`` maps each ``attn_type`` to its kernel.
 """
 
-from transformer_vq.ops.reference import vq_attention_reference, window_bias_matrix
-from transformer_vq.ops.vq_attention import REDUCTIONS, VQAttentionState, vq_attention
+from transformer_vq.ops.flash import FlashState, flash_attention, flash_quad_attention
+from transformer_vq.ops.full import KVCache, full_attention
+from transformer_vq.ops.protocol import AttentionKernel, AttentionState
+from transformer_vq.ops.vq import VQAttentionState, vq_attention, vq_attention_blockwise, vq_attention_naive
 
-__all__ = ["vq_attention", "vq_attention_reference", "window_bias_matrix", "VQAttentionState", "REDUCTIONS"]
+KERNELS: dict[str, AttentionKernel] = {
+    "vq": vq_attention,
+    "full": full_attention,
+    "flash_quad": flash_quad_attention,
+    "flash": flash_attention,
+}
+"""The kernel of each ``attn_type`` of ``transformer_vq.config.ATTN_TYPES``."""
+
+__all__ = ["KERNELS", "AttentionKernel", "AttentionState", "vq_attention", "vq_attention_naive",
+           "vq_attention_blockwise", "VQAttentionState", "full_attention", "KVCache", "flash_attention",
+           "flash_quad_attention", "FlashState"]

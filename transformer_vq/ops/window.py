@@ -1,15 +1,15 @@
-"""The two-block window bias shared by every attention operator, expanded to dense score-matrix form.
+"""The two-block window bias that every attention operator takes, expanded to score-matrix form.
 
-Every attention operator of the project takes the same ``bias [B, H, T, 2L]``: a per-(query, offset) bias on the
-two-block window of each query (SPEC-vq-attention.md). For a query at absolute position ``tau`` the window starts at
-``w(tau) = (tau // L - 1) * L`` and a key at position ``p`` gets
+Every operator receives ``bias [B, H, T, 2L]``: for the query at absolute position ``tau`` the window starts at
+``w(tau) = (tau // L - 1) * L``, column ``j`` of its bias row belongs to the key at position ``w(tau) + j``, and a key
+at position ``p`` gets
 
     beta[t, p] = bias[t, p - w(tau)]   if  w(tau) <= p <= tau
     beta[t, p] = 0                      if  p < w(tau)
 
-The baselines (``full``, ``flash_quad``, ``flash``) attend keys directly rather than through a codebook, so they need
-``beta`` as dense blocks of a score matrix. This module builds such blocks for some query rows against some key
-positions, never the whole ``T x T`` matrix at once.
+(docs/operator.md, "The window bias"). The VQ operator reads ``bias`` column by column; the baselines attend keys
+directly, so they need ``beta`` as dense blocks of a score matrix (``window_bias``, never the whole ``T x T`` matrix);
+the naive references build the whole matrix position by position (``window_bias_dense``).
 
 Letters: B batch, H query heads, L block length, R query rows of a block, P key positions of a block; ``*`` any leading
 block dimensions (e.g. the chunk index of FLASH).
@@ -44,6 +44,21 @@ def window_bias(bias_rows: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tenso
     lead = bias_rows.shape[:2]
     beta = torch.gather(bias_rows, -1, index.expand(*lead, *index.shape))  # [B, H, *, R, P]
     return beta.masked_fill(~in_window, 0.0), visible
+
+
+def window_bias_dense(bias: torch.Tensor, block_len: int) -> torch.Tensor:
+    """``beta [B, H, T, T]`` of a whole sequence starting at position 0, filled in position by position.
+
+    The slow, obviously right form of :func:`window_bias` for the naive references (zero outside the window and for
+    future keys; the causal mask is the caller's).
+    """
+    batch, n_head, length, _ = bias.shape
+    beta = torch.zeros(batch, n_head, length, length, dtype=bias.dtype, device=bias.device)
+    for t in range(length):
+        window = (t // block_len - 1) * block_len  # w(t); keys p in [max(w, 0), t] take column p - w
+        first = max(window, 0)
+        beta[:, :, t, first:t + 1] = bias[:, :, t, first - window:t + 1 - window]
+    return beta
 
 
 def row_blocks(offset: int, length: int, block_len: int) -> Iterator[tuple[int, int, int]]:

@@ -4,8 +4,8 @@ This is attention with unquantized keys and the same two-block window bias as th
 
     out[t] = sum_{p <= tau} softmax_p( q[t] . k[p] + beta[t, p] ) v[p]
 
-with ``beta`` the window bias of ``transformer_vq.ops.window_bias`` (zero for keys older than the query's two-block
-window). It equals ``vq_attention_reference(q, k, v, bias, block_len=L)`` with the keys left unquantized, but runs through
+with ``beta`` the window bias (docs/operator.md; zero for keys older than the query's two-block window), the formula
+of :func:`transformer_vq.ops.full.naive.full_attention_naive`. It runs through
 ``torch.nn.functional.scaled_dot_product_attention`` one query block at a time, so no ``T x T`` matrix is ever stored:
 a block of ``L`` query rows meets the keys ``[0, tau]`` with an additive mask that is zero on the old keys, the window
 bias on the last two blocks and ``-inf`` on future keys.
@@ -19,53 +19,12 @@ Dk key width, Dv value width, L block length, R query rows of one block.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
-from transformer_vq.ops.window_bias import row_blocks, window_bias
-
-
-@dataclass
-class KVCache:
-    """Decoding state of the quadratic baselines: every key and value consumed so far."""
-
-    k: torch.Tensor
-    """``[B, G, P, Dk]`` keys of positions ``0 .. P-1``."""
-    v: torch.Tensor
-    """``[B, G, P, Dv]`` values of the same positions."""
-
-    @property
-    def offset(self) -> int:
-        """Number of positions consumed (the absolute position of the next token)."""
-        return self.k.shape[2]
-
-    def extend(self, k: torch.Tensor, v: torch.Tensor) -> "KVCache":
-        """A new cache with ``k [B, G, T, Dk]`` and ``v [B, G, T, Dv]`` appended (copies: never mutates ``self``)."""
-        return KVCache(torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2))
-
-    def detach(self) -> "KVCache":
-        """The same cache cut from the autograd graph (truncated backprop between training windows)."""
-        return KVCache(self.k.detach(), self.v.detach())
-
-    def nbytes(self) -> int:
-        """Bytes held by the cache (grows linearly with the number of positions)."""
-        return self.k.nelement() * self.k.element_size() + self.v.nelement() * self.v.element_size()
-
-
-def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, block_len: int) -> None:
-    """Raise ``ValueError`` naming the first inconsistency among the operator inputs."""
-    batch, n_head, length, d_k = q.shape
-    if k.shape[:1] + k.shape[2:] != (batch, length, d_k):
-        raise ValueError(f"k must be [B, G, T, Dk] = [{batch}, G, {length}, {d_k}], got {list(k.shape)}")
-    if n_head % k.shape[1] != 0:
-        raise ValueError(f"the number of key/value groups G={k.shape[1]} must divide the number of heads H={n_head}")
-    if v.shape[:3] != k.shape[:3]:
-        raise ValueError(f"v must be [B, G, T, Dv] with B, G, T of k {list(k.shape[:3])}, got {list(v.shape)}")
-    if bias.shape != (batch, n_head, length, 2 * block_len):
-        raise ValueError(f"bias must be [B, H, T, 2L] = [{batch}, {n_head}, {length}, {2 * block_len}], "
-                         f"got {list(bias.shape)}")
+from transformer_vq.ops.full.state import KVCache
+from transformer_vq.ops.protocol import check_inputs
+from transformer_vq.ops.window import row_blocks, window_bias
 
 
 def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *, block_len: int,
@@ -83,7 +42,7 @@ def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
     Returns:
         ``out [B, H, T, Dv]`` and the cache extended by this call's keys and values.
     """
-    check_shapes(q, k, v, bias, block_len)
+    check_inputs(q, k, v, bias, block_len)
     offset = 0 if state is None else state.offset
     cache = KVCache(k, v) if state is None else state.extend(k, v)
     gqa = k.shape[1] != q.shape[1]

@@ -1,4 +1,4 @@
-"""The gated attention unit with VQ attention (Definition 3.1, Remark 3.2, App. C).
+"""The gated attention unit (Definition 3.1, Remark 3.2, App. C), with VQ attention or a baseline core.
 
 Tensor letters: B batch, T positions, Dm model width, H query heads, G key/value groups,
 Dk key width per head, Dvh value width per head (H * Dvh = Dv), L block length.
@@ -8,6 +8,9 @@ Dk key width per head, Dvh value width per head (H * Dvh = Dv), L block length.
     v  = SiLU(x~ W_v)               g = SiLU(x~ W_g)
     k^ = STVQ(k; C)
     o  = Attn(q, k^, v) * g         y = x + Dropout(o W_o)
+
+``Attn`` is the kernel of ``cfg.attn_type`` from :data:`transformer_vq.ops.KERNELS`, all called the same way
+(docs/operator.md); the baselines take the unquantized ``k``.
 
 With both q and k scaled by ``Dk^-1/4`` and RMS-normalized, ``q . k = sqrt(Dk) cos(q, k)``: the paper's
 ``tau`` (Eq. 8-9, ``Q = tau^-0.5 LN(...)``) is ``sqrt(Dk)``, the authors' code's choice.
@@ -23,7 +26,6 @@ of "relative bias over the two-block window".
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,21 +36,13 @@ from torch import nn
 from transformer_vq.config import TransformerVQConfig
 from transformer_vq.nn.position import sinusoids
 from transformer_vq.nn.quantizer import VectorQuantizer
-from transformer_vq.ops import vq_attention, vq_attention_reference
+from transformer_vq.ops import KERNELS, vq_attention_naive
 
 ATTENTION_MODES = ("linear", "quadratic")
 
-# Baseline attention cores (issue 4): attn_type -> (module, function). Each takes
-# (q, k, v, bias, *, block_len | chunk_len, state) with the shapes of the VQ operator and returns (out, state).
-_BASELINES = {
-    "full": ("transformer_vq.ops.full_attention", "full_attention"),
-    "flash_quad": ("transformer_vq.ops.flash_attention", "flash_quad_attention"),
-    "flash": ("transformer_vq.ops.flash_attention", "flash_attention"),
-}
-
 
 @dataclass
-class AttentionOutput:
+class GAUOutput:
     x: torch.Tensor
     """``[B, T, Dm]`` the residual stream after this unit."""
     state: Any
@@ -62,7 +56,7 @@ def rms_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
-class VQAttention(nn.Module):
+class GatedAttentionUnit(nn.Module):
     """One gated attention unit with its residual connection, for any ``cfg.attn_type`` / ``cfg.head_type``."""
 
     def __init__(self, cfg: TransformerVQConfig):
@@ -95,14 +89,14 @@ class VQAttention(nn.Module):
         nn.init.zeros_(self.v_r)
 
     def forward(self, x: torch.Tensor, *, state=None, mask: torch.Tensor | None = None,
-                attention: str = "linear") -> AttentionOutput:
+                attention: str = "linear") -> GAUOutput:
         """Apply the unit to ``x`` ``[B, T, Dm]``.
 
         Args:
             state: the previous call's state for the same sequences, or ``None`` at their start.
             mask: ``[B, T]`` True for real tokens; padded keys never update the codebook.
-            attention: ``"linear"`` (the operator, any ``state``) or ``"quadratic"`` (the dense reference,
-                whole sequences only; VQ attention only).
+            attention: ``"linear"`` (the kernel of ``cfg.attn_type``, any ``state``) or ``"quadratic"`` (the
+                dense formula of VQ attention, whole sequences only; VQ attention only).
         """
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
@@ -121,25 +115,20 @@ class VQAttention(nn.Module):
         q_content = q + self.u[None, :, None, :] * scale
 
         commit_loss = x.new_zeros((), dtype=torch.float32)
+        options = {"chunk_len": cfg.flash_chunk_len} if cfg.attn_type == "flash" else {}
         if self.quantizer is not None:
             quantized = self.quantizer(k, mask)
             commit_loss = quantized.commit_loss
-            if attention == "linear":
-                out, state = vq_attention(
-                    q_content, quantized.k_hat, quantized.z, v, quantized.codebook, bias,
-                    block_len=cfg.block_len, state=state, reduction=cfg.reduction,
-                )
-            else:
-                if state is not None:
-                    raise ValueError("attention='quadratic' runs the dense reference on whole sequences: pass state=None")
-                out = vq_attention_reference(q_content, quantized.k_hat, v, bias, block_len=cfg.block_len)
-        else:
-            if attention == "quadratic":
+            k = quantized.k_hat
+            options = {"z": quantized.z, "codebook": quantized.codebook, "reduction": cfg.reduction}
+        if attention == "quadratic":
+            if self.quantizer is None:
                 raise ValueError(f"attention='quadratic' applies to VQ attention only, not attn_type={cfg.attn_type!r}")
-            module, name = _BASELINES[cfg.attn_type]
-            core = getattr(importlib.import_module(module), name)
-            length = {"chunk_len": cfg.flash_chunk_len} if cfg.attn_type == "flash" else {"block_len": cfg.block_len}
-            out, state = core(q_content, k, v, bias, state=state, **length)
+            if state is not None:
+                raise ValueError("attention='quadratic' runs the dense reference on whole sequences: pass state=None")
+            out = vq_attention_naive(q_content, k, v, bias, block_len=cfg.block_len)
+        else:
+            out, state = KERNELS[cfg.attn_type](q_content, k, v, bias, block_len=cfg.block_len, state=state, **options)
 
         out = out.transpose(1, 2).reshape(B, T, H * Dvh) * gate  # (B, T, Dv)
         branch = F.dropout(self.w_o(out), p=cfg.dropres, training=self.training)
@@ -148,7 +137,7 @@ class VQAttention(nn.Module):
             # is still computed so that its attention state stays a function of the whole input.
             keep = torch.rand(B, 1, 1, device=x.device) >= cfg.droplyr
             branch = branch * keep / (1 - cfg.droplyr)
-        return AttentionOutput(x=x + branch, state=state, commit_loss=commit_loss)
+        return GAUOutput(x=x + branch, state=state, commit_loss=commit_loss)
 
     def _relative_table(self, dtype: torch.dtype) -> torch.Tensor:
         """``[H, 2L, Dk]``: ``R_d`` for distances ``d = 0 .. 2L-1``, scaled by ``Dk^-1/4``.

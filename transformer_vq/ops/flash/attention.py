@@ -20,7 +20,7 @@ here (default ``block_len``); with ``norm_len = chunk_len`` FLASH-Quad is FLASH 
   k[p] v[p]^T``, divided by their number. The first chunk has no linear part.
 
 Position terms. FLASH uses RoPE plus a learned relative-position bias inside the quadratic part. The project's layers
-hand every operator the same two-block window bias (``transformer_vq.ops.window_bias``), so both operators add that
+hand every operator the same two-block window bias (docs/operator.md), so both operators add that
 ``beta`` where FLASH adds its relative bias: inside the quadratic part, for keys in the query's two-block window (zero
 for older keys). A chunk never spans more than the window when ``C <= L``; with ``C > L`` the older keys of a chunk get
 no bias, exactly as in the other operators. The linear part has no position term, as in the paper.
@@ -34,13 +34,13 @@ C chunk length, Dk key width, Dv value width, L block length, R query rows of a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
-from transformer_vq.ops.full_attention import KVCache, check_shapes
-from transformer_vq.ops.window_bias import row_blocks, window_bias
+from transformer_vq.ops.flash.state import FlashState
+from transformer_vq.ops.full.state import KVCache
+from transformer_vq.ops.protocol import check_inputs
+from transformer_vq.ops.window import row_blocks, window_bias
 
 
 def _relu2_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, visible: torch.Tensor,
@@ -74,7 +74,7 @@ def flash_quad_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias
     Returns:
         ``out [B, H, T, Dv]`` and the cache extended by this call's keys and values.
     """
-    check_shapes(q, k, v, bias, block_len)
+    check_inputs(q, k, v, bias, block_len)
     norm_len = block_len if norm_len is None else norm_len
     offset = 0 if state is None else state.offset
     cache = KVCache(k, v) if state is None else state.extend(k, v)
@@ -89,53 +89,24 @@ def flash_quad_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias
     return torch.cat(outputs, dim=2), cache
 
 
-@dataclass
-class FlashState:
-    """Decoding state of ``flash_attention``: the linear-attention sum of the finished chunks and the open chunk."""
-
-    kv_sum: torch.Tensor
-    """``[B, G, Dk, Dv]`` sum of ``k[p] v[p]^T`` over every key of the finished chunks."""
-    n_chunks: int
-    """Number of finished chunks."""
-    chunk_len: int
-    """``C``."""
-    chunk_k: torch.Tensor
-    """``[B, G, r, Dk]`` keys of the open chunk (``r = offset % C`` positions, ``r < C``)."""
-    chunk_v: torch.Tensor
-    """``[B, G, r, Dv]`` values of the open chunk."""
-
-    @property
-    def offset(self) -> int:
-        """Number of positions consumed."""
-        return self.n_chunks * self.chunk_len + self.chunk_k.shape[2]
-
-    def detach(self) -> "FlashState":
-        """The same state cut from the autograd graph."""
-        return FlashState(self.kv_sum.detach(), self.n_chunks, self.chunk_len, self.chunk_k.detach(),
-                          self.chunk_v.detach())
-
-    def nbytes(self) -> int:
-        """Bytes held by the state (bounded by the chunk length, whatever the offset)."""
-        return sum(t.nelement() * t.element_size() for t in (self.kv_sum, self.chunk_k, self.chunk_v))
-
-
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *, chunk_len: int,
-                    state: FlashState | None = None, block_len: int | None = None) -> tuple[torch.Tensor, FlashState]:
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *, block_len: int,
+                    state: FlashState | None = None, chunk_len: int) -> tuple[torch.Tensor, FlashState]:
     """FLASH mixed-chunk attention: squared-ReLU inside chunks plus causal linear attention across chunks.
 
     Args:
         q: ``[B, H, T, Dk]`` queries; k: ``[B, G, T, Dk]`` keys; v: ``[B, G, T, Dv]`` values.
         bias: ``[B, H, T, 2L]`` per-(query, offset) bias on the two-block window.
-        chunk_len: ``C``, the chunk length (the paper uses 256).
+        block_len: ``L`` of the window bias.
         state: what a previous call on the earlier part of the same sequences returned.
-        block_len: ``L`` of the window bias (default ``bias.shape[-1] // 2``).
+        chunk_len: ``C``, the chunk length (the paper uses 256).
 
     Returns:
         ``out [B, H, T, Dv]`` and the state after this call. The work per call is ``O((r + T) C (Dk + Dv))`` with
         ``r < C`` positions of an open chunk, so one decoding step costs the same at any offset.
     """
-    block_len = bias.shape[-1] // 2 if block_len is None else block_len
-    check_shapes(q, k, v, bias, block_len)
+    check_inputs(q, k, v, bias, block_len)
+    if not isinstance(chunk_len, int) or chunk_len < 1:
+        raise ValueError(f"chunk_len must be a positive integer, got {chunk_len!r}")
     batch, n_head, length, d_k = q.shape
     n_group, d_v = k.shape[1], v.shape[-1]
     if state is None:

@@ -1,0 +1,109 @@
+"""Inputs and checks shared by the operator tests: every operator is held to its naive reference the same way."""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK_LEN = 4
+# (H, G): single-head GAU, multi-head, multi-query.
+HEADS = [(1, 1), (2, 2), (4, 1)]
+# Lengths shorter than a block, not a multiple of the block or the chunk, and a single token.
+LENGTHS = [1, 7, 37]
+GRID = [(h, g, t) for h, g in HEADS for t in LENGTHS]
+
+
+def case_id(n_head, n_group, length, batch=2):
+    return f"B{batch}-H{n_head}-G{n_group}-T{length}"
+
+
+def make_inputs(n_head, n_group, length, dtype=torch.float64, batch=2, d_k=8, d_v=5, seed=0):
+    """``q, k, v, bias`` of a baseline operator (unquantized keys), window bias of block length ``BLOCK_LEN``."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, n_head, length, d_k, generator=gen, dtype=dtype)
+    k = torch.randn(batch, n_group, length, d_k, generator=gen, dtype=dtype)
+    v = torch.randn(batch, n_group, length, d_v, generator=gen, dtype=dtype)
+    bias = torch.randn(batch, n_head, length, 2 * BLOCK_LEN, generator=gen, dtype=dtype)
+    return q, k, v, bias
+
+
+def make_vq_inputs(B, H, G, T, L, S, Dk=6, Dv=7, *, dtype=torch.float64, seed=0, scale=1.0, codes=None):
+    """``q, k_hat, z, v, codebook, bias`` of the VQ operator, with ``k_hat = codebook[z]`` exactly as the quantizer
+    produces."""
+    gen = torch.Generator().manual_seed(seed)
+    codebook = torch.randn(G, S, Dk, generator=gen, dtype=dtype)
+    z = torch.randint(0, S, (B, G, T), generator=gen) if codes is None else codes
+    k_hat = codebook[torch.arange(G)[None, :, None], z]  # (B, G, T, Dk)
+    q = scale * torch.randn(B, H, T, Dk, generator=gen, dtype=dtype)
+    v = torch.randn(B, G, T, Dv, generator=gen, dtype=dtype)
+    bias = torch.randn(B, H, T, 2 * L, generator=gen, dtype=dtype)
+    return q, k_hat, z, v, codebook, bias
+
+
+def vq_grid_id(params):
+    B, H, G, T, L, S = params
+    return f"B{B}-H{H}-G{G}-T{T}-L{L}-S{S}"
+
+
+def assert_same_state(got, want, tol):
+    """Equal VQ states: same offset, counts exactly, means within ``tol``, the window's keys, values and codes."""
+    assert got.offset == want.offset
+    torch.testing.assert_close(got.cache_count, want.cache_count, rtol=0, atol=0)
+    torch.testing.assert_close(got.cache_mean, want.cache_mean, rtol=tol, atol=tol)
+    for name in ("recent_k", "recent_v", "recent_z"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=0, atol=0, msg=name)
+
+
+def check_matches_naive_float64(op, naive, n_head, n_group, length):
+    """Output and every gradient equal the naive formula's."""
+    inputs = [x.requires_grad_() for x in make_inputs(n_head, n_group, length)]
+    out, _ = op(*inputs)
+    expected = naive(*inputs)
+    # float64: only rounding differs (different summation order), so near machine precision.
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    cotangent = torch.randn_like(out)
+    grads = torch.autograd.grad(out, inputs, cotangent)
+    expected_grads = torch.autograd.grad(expected, inputs, cotangent)
+    for name, got, want in zip("q k v bias".split(), grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=lambda m: f"grad {name}: {m}")
+
+
+def check_matches_naive_float32(op, naive):
+    inputs = make_inputs(4, 1, 37, dtype=torch.float32)
+    out, _ = op(*inputs)
+    expected = naive(*[x.double() for x in inputs])
+    # float32 carries ~7 digits; sums of ~40 terms of size O(10) lose about two more.
+    torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-4)
+
+
+def check_causal_by_jacobian(op):
+    """``d out_t / d x_s`` is zero for ``s > t`` and not all zero for ``s <= t``, for every input ``x``."""
+    length = 13
+    q, k, v, bias = make_inputs(2, 1, length, batch=1)
+    jac = torch.autograd.functional.jacobian(lambda *x: op(*x)[0], (q, k, v, bias))
+    future = torch.ones(length, length, dtype=torch.bool).triu(1)
+    for name, j in zip("q k v bias".split(), jac):
+        # j: [B, H, T, Dv] (output) x [B, H or G, T, D] (input); reduce to [T_out, T_in].
+        dep = j.abs().sum(dim=(0, 1, 3, 4, 5, 7))
+        assert dep[future].abs().max() == 0, f"output depends on future {name}"
+        assert (dep[~future] != 0).any(), f"output does not depend on past {name}"
+
+
+def split_points(length, gen):
+    cuts = torch.randperm(length - 1, generator=gen)[:4].add(1).sort().values.tolist()
+    return [0, *cuts, length]
+
+
+def check_state_continuation(op, naive, n_head, n_group):
+    """Calls on pieces (random cuts, then one token at a time) with the state carried equal one call, and the formula."""
+    length = 37
+    q, k, v, bias = make_inputs(n_head, n_group, length)
+    whole, whole_state = op(q, k, v, bias)
+    torch.testing.assert_close(whole, naive(q, k, v, bias), rtol=1e-10, atol=1e-10)
+    gen = torch.Generator().manual_seed(1)
+    for points in (split_points(length, gen), split_points(length, gen), list(range(length + 1))):
+        state, pieces = None, []
+        for a, b in zip(points[:-1], points[1:]):
+            out, state = op(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], bias[:, :, a:b], state=state)
+            pieces.append(out)
+        torch.testing.assert_close(torch.cat(pieces, dim=2), whole, rtol=1e-10, atol=1e-10)
+        assert state.offset == whole_state.offset == length

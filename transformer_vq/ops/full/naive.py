@@ -1,0 +1,34 @@
+"""Causal softmax attention with the window bias by the dense ``T x T`` formula: slow and obviously right.
+
+    out[t] = sum_{p <= t} softmax_p( q[t] . k[p] + beta[t, p] ) v[p]
+
+This is the oracle of ``full_attention`` and, applied to quantized keys, Definition 3.1, the formula the VQ operator
+must equal (docs/operator.md).
+
+Letters: B batch, H query heads, G key/value groups (G divides H), T positions, Dk key width, Dv value width.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from transformer_vq.ops.window import window_bias_dense
+
+
+def per_head(x: torch.Tensor, n_head: int) -> torch.Tensor:
+    """The tensor of group ``h // (H // G)`` for every query head ``h``: ``[B, G, T, ...] -> [B, H, T, ...]``."""
+    return x.repeat_interleave(n_head // x.shape[1], dim=1)
+
+
+def causal_mask(length: int, device=None) -> torch.Tensor:
+    """``[T, T]`` True where key ``p`` is visible to query ``t`` (``p <= t``)."""
+    return torch.ones(length, length, dtype=torch.bool, device=device).tril()
+
+
+def full_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *,
+                         block_len: int) -> torch.Tensor:
+    """``[B, H, T, Dv]`` from ``q [B, H, T, Dk]``, ``k [B, G, T, Dk]``, ``v [B, G, T, Dv]``, ``bias [B, H, T, 2L]``."""
+    n_head, length = q.shape[1], q.shape[2]
+    scores = q @ per_head(k, n_head).transpose(-1, -2) + window_bias_dense(bias, block_len)  # (B, H, T, T)
+    scores = scores.masked_fill(~causal_mask(length, q.device), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ per_head(v, n_head)

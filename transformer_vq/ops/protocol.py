@@ -1,0 +1,60 @@
+"""What every attention operator shares: one call signature, one state protocol, one check of the common inputs.
+
+Every kernel of :mod:`transformer_vq.ops` is called as
+
+    out, state = kernel(q, k, v, bias, *, block_len=L, state=None, **options)
+
+with ``q [B, H, T, Dk]``, ``k [B, G, T, Dk]``, ``v [B, G, T, Dv]``, ``bias [B, H, T, 2L]`` and ``out [B, H, T, Dv]``; the
+options are the operator's own inputs (the VQ operator's shortcodes, codebook and reduction; FLASH's chunk length).
+``state`` is what the previous call on the earlier part of the same sequences returned. docs/operator.md holds the
+whole contract.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class AttentionState(Protocol):
+    """What an operator carries between calls on consecutive pieces of the same sequences."""
+
+    @property
+    def offset(self) -> int:
+        """Number of positions consumed so far (the absolute position of the next query)."""
+
+    def detach(self) -> "AttentionState":
+        """The same state cut from the autograd graph (truncated backprop between training windows)."""
+
+    def nbytes(self) -> int:
+        """Bytes held by the state's tensors."""
+
+
+class AttentionKernel(Protocol):
+    """The call signature shared by every operator."""
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, /, *, block_len: int,
+                 state: AttentionState | None = None, **options) -> tuple[torch.Tensor, AttentionState]: ...
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, block_len: int,
+                 key_name: str = "k") -> None:
+    """Raise ``ValueError`` naming the first inconsistency among the inputs every operator takes."""
+    if not isinstance(block_len, int) or block_len < 1:
+        raise ValueError(f"block_len must be a positive integer, got {block_len!r}")
+    if q.dim() != 4:
+        raise ValueError(f"q must be [B, H, T, Dk], got shape {list(q.shape)}")
+    batch, n_head, length, d_k = q.shape
+    if length < 1:
+        raise ValueError("q must hold at least one position (T >= 1)")
+    if k.dim() != 4 or k.shape[:1] + k.shape[2:] != (batch, length, d_k):
+        raise ValueError(f"{key_name} must be [B, G, T, Dk] = [{batch}, G, {length}, {d_k}], got {list(k.shape)}")
+    if n_head % k.shape[1] != 0:
+        raise ValueError(f"the number of key/value groups G={k.shape[1]} must divide the number of heads H={n_head}")
+    if v.dim() != 4 or v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"v must be [B, G, T, Dv] with B, G, T of {key_name} {list(k.shape[:3])}, got {list(v.shape)}")
+    if bias.shape != (batch, n_head, length, 2 * block_len):
+        raise ValueError(f"bias must be [B, H, T, 2L] = [{batch}, {n_head}, {length}, {2 * block_len}], "
+                         f"got {list(bias.shape)}")

@@ -1,0 +1,97 @@
+"""Linear-time VQ attention: Theorem 3.7 of the paper, in the running-mean form of Remark 3.9.
+
+The operator's contract (shapes, the window bias, state, the gradient truncation for keys, reductions) is in
+docs/operator.md. Where the math lives:
+
+* :mod:`transformer_vq.ops.vq.cache`: the per-code cache (count and mean summaries, their merge, the prefix over
+  blocks by each reduction);
+* :mod:`transformer_vq.ops.vq.kernels`: the two kernels (within one block, whole blocks) and their shared softmax;
+* :mod:`transformer_vq.ops.vq.state`: what a call hands the next one;
+* :mod:`transformer_vq.ops.vq.naive`: the dense formula and a plain block-by-block loop, the oracles of the tests.
+
+This module splits a call into at most three segments, each handled by one kernel.
+
+Letters: B batch, H query heads, G key/value groups, T tokens in this call, L block length, S codewords, Dk key width,
+Dv value width.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from transformer_vq.config import REDUCTIONS
+from transformer_vq.ops.protocol import check_inputs
+from transformer_vq.ops.vq.kernels import attend_blocks, attend_within_block
+from transformer_vq.ops.vq.state import VQAttentionState
+
+
+def vq_attention(
+    q: torch.Tensor,
+    k_hat: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    *,
+    block_len: int,
+    state: VQAttentionState | None = None,
+    z: torch.Tensor,
+    codebook: torch.Tensor,
+    reduction: str = "serial",
+) -> tuple[torch.Tensor, VQAttentionState]:
+    """Causal softmax attention over all past keys, in time linear in the sequence length.
+
+    Args:
+        q: ``[B, H, T, Dk]`` queries.
+        k_hat: ``[B, G, T, Dk]`` quantized keys, equal in value to ``codebook[g, z]``.
+        v: ``[B, G, T, Dv]`` values.
+        bias: ``[B, H, T, 2L]`` bias of each query to the keys of its two-block window: column ``j`` is
+            the key at absolute position ``(tau // L - 1) * L + j`` for the query at position ``tau``.
+        block_len: ``L``.
+        state: what the previous call on the same sequences returned (``None``: start of sequence).
+        z: ``[B, G, T]`` int64 shortcodes, ``0 <= z < S``.
+        codebook: ``[G, S, Dk]`` codewords (treated as constants: no gradient flows to them).
+        reduction: how per-block cache summaries are accumulated across blocks: ``"serial"`` (a scan),
+            ``"matmul"`` (a lower-triangular weighted product) or ``"assoc"`` (an associative scan).
+
+    Returns:
+        ``(out, state)``: ``out`` is ``[B, H, T, Dv]``; ``state`` continues the sequences.
+    """
+    _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction)
+    B, H, T, Dk = q.shape
+    G, S = codebook.shape[0], codebook.shape[1]
+    L = block_len
+    if state is None:
+        state = VQAttentionState.empty(B, G, S, Dk, v.shape[-1], dtype=v.dtype, device=v.device)
+    codebook = codebook.detach()
+
+    outs = []
+    start = 0
+    while start < T:
+        in_block = state.offset % L
+        if in_block != 0 or T - start < L:
+            stop = start + min(L - in_block, T - start)
+            kernel = attend_within_block
+        else:
+            stop = start + (T - start) // L * L
+            kernel = attend_blocks
+        piece = slice(start, stop)
+        out, state = kernel(
+            q[:, :, piece], k_hat[:, :, piece], z[:, :, piece], v[:, :, piece], codebook,
+            bias[:, :, piece], L, state, reduction,
+        )
+        outs.append(out)
+        start = stop
+    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), state
+
+
+def _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction):
+    """The shared checks of every operator, then the VQ operator's own inputs."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+    check_inputs(q, k_hat, v, bias, block_len, key_name="k_hat")
+    B, G, T, Dk = k_hat.shape
+    if codebook.dim() != 3 or codebook.shape[0] != G or codebook.shape[2] != Dk:
+        raise ValueError(f"codebook must be [G, S, Dk] = [{G}, S, {Dk}], got {list(codebook.shape)}")
+    if z.shape != (B, G, T):
+        raise ValueError(f"z must be [B, G, T] = [{B}, {G}, {T}], got {list(z.shape)}")
+    if z.dtype != torch.long:
+        raise ValueError(f"z must be int64 shortcodes, got {z.dtype}")

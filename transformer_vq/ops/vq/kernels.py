@@ -1,0 +1,166 @@
+"""The two kernels of the VQ operator and the softmax they share (Theorem 3.7).
+
+A query in block n attends the keys of blocks n-1 and n directly (window bias, causal mask) and every older key through
+the per-code cache of :mod:`transformer_vq.ops.vq.cache`; :func:`softmax_combine` normalizes the score sets together.
+
+* :func:`attend_within_block`: queries that all lie in one block (the head of a call that starts mid-block, a short
+  tail, single-token decoding);
+* :func:`attend_blocks`: whole blocks in parallel, the cache of each block being a prefix over the blocks before it.
+
+Letters: B batch, H query heads, G key/value groups, R = H // G heads per group, t or T queries, N blocks, L block
+length, S codewords, W window keys, Dk key width, Dv value width.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from transformer_vq.ops.vq.cache import PREFIXES, log_counts, merge, summarize
+from transformer_vq.ops.vq.state import VQAttentionState
+
+
+def softmax_combine(parts, *, in_place: bool = False):
+    """``sum_i exp(s_i - m) @ v_i / sum_i exp(s_i - m).sum(-1)`` with one shared max ``m``.
+
+    Args:
+        parts: ``(scores [..., t, m_i], values [..., m_i, Dv])`` pairs; scores may hold ``-inf``, but
+            every row has at least one finite score overall (the query's own key).
+        in_place: overwrite the scores with the weights (only without autograd). Every fresh tensor of
+            ``t x m_i`` floats costs a pass of page faults, which on a CPU bounds the speed more than the matmuls.
+    """
+    # The softmax runs in float32 (float64 stays float64) whatever the autocast dtype of the scores.
+    scores = [s.to(torch.promote_types(s.dtype, torch.float32)) for s, _ in parts]
+    # The max is a constant shift: stopping its gradient leaves every gradient of the softmax unchanged.
+    shift = torch.stack([s.amax(dim=-1) for s in scores]).amax(dim=0).detach().unsqueeze(-1)
+    numerator = denominator = None
+    for s, (_, values) in zip(scores, parts):
+        weights = s.sub_(shift).exp_() if in_place else torch.exp(s - shift)
+        part = weights.to(values.dtype) @ values
+        total = weights.sum(dim=-1, keepdim=True)
+        if numerator is None:
+            numerator, denominator = part, total
+        else:
+            numerator = numerator.add_(part) if in_place else numerator + part
+            denominator = denominator + total
+    denominator = denominator.to(numerator.dtype)
+    return numerator.div_(denominator) if in_place else numerator / denominator
+
+
+def attend_within_block(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, reduction):
+    """Queries at positions ``[offset, offset + t)``, all inside block ``n = offset // L``.
+
+    Cost O(t (S + 2L)(Dk + Dv)): this is the decoding path when ``t = 1``. ``reduction`` is unused (one block).
+    """
+    B, H, t, Dk = q.shape
+    G, S, _ = codebook.shape
+    R = H // G
+    offset = state.offset
+    window_start = (offset // L - 1) * L
+    keys = torch.cat([state.recent_k, k_hat.to(state.recent_k.dtype)], dim=2)  # (B, G, W, Dk)
+    values = torch.cat([state.recent_v, v.to(state.recent_v.dtype)], dim=2)  # (B, G, W, Dv)
+    codes = torch.cat([state.recent_z, z], dim=2)  # (B, G, W)
+    W = keys.shape[2]
+    first = offset - state.recent_k.shape[2]  # absolute position of keys[:, :, 0]
+
+    qg = q.view(B, G, R, t, Dk)
+    window_bias = bias[..., first - window_start: first - window_start + W].reshape(B, G, R, t, W)
+    s_window = qg @ keys.unsqueeze(2).transpose(-1, -2) + window_bias  # (B, G, R, t, W)
+    key_pos = torch.arange(first, first + W, device=q.device)
+    query_pos = torch.arange(offset, offset + t, device=q.device)
+    s_window = s_window.masked_fill(key_pos[None, :] > query_pos[:, None], float("-inf"))
+    s_cache = qg @ codebook.unsqueeze(0).unsqueeze(2).transpose(-1, -2)  # (B, G, R, t, S)
+    s_cache = s_cache + log_counts(state.cache_count, s_cache.dtype)[:, :, None, None, :]
+
+    out = softmax_combine([(s_cache, state.cache_mean.unsqueeze(2)), (s_window, values.unsqueeze(2))])
+    out = out.reshape(B, H, t, -1).to(q.dtype)
+
+    cache_count, cache_mean = state.cache_count, state.cache_mean
+    if (offset + t) % L == 0 and W > L:
+        # Block n is complete: block n-1 leaves the window and joins the per-code cache.
+        count, mean = summarize(codes[:, :, :L], values[:, :, :L], S, cache_mean.dtype)
+        cache_count, cache_mean = merge(cache_count, cache_mean, count, mean)
+        keys, values, codes = keys[:, :, L:], values[:, :, L:], codes[:, :, L:]
+    return out, VQAttentionState(offset + t, cache_count, cache_mean, keys, values, codes)
+
+
+def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, reduction):
+    """Queries of ``N`` whole blocks starting at a block boundary ``offset = n L``, all in parallel.
+
+    The two-block window of query block ``n`` is the contiguous run of keys ``[(n-1) L, (n+1) L)`` of the keys
+    prefixed by block ``n-1 = -1`` (from the state, or zeros). So the window scores are one matmul against an
+    overlapping (unfolded) view of those keys, laid out column for column like ``bias``, and the window values are
+    read through the same kind of view: no key or value is copied per block.
+    """
+    B, H, T, Dk = q.shape
+    G, S, _ = codebook.shape
+    R, N, Dv = H // G, T // L, v.shape[-1]
+    k_all, v_all, z_prev, has_prev_block = _prepend_previous_block(k_hat, z, v, L, state)
+
+    q_blocks = q.view(B, G, R, N, L, Dk).transpose(2, 3)  # (B, G, N, R, L, Dk)
+    bias_blocks = bias.view(B, G, R, N, L, 2 * L).transpose(2, 3)  # (B, G, N, R, L, 2L)
+    k_window = k_all.unfold(2, 2 * L, L)  # (B, G, N, Dk, 2L): column j is the key at (n-1) L + j
+    # Without autograd the score and weight tensors are scratch space: update them in place. Every fresh tensor of
+    # T x (S + 2L) floats costs a pass of page faults, and these passes, not the matmuls, bound the speed on a CPU.
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_hat, v, bias))
+    add, masked_fill = (torch.add, torch.Tensor.masked_fill) if grad else (torch.Tensor.add_, torch.Tensor.masked_fill_)
+
+    s_window = add(q_blocks @ k_window.unsqueeze(3), bias_blocks)  # (B, G, N, R, L, 2L)
+    s_window = masked_fill(s_window, _window_mask(N, L, has_prev_block, q.device)[:, None], float("-inf"))
+
+    # Cache of query block i: the state's cache merged with blocks n-1 .. n+i-2, i.e. the prefix before the
+    # "previous" block i; the last prefix (through every block) is the final state's cache.
+    v_prev = v_all[:, :, :T].view(B, G, N, L, Dv)  # block n-1 of each query block n
+    counts, means = summarize(z_prev, v_prev, S, state.cache_mean.dtype)  # (B, G, N, S), (B, G, N, S, Dv)
+    if not has_prev_block:
+        counts = torch.cat([torch.zeros_like(counts[:, :, :1]), counts[:, :, 1:]], dim=2)
+    prefix_count, prefix_mean = PREFIXES[reduction](state.cache_count, state.cache_mean, counts, means)
+    cache_count, cache_mean = prefix_count[:, :, :-1], prefix_mean[:, :, :-1]  # (B, G, N, S), (B, G, N, S, Dv)
+
+    # One (R T, Dk) x (Dk, S) product per group: the codebook is shared by every block.
+    s_cache = (q.reshape(B, G, R * T, Dk) @ codebook.transpose(-1, -2).unsqueeze(0)).view(B, G, R, N, L, S)
+    s_cache = add(s_cache.transpose(2, 3), log_counts(cache_count, s_cache.dtype)[:, :, :, None, None, :])
+
+    # The softmax over [cache | previous block | present block] with one shared max (float32 at least).
+    v_window = v_all.unfold(2, 2 * L, L).transpose(-1, -2)  # (B, G, N, 2L, Dv): overlapping view, no copy
+    out = softmax_combine([(s_cache, cache_mean.unsqueeze(3)), (s_window, v_window.unsqueeze(3))],
+                          in_place=not grad)  # (B, G, N, R, L, Dv)
+    out = out.transpose(2, 3).reshape(B, H, T, Dv).to(q.dtype)
+    return out, VQAttentionState(state.offset + T, prefix_count[:, :, -1], prefix_mean[:, :, -1],
+                                 k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:])
+
+
+def _prepend_previous_block(k_hat, z, v, L, state: VQAttentionState):
+    """The keys and values of blocks ``-1 .. N-1`` and the codes of the block before each query block.
+
+    Block ``-1`` (the one before the first query block) comes from the state; at the start of a sequence it does not
+    exist and is zeros, masked out of the scores and left out of the cache.
+
+    Returns:
+        ``k_all (B, G, (N + 1) L, Dk)``, ``v_all (B, G, (N + 1) L, Dv)``, ``z_prev (B, G, N, L)`` and whether
+        block ``-1`` exists.
+    """
+    B, G, T, Dk = k_hat.shape
+    Dv = v.shape[-1]
+    has_prev_block = state.recent_k.shape[2] == L
+    if has_prev_block:
+        first_k, first_v, first_z = state.recent_k, state.recent_v, state.recent_z
+    else:
+        first_k = state.recent_k.new_zeros(B, G, L, Dk)
+        first_v = state.recent_v.new_zeros(B, G, L, Dv)
+        first_z = z.new_zeros(B, G, L)
+    k_all = torch.cat([first_k, k_hat.to(first_k.dtype)], dim=2)
+    v_all = torch.cat([first_v, v.to(first_v.dtype)], dim=2)
+    z_prev = torch.cat([first_z, z[:, :, :T - L]], dim=2).view(B, G, T // L, L)
+    return k_all, v_all, z_prev, has_prev_block
+
+
+def _window_mask(N: int, L: int, has_prev_block: bool, device) -> torch.Tensor:
+    """``(N, L, 2L)`` True where window column ``j`` of query row ``i`` is masked: a future key, or block ``-1``
+    when it does not exist."""
+    column = torch.arange(2 * L, device=device)
+    row = torch.arange(L, device=device)
+    blocked = (column[None, :] > L + row[:, None]).expand(N, L, 2 * L)
+    if not has_prev_block:
+        blocked = blocked.clone()
+        blocked[0, :, :L] = True
+    return blocked
