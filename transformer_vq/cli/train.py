@@ -56,8 +56,8 @@ def build_config(args):
     values = {"model": given(args, TransformerVQConfig), "train": given(args, TrainConfig)}
     options = values["train"].pop("data_options", {})
     base = _resume_base(args, values)
-    _check_data_named(args, values, base)
     cfg = load_config(args.preset, args.config, args.overrides, base=base, values=values)
+    _check_data_named(args, values, base)
     if options:
         # on top of the options of the config file (or of the run being resumed)
         train = dataclasses.replace(cfg.train, data_options={**cfg.train.data_options, **options})
