@@ -112,7 +112,10 @@ def check_resume_steps(cfg, resume: str | None) -> None:
     found = [path] if STEP_DIR.match(path.name) else list_checkpoints(path / "checkpoints") or list_checkpoints(path)
     if not found:
         return
-    step = int(STEP_DIR.match(found[-1].name).group(1))
+    # the newest complete checkpoint is the one `latest` names (a newer, damaged one would not be resumed from)
+    pointer = found[-1].parent / "latest"
+    named = STEP_DIR.match(pointer.read_text(errors="replace").strip()) if pointer.is_file() else None
+    step = int((named or STEP_DIR.match(found[-1].name)).group(1))
     if cfg.train.steps <= step:
         raise ConfigError(f"--steps: the run in {path} is already at step {step} and --steps is {cfg.train.steps}; "
                           f"give --steps above {step} to train further")
