@@ -10,18 +10,21 @@ from transformer_vq import TransformerVQConfig, preset
 @pytest.mark.parametrize("field, value, message", [
     ("vocab_size", 0, "vocab_size must be a positive integer, got 0"),
     ("d_model", 7, "d_model must be even (sinusoid tables pair sin and cos), got 7"),
-    ("d_k", 2.5, "d_k must be a positive integer, got 2.5"),
+    ("d_k", 2.5, "d_k must be an integer, got 2.5"),
     ("n_code", -3, "n_code must be a positive integer, got -3"),
-    ("block_len", True, "block_len must be a positive integer, got True"),
+    ("block_len", True, "block_len must be an integer, got True"),
     ("head_type", "gqa", "head_type must be one of shga, mqa, mha, got 'gqa'"),
     ("attn_type", "linear", "attn_type must be one of vq, full, flash_quad, flash, got 'linear'"),
     ("reduction", "scan", "reduction must be one of serial, matmul, assoc, got 'scan'"),
-    ("n_head", 2, "head_type 'shga' has exactly one head; got n_head=2 (use 'mqa' or 'mha')"),
-    ("dropres", 1.0, "dropres is a probability in [0, 1), got 1.0"),
+    ("n_head", 2, "n_head must be 1 for head_type 'shga' (use 'mqa' or 'mha'), got 2"),
+    ("dropres", 1.0, "dropres must be in [0, 1), got 1.0"),
     ("ema_rate", 1.0, "ema_rate must be in (0, 1), got 1.0"),
     ("commit_coef", -1e-4, "commit_coef must be >= 0, got -0.0001"),
-    ("dead_code_restart", -1, "dead_code_restart must be an integer >= 0 (0 = off), got -1"),
+    ("dead_code_restart", -1, "dead_code_restart must be an integer >= 0, got -1"),
     ("max_wavelength", 1.0, "max_wavelength must be > 1, got 1.0"),
+    ("commit_coef", float("nan"), "commit_coef must be a finite number, got nan"),
+    ("max_wavelength", float("inf"), "max_wavelength must be a finite number, got inf"),
+    ("n_layers", 2**63, "n_layers is too large (at most 9223372036854775807), got 9223372036854775808"),
 ])
 def test_each_bad_value_has_its_own_message(field, value, message):
     with pytest.raises(ValueError) as error:
@@ -30,7 +33,7 @@ def test_each_bad_value_has_its_own_message(field, value, message):
 
 
 def test_heads_must_divide_value_width():
-    with pytest.raises(ValueError, match="d_v=100 must be divisible by n_head=3"):
+    with pytest.raises(ValueError, match="d_v must be divisible by n_head=3, got 100"):
         TransformerVQConfig(head_type="mha", n_head=3, d_v=100)
 
 
@@ -59,3 +62,14 @@ def test_groups_follow_head_type():
     assert TransformerVQConfig(head_type="mqa", n_head=4).n_kv_head == 1
     assert TransformerVQConfig(head_type="mha", n_head=4).n_kv_head == 4
     assert TransformerVQConfig(head_type="mha", n_head=4).d_v_head == 1536 // 4
+
+
+def test_enumerations_and_training_only_fields_live_on_the_config():
+    from transformer_vq.config import ATTN_TYPES, HEAD_TYPES, REDUCTIONS, TRAINING_ONLY_FIELDS
+    from transformer_vq.train.checkpoint import TRAINING_ONLY_FIELDS as used_by_checkpoints
+
+    assert (HEAD_TYPES, ATTN_TYPES, REDUCTIONS) == (("shga", "mqa", "mha"), ("vq", "full", "flash_quad", "flash"),
+                                                    ("serial", "matmul", "assoc"))
+    assert used_by_checkpoints is TRAINING_ONLY_FIELDS
+    assert TRAINING_ONLY_FIELDS == {"dropsin", "dropres", "droplyr", "commit_coef", "ema_rate", "dead_code_restart",
+                                    "reduction"}

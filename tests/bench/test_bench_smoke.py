@@ -16,9 +16,12 @@ from transformer_vq.bench.op import forward_flops, run_op_bench
 from transformer_vq.bench.report import table, write_report
 from transformer_vq.bench.train import run_train_bench
 from transformer_vq.cli import main
+from transformer_vq.config import PRESETS
 
-TINY_OP = dict(lengths=(32, 64), d_k=8, d_v=16, n_code=8, block_len=16, chunk_len=16, repeats=1, isolate=False)
-TINY_MODEL = dict(d_model=32, d_k=8, d_v=32, n_code=8, block_len=16, flash_chunk_len=16, isolate=False)
+TINY_OP = dict(lengths=(32, 64), model=PRESETS["enwik8"].replace(d_k=8, d_v=16, n_code=8, block_len=16,
+                                                                  flash_chunk_len=16), repeats=1, isolate=False)
+TINY_SIZES = dict(d_model=32, d_k=8, d_v=32, n_code=8, block_len=16, flash_chunk_len=16)
+TINY_MODEL = dict(model=PRESETS["tiny"].replace(**TINY_SIZES), isolate=False)
 
 
 def test_op_bench_figures(tmp_path):
@@ -58,7 +61,7 @@ def test_op_bench_skips_cells_over_budget_and_isolates():
 
 
 def test_flop_formulas():
-    cfg = OpBenchConfig(d_k=128, d_v=1536, n_code=512, block_len=512)
+    cfg = OpBenchConfig()  # the paper's enwik8 GAU: Dk 128, Dv 1536, S 512, L 512
     assert forward_flops("vq-serial", cfg, 8192) == 2 * 8192 * (512 + 1024) * 1664
     assert forward_flops("sdpa", cfg, 8192) == 8192**2 * 1664
     # full attends whole blocks of rows: sum_n L * (n + 1) L, i.e. T^2/2 plus the diagonal blocks.
@@ -67,7 +70,8 @@ def test_flop_formulas():
 
 def test_train_bench_figures():
     cfg = TrainBenchConfig(lengths=(32,), models=("vq/shga", "vq/mha", "full/mqa", "flash/shga", "flash_quad/shga"),
-                           n_head=2, repeats=1, **TINY_MODEL)
+                           model=PRESETS["tiny"].replace(**TINY_SIZES, head_type="mha", n_head=2), repeats=1,
+                           isolate=False)
     result = run_train_bench(cfg, log=lambda line: None)
     assert [r["model"] for r in result["rows"]] == list(cfg.models)
     for row in result["rows"]:
@@ -106,13 +110,46 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     assert {p.name for p in tmp_path.iterdir()} == {"d.json", "d.md", "d.png"}
 
 
-def test_cli_rejects_unknown_method(capsys):
-    assert main(["bench", "op", "--methods", "nope", "--no-isolate"]) == 2
-    assert "unknown method 'nope'" in capsys.readouterr().out
+@pytest.mark.parametrize("args, message", [
+    (["op", "--methods", "nope"], "error: --methods: must be one of vq-serial, vq-matmul, vq-assoc, sdpa, full, "
+                                  "flash, flash_quad, got 'nope'"),
+    (["op", "--lengths", "0"], "error: --lengths: must be a positive integer, got '0'"),
+    (["op", "--lengths", "2k", "-1"], "error: --lengths: must be a positive integer, got '-1'"),
+    (["op", "--budget-s", "nan"], "error: --budget-s: must be a finite number, got 'nan'"),
+    (["train", "--models", "vq/gqa"], "error: --models: must be attn_type/head_type pairs with attn_type in vq, "
+                                      "full, flash_quad, flash and head_type in shga, mqa, mha, got 'vq/gqa'"),
+    (["decode", "--dtype", "bfloat16"], "error: unrecognized arguments: --dtype bfloat16; see tvq --help"),
+])
+def test_cli_rejects_bad_input_before_writing_anything(tmp_path, capsys, args, message):
+    assert exit_code(["bench", *args, "--no-isolate", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == message
+    assert list(tmp_path.iterdir()) == []
+
+
+def exit_code(argv: list[str]) -> int:
+    """The exit status of ``tvq ARGV``: flag errors exit while parsing, later errors are returned."""
+    try:
+        return main(argv)
+    except SystemExit as stop:
+        return stop.code
 
 
 @pytest.mark.parametrize("text,value", [("8k", 8192), ("128k", 131072), ("100", 100)])
 def test_length_suffix(text, value):
-    from transformer_vq.cli.bench import parse_length
+    from transformer_vq.config.fields import parse_scalar
 
-    assert parse_length(text) == value
+    assert parse_scalar(text, int, {"k_suffix": True}) == value
+
+
+def test_cli_nests_the_model_config():
+    from transformer_vq.cli import build_parser
+    from transformer_vq.cli.bench import bench_config
+
+    cfg = bench_config(build_parser().parse_args(["bench", "op", "--block-len", "64", "--batch-size", "2",
+                                                  "--precision", "bfloat16", "--lengths", "1k", "2k"]))
+    assert (cfg.model.block_len, cfg.model.d_k, cfg.model.d_v, cfg.model.n_code) == (64, 128, 1536, 512)
+    assert (cfg.batch_size, cfg.precision, cfg.lengths) == (2, "bfloat16", (1024, 2048))
+    cfg = bench_config(build_parser().parse_args(["bench", "decode", "--preset", "tiny", "--n-layers", "2"]))
+    assert cfg.model == PRESETS["tiny"].replace(n_layers=2)
+    assert DecodeBenchConfig().model.to_dict() == {**PRESETS["small"].to_dict(), "n_layers": 1, "n_code": 128,
+                                                   "block_len": 128, "flash_chunk_len": 128, "dropsin": 0.0}

@@ -70,26 +70,22 @@ def test_unknown_config_key(capsys):
 
 
 @pytest.mark.parametrize("item, message", [
-    ("steps=ten", "error: train.steps must be int, got 'ten'"),
-    ("steps=0", "error: invalid train config: steps must be a positive integer, got 0"),
-    ("optimizer=sgd", "error: invalid train config: optimizer must be one of adamw, adafactor, got 'sgd'"),
-    ("model.d_model=31", "error: invalid TransformerVQConfig: d_model must be even (sinusoid tables pair sin and "
-                         "cos), got 31"),
+    ("steps=ten", "error: --steps: must be an integer, got 'ten'"),
+    ("steps=0", "error: --steps: must be a positive integer, got '0'"),
+    ("optimizer=sgd", "error: --optimizer: must be one of adamw, adafactor, got 'sgd'"),
+    ("model.d_model=31", "error: --d-model: must be even (sinusoid tables pair sin and cos), got 31"),
 ])
 def test_bad_values(capsys, item, message):
     assert run_train(capsys, item) == message
 
 
 def test_seq_len_not_a_multiple_of_update_len(capsys):
-    assert run_train(capsys, "seq_len=40") == (
-        "error: invalid train config: seq_len=40 must be a multiple of update_len=16; set seq_len to a multiple "
-        "such as 32")
+    assert run_train(capsys, "seq_len=40") == "error: --seq-len: must be a multiple of update_len=16 (e.g. 32), got 40"
 
 
 def test_update_len_not_a_multiple_of_block_len(capsys):
     assert run_train(capsys, "update_len=12", "seq_len=36") == (
-        "error: update_len=12 must be a multiple of the model's block_len=8; set train.update_len to e.g. 8 or "
-        "change model.block_len")
+        "error: --update-len: must be a multiple of the model's block_len=8 (e.g. 8, or change block_len), got 12")
 
 
 def test_missing_checkpoint_for_eval_and_sample(capsys, tmp_path):
@@ -98,3 +94,23 @@ def test_missing_checkpoint_for_eval_and_sample(capsys, tmp_path):
         assert capsys.readouterr().err.strip() == (
             f"error: checkpoint path {tmp_path / 'nowhere'} does not exist; pass a run directory (e.g. runs/default) "
             f"or one of its checkpoints/step_* directories")
+
+
+def test_resume_with_steps_at_or_below_the_saved_step(capsys, trained_run):
+    # trained_run stopped at step 6 (conftest)
+    for steps in ("6", "3"):
+        assert main(["train", "--resume", "auto", "--run-dir", str(trained_run), "--steps", steps]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"error: --steps: the run in {trained_run} is already at step 6 and --steps is {steps}; give --steps "
+            f"above 6 to train further")
+
+
+def test_corrupted_run_config(capsys, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text('{"model": {"d_model": 32,')
+    assert main(["train", "--resume", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {run_dir / 'config.json'} is not a valid run config (Expecting ")
+    assert err.endswith("); restore it from config.json of one of the run's checkpoints/step_* directories, or pass "
+                        "--preset/--config to start over")

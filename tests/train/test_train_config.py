@@ -42,7 +42,10 @@ def test_toml_file(tmp_path):
     ("trian:\n  steps: 5\n", "unknown top-level key(s) in {path}: trian; a config file has 'preset', 'model' and "
                               "'train'"),
     ("train:\n  stepz: 5\n", "unknown train config key(s): stepz; known keys: batch_size, ckpt_every, data"),
-    ("train:\n  steps: 5.5\n", "train.steps must be int, got 5.5"),
+    ("train:\n  steps: 5.5\n", "invalid TrainConfig: steps must be an integer, got 5.5"),
+    ("train:\n  steps: '1e400'\n", "train.steps must be an integer (digits only, without a decimal point or "
+                                    "exponent), got '1e400'"),
+    ("train:\n  lr: .inf\n", "invalid TrainConfig: lr must be a finite number, got inf"),
     ("train: [1, 2]\n", "'train' in {path} must be a mapping of field: value, got [1, 2]"),
 ])
 def test_bad_files(tmp_path, text, message):
@@ -54,9 +57,9 @@ def test_bad_files(tmp_path, text, message):
 
 
 def test_bad_override_syntax():
-    with pytest.raises(ConfigError, match=r"^override 'steps' must look like key=value, e.g. --set train.steps=100$"):
+    with pytest.raises(ConfigError, match=r"^--set: 'steps' must look like KEY=VALUE, e.g. --set steps=100$"):
         load_config(overrides=["steps"])
-    with pytest.raises(ConfigError, match=r"^unknown config section 'optim' in 'optim.lr=1'; use model.FIELD or "):
+    with pytest.raises(ConfigError, match=r"^--set: unknown config section 'optim' in 'optim.lr=1'; use model.FIELD "):
         load_config(overrides=["optim.lr=1"])
 
 

@@ -1,168 +1,131 @@
 """The sizes of each benchmark: one frozen dataclass per benchmark, whose fields are the ``tvq bench`` flags.
 
-Kept free of torch so that ``tvq --help`` stays fast.
+Each nests the model it measures (a :class:`~transformer_vq.config.TransformerVQConfig`: a preset plus overrides,
+whose fields are flags too: ``--block-len``, ``--flash-chunk-len``). Kept free of torch so that ``tvq --help``
+stays fast.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-OP_METHODS = ("vq-serial", "vq-matmul", "vq-assoc", "sdpa", "full", "flash", "flash_quad")
-ATTN_TYPES = ("vq", "full", "flash_quad", "flash")
-HEAD_TYPES = ("shga", "mqa", "mha")
-DTYPES = ("float32", "bfloat16")
+from transformer_vq.config import ATTN_TYPES, HEAD_TYPES, OP_METHODS, PRECISIONS, PRESETS, TransformerVQConfig
+from transformer_vq.config.fields import check, option
+
+# The small model of the training and decoding benchmarks (minutes on a CPU); its dropouts are off.
+BENCH_MODEL = PRESETS["small"].replace(n_layers=1, n_code=128, block_len=128, flash_chunk_len=128, dropsin=0.0)
+LENGTHS = dict(min=1, k_suffix=True)
 
 
-def _check_common(cfg, errors: list[str]) -> None:
-    if cfg.dtype not in DTYPES:
-        errors.append(f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
-    if cfg.budget_s <= 0:
-        errors.append(f"budget_s must be > 0, got {cfg.budget_s}")
-    if errors:
-        raise ValueError(f"invalid {type(cfg).__name__}: " + "; ".join(errors))
+class BenchConfig:
+    """What every benchmark config shares: its nested model, rebuilt from JSON by :meth:`from_dict`."""
+
+    @classmethod
+    def from_dict(cls, values: dict):
+        """Rebuild from ``dataclasses.asdict`` output (the ``config`` of a result, or of a cell's process)."""
+        from transformer_vq.config.load import build
+
+        return build(cls, {**values, "model": TransformerVQConfig.from_dict(values["model"])}, "bench")
+
+
+def _common(seed_help: str, budget_s: float, isolate_help: str):
+    return dict(
+        precision=option("float32", "float32 or bfloat16.", choices=PRECISIONS),
+        budget_s=option(budget_s, "Skip a cell whose estimated time exceeds this many seconds.", min=0.0,
+                        min_open=True),
+        isolate=option(True, isolate_help),
+        mem_limit_gib=option(16.0, "Address-space limit of each cell's process, in GiB (0: none).", min=0.0),
+        seed=option(0, seed_help, min=0),
+    )
+
+
+_OP = _common("Seed of the random inputs.", 120.0, "Run each cell in its own process (peak memory per cell; "
+                                                   "out-of-memory reported, not fatal).")
 
 
 @dataclass(frozen=True)
-class OpBenchConfig:
-    """Sizes of ``tvq bench op`` (defaults: the paper's GAU, Dk 128, Dv 1536, S 512, L 512)."""
+class OpBenchConfig(BenchConfig):
+    """Sizes of ``tvq bench op`` (default model: the paper's enwik8 GAU, Dk 128, Dv 1536, S 512, L 512)."""
 
-    lengths: tuple[int, ...] = (2048, 8192, 32768, 131072)
-    """Sequence lengths T."""
-    methods: tuple[str, ...] = ("vq-serial", "vq-matmul", "vq-assoc", "sdpa", "full", "flash")
-    """Methods: vq-serial, vq-matmul, vq-assoc, sdpa (no bias), full, flash, flash_quad."""
-    batch: int = 1
-    """Batch size B."""
-    n_head: int = 1
-    """Query heads H."""
-    n_group: int = 1
-    """Key/value groups G (divides H)."""
-    d_k: int = 128
-    """Key width Dk."""
-    d_v: int = 1536
-    """Value width Dv."""
-    n_code: int = 512
-    """Codebook size S."""
-    block_len: int = 512
-    """Block length L."""
-    chunk_len: int = 256
-    """FLASH chunk length C."""
-    dtype: str = "float32"
-    """float32 or bfloat16."""
-    repeats: int = 3
-    """Timed runs per cell, after one warm-up (median reported); cells estimated above 5 s run once."""
-    backward: bool = True
-    """Also time forward + backward (gradients of q, k, v and the bias)."""
-    budget_s: float = 120.0
-    """Skip a cell whose estimated forward time (from the same method at the previous length) exceeds this."""
-    isolate: bool = True
-    """Run each cell in its own process (peak memory per cell; out-of-memory reported, not fatal)."""
-    mem_limit_gib: float = 16.0
-    """Address-space limit of each cell's process, in GiB (0: none)."""
-    seed: int = 0
-    """Seed of the random inputs."""
-    paired: tuple[int, ...] = ()
-    """Lengths at which all methods are also timed in one process, interleaved round by round (forward only): speedups
-    robust to a load that changes between cells."""
+    model: TransformerVQConfig = option(factory=lambda: PRESETS["enwik8"],
+                                        help="The layer's sizes: H = n_head, G = its key/value groups, Dk, Dv, S, "
+                                             "L, FLASH chunk C = flash_chunk_len.")
+    lengths: tuple[int, ...] = option((2048, 8192, 32768, 131072), "Sequence lengths T.", **LENGTHS)
+    methods: tuple[str, ...] = option(("vq-serial", "vq-matmul", "vq-assoc", "sdpa", "full", "flash"),
+                                      "Methods: vq-serial, vq-matmul, vq-assoc, sdpa (no bias), full, flash, "
+                                      "flash_quad.", choices=OP_METHODS)
+    batch_size: int = option(1, "Batch size B.", min=1)
+    precision: str = _OP["precision"]
+    repeats: int = option(3, "Timed runs per cell, after one warm-up (median reported); cells estimated above 5 s "
+                             "run once.", min=1)
+    backward: bool = option(True, "Also time forward + backward (gradients of q, k, v and the bias).")
+    budget_s: float = _OP["budget_s"]
+    isolate: bool = _OP["isolate"]
+    mem_limit_gib: float = _OP["mem_limit_gib"]
+    seed: int = _OP["seed"]
+    paired: tuple[int, ...] = option((), "Lengths at which all methods are also timed in one process, interleaved "
+                                         "round by round (forward only): speedups robust to a load that changes "
+                                         "between cells.", allow_empty=True, **LENGTHS)
 
     def __post_init__(self):
-        errors = [f"unknown method {m!r}; choose from {', '.join(OP_METHODS)}" for m in self.methods
-                  if m not in OP_METHODS]
-        _check_common(self, errors)
+        check(self)
+
+
+_TRAIN = _common("Seed of the weights and the tokens.", 120.0, "Run each cell in its own process (peak memory "
+                                                              "per cell; out-of-memory reported, not fatal).")
 
 
 @dataclass(frozen=True)
-class TrainBenchConfig:
+class TrainBenchConfig(BenchConfig):
     """Model and sizes of ``tvq bench train`` (a small model by default, minutes on a CPU)."""
 
-    lengths: tuple[int, ...] = (2048, 8192, 32768)
-    """Sequence lengths T (one window of T tokens per step)."""
-    models: tuple[str, ...] = ("vq/shga", "vq/mqa", "vq/mha", "full/shga", "full/mqa", "full/mha", "flash/shga",
-                               "flash_quad/shga")
-    """attn_type/head_type pairs."""
-    batch: int = 1
-    """Sequences per step."""
-    d_model: int = 256
-    """Residual width."""
-    d_k: int = 64
-    """Query/key width per head."""
-    d_v: int = 512
-    """Total value width."""
-    n_layers: int = 1
-    """Layers of two GAUs each."""
-    n_code: int = 128
-    """Codebook size S."""
-    block_len: int = 128
-    """Block length L."""
-    n_head: int = 4
-    """Query heads of mqa/mha models (shga has one)."""
-    flash_chunk_len: int = 128
-    """FLASH chunk length."""
-    reduction: str = "serial"
-    """Cache reduction of VQ models: serial, matmul or assoc."""
-    dtype: str = "float32"
-    """float32, or bfloat16 (CPU autocast)."""
-    repeats: int = 3
-    """Timed steps per cell after one warm-up step (median reported); cells estimated above 10 s run once."""
-    budget_s: float = 120.0
-    """Skip a cell whose estimated step time exceeds this."""
-    isolate: bool = True
-    """Run each cell in its own process (peak memory per cell; out-of-memory reported, not fatal)."""
-    mem_limit_gib: float = 16.0
-    """Address-space limit of each cell's process, in GiB (0: none)."""
-    seed: int = 0
-    """Seed of the weights and the tokens."""
-    interleaved: bool = False
-    """Run every (model, T) in one process, one step of each per round, so that all of them are timed under the same
-    load (peak memory is then per run, and a cell out of memory is caught in-process)."""
+    model: TransformerVQConfig = option(factory=lambda: BENCH_MODEL.replace(head_type="mha", n_head=4),
+                                        help="The model; each of --models sets its attn_type and head_type "
+                                             "(shga with one head, mqa/mha with n_head).")
+    lengths: tuple[int, ...] = option((2048, 8192, 32768), "Sequence lengths T (one window of T tokens per step).",
+                                      **LENGTHS)
+    models: tuple[str, ...] = option(("vq/shga", "vq/mqa", "vq/mha", "full/shga", "full/mqa", "full/mha",
+                                      "flash/shga", "flash_quad/shga"), "attn_type/head_type pairs.")
+    batch_size: int = option(1, "Sequences per step.", min=1)
+    precision: str = _TRAIN["precision"]
+    repeats: int = option(3, "Timed steps per cell after one warm-up step (median reported); cells estimated "
+                             "above 10 s run once.", min=1)
+    budget_s: float = _TRAIN["budget_s"]
+    isolate: bool = _TRAIN["isolate"]
+    mem_limit_gib: float = _TRAIN["mem_limit_gib"]
+    seed: int = _TRAIN["seed"]
+    interleaved: bool = option(False, "Run every (model, T) in one process, one step of each per round, so that "
+                                      "all of them are timed under the same load (peak memory is then per run, "
+                                      "and a cell out of memory is caught in-process).")
 
     def __post_init__(self):
-        errors = []
-        for model in self.models:
-            attn, _, head = model.partition("/")
-            if attn not in ATTN_TYPES or head not in HEAD_TYPES:
-                errors.append(f"model {model!r} must be attn_type/head_type with attn_type in {', '.join(ATTN_TYPES)} "
-                              f"and head_type in {', '.join(HEAD_TYPES)}")
-        _check_common(self, errors)
+        bad = [m for m in self.models if m.partition("/")[0] not in ATTN_TYPES
+               or m.partition("/")[2] not in HEAD_TYPES]
+        check(self, [("models", f"must be attn_type/head_type pairs with attn_type in {', '.join(ATTN_TYPES)} "
+                                f"and head_type in {', '.join(HEAD_TYPES)}, got {m!r}") for m in bad[:1]])
+
+
+_DECODE = _common("Seed of the weights, the prompt and the sampling.", 300.0,
+                  "Run each cell in its own process (out-of-memory reported, not fatal).")
 
 
 @dataclass(frozen=True)
-class DecodeBenchConfig:
+class DecodeBenchConfig(BenchConfig):
     """Model and sizes of ``tvq bench decode``."""
 
-    contexts: tuple[int, ...] = (1024, 8192, 65536)
-    """Context lengths read before generating."""
-    models: tuple[str, ...] = ("vq", "full")
-    """attn_type of each model (head type shga)."""
-    new_tokens: int = 16
-    """Tokens generated per cell; the median step time is reported."""
-    d_model: int = 256
-    """Residual width."""
-    d_k: int = 64
-    """Query/key width."""
-    d_v: int = 512
-    """Value width."""
-    n_layers: int = 1
-    """Layers of two GAUs each."""
-    n_code: int = 128
-    """Codebook size S."""
-    block_len: int = 128
-    """Block length L."""
-    flash_chunk_len: int = 128
-    """FLASH chunk length."""
-    prompt_chunk: int = 8192
-    """Prompt tokens per call while reading the context (the state is carried between calls)."""
-    dtype: str = "float32"
-    """float32 or bfloat16 (weights and activations)."""
-    budget_s: float = 300.0
-    """Skip a cell whose estimated prompt time exceeds this."""
-    isolate: bool = True
-    """Run each cell in its own process (out-of-memory reported, not fatal)."""
-    mem_limit_gib: float = 16.0
-    """Address-space limit of each cell's process, in GiB (0: none)."""
-    seed: int = 0
-    """Seed of the weights, the prompt and the sampling."""
+    model: TransformerVQConfig = option(factory=lambda: BENCH_MODEL,
+                                        help="The model; each of --models sets its attn_type.")
+    contexts: tuple[int, ...] = option((1024, 8192, 65536), "Context lengths read before generating.", **LENGTHS)
+    models: tuple[str, ...] = option(("vq", "full"), "attn_type of each model (head type shga).",
+                                     choices=ATTN_TYPES)
+    new_tokens: int = option(16, "Tokens generated per cell; the median step time is reported.", min=1)
+    prompt_chunk: int = option(8192, "Prompt tokens per call while reading the context (the state is carried "
+                                     "between calls).", min=1)
+    precision: str = _DECODE["precision"]
+    budget_s: float = _DECODE["budget_s"]
+    isolate: bool = _DECODE["isolate"]
+    mem_limit_gib: float = _DECODE["mem_limit_gib"]
+    seed: int = _DECODE["seed"]
 
     def __post_init__(self):
-        errors = [f"unknown model {m!r}; choose from {', '.join(ATTN_TYPES)}" for m in self.models
-                  if m not in ATTN_TYPES]
-        _check_common(self, errors)
+        check(self)

@@ -25,10 +25,7 @@ QUADRATIC = ("full", "flash_quad")
 
 def model_config(cfg: DecodeBenchConfig, attn_type: str) -> TransformerVQConfig:
     """The single-head model with attention ``attn_type`` at the benchmark's sizes."""
-    return TransformerVQConfig(
-        vocab_size=256, d_model=cfg.d_model, d_k=cfg.d_k, d_v=cfg.d_v, n_layers=cfg.n_layers, n_code=cfg.n_code,
-        block_len=cfg.block_len, attn_type=attn_type, flash_chunk_len=cfg.flash_chunk_len,
-    )
+    return cfg.model.replace(attn_type=attn_type)
 
 
 @torch.no_grad()
@@ -43,9 +40,9 @@ def decode_cell(model: str, config: dict) -> dict:
     from transformer_vq.nn.model import TransformerVQ
     from transformer_vq.nn.sampling import sample_next_token
 
-    cfg = DecodeBenchConfig(**{**config, "contexts": tuple(config["contexts"]), "models": tuple(config["models"])})
+    cfg = DecodeBenchConfig.from_dict(config)
     torch.manual_seed(cfg.seed)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype]
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.precision]
     net = TransformerVQ(model_config(cfg, model)).to(dtype).eval()
     gen = torch.Generator().manual_seed(cfg.seed)
     contexts = sorted(cfg.contexts)

@@ -45,14 +45,15 @@ def forward_flops(method: str, cfg: OpBenchConfig, length: int) -> float:
     * flash: ``2 T C (Dk + Dv)`` per head inside chunks, plus ``2 T Dk Dv`` per group for the chunk sums of
       ``k v^T`` and ``2 T Dk Dv`` per head to apply them.
     """
-    b, h, g = cfg.batch, cfg.n_head, cfg.n_group
-    d = cfg.d_k + cfg.d_v
-    L, S = cfg.block_len, cfg.n_code
+    m = cfg.model
+    b, h, g = cfg.batch_size, m.n_head, m.n_kv_head
+    d = m.d_k + m.d_v
+    L, S = m.block_len, m.n_code
     if method.startswith("vq"):
         flops = 2 * b * h * length * (S + 2 * L) * d
         if method == "vq-matmul":
             n = length // L
-            flops += 2 * b * g * n * (n + 1) / 2 * S * cfg.d_v
+            flops += 2 * b * g * n * (n + 1) / 2 * S * m.d_v
         return float(flops)
     if method == "sdpa":
         return float(b * h * length * length * d)
@@ -60,27 +61,29 @@ def forward_flops(method: str, cfg: OpBenchConfig, length: int) -> float:
         keys = sum(min(length, (n + 1) * L) * (min(length, (n + 1) * L) - n * L) for n in range(-(-length // L)))
         return float(2 * b * h * keys * d)
     if method == "flash":
-        padded = -(-length // cfg.chunk_len) * cfg.chunk_len
-        return float(2 * b * h * padded * cfg.chunk_len * d + 2 * (b * g + b * h) * padded * cfg.d_k * cfg.d_v)
+        C = m.flash_chunk_len
+        padded = -(-length // C) * C
+        return float(2 * b * h * padded * C * d + 2 * (b * g + b * h) * padded * m.d_k * m.d_v)
     raise ValueError(method)
 
 
 def make_inputs(cfg: OpBenchConfig, length: int) -> dict:
     """Inputs as the layer makes them: RMS-normalized q, k scaled by ``Dk^-1/4``, SiLU values, a small bias."""
     gen = torch.Generator().manual_seed(cfg.seed)
-    dtype = DTYPES[cfg.dtype]
-    b, h, g = cfg.batch, cfg.n_head, cfg.n_group
+    dtype = DTYPES[cfg.precision]
+    m = cfg.model
+    b, h, g = cfg.batch_size, m.n_head, m.n_kv_head
 
     def unit(*shape):
         x = torch.randn(*shape, generator=gen)
-        return x * torch.rsqrt(x.square().mean(-1, keepdim=True)) * cfg.d_k**-0.25
+        return x * torch.rsqrt(x.square().mean(-1, keepdim=True)) * m.d_k**-0.25
 
-    q = unit(b, h, length, cfg.d_k)
-    codebook = unit(g, cfg.n_code, cfg.d_k)
-    z = torch.randint(0, cfg.n_code, (b, g, length), generator=gen)
-    k_hat = torch.gather(codebook.unsqueeze(0).expand(b, -1, -1, -1), 2, z.unsqueeze(-1).expand(-1, -1, -1, cfg.d_k))
-    v = torch.nn.functional.silu(torch.randn(b, g, length, cfg.d_v, generator=gen))
-    bias = 0.1 * torch.randn(b, h, length, 2 * cfg.block_len, generator=gen)
+    q = unit(b, h, length, m.d_k)
+    codebook = unit(g, m.n_code, m.d_k)
+    z = torch.randint(0, m.n_code, (b, g, length), generator=gen)
+    k_hat = torch.gather(codebook.unsqueeze(0).expand(b, -1, -1, -1), 2, z.unsqueeze(-1).expand(-1, -1, -1, m.d_k))
+    v = torch.nn.functional.silu(torch.randn(b, g, length, m.d_v, generator=gen))
+    bias = 0.1 * torch.randn(b, h, length, 2 * m.block_len, generator=gen)
     return {"q": q.to(dtype), "k": k_hat.to(dtype), "z": z, "v": v.to(dtype), "codebook": codebook.to(dtype),
             "bias": bias.to(dtype)}
 
@@ -91,38 +94,37 @@ def _method_fn(method: str, cfg: OpBenchConfig, x: dict):
         from transformer_vq.ops.vq import vq_attention
 
         reduction = method.split("-")[1]
-        return lambda: vq_attention(x["q"], x["k"], x["v"], x["bias"], block_len=cfg.block_len, z=x["z"],
+        return lambda: vq_attention(x["q"], x["k"], x["v"], x["bias"], block_len=cfg.model.block_len, z=x["z"],
                                     codebook=x["codebook"], reduction=reduction)[0]
     if method == "sdpa":
-        gqa = cfg.n_group != cfg.n_head
+        gqa = cfg.model.n_kv_head != cfg.model.n_head
         return lambda: torch.nn.functional.scaled_dot_product_attention(
             x["q"], x["k"], x["v"], is_causal=True, scale=1.0, enable_gqa=gqa)
     if method == "full":
         from transformer_vq.ops.full import full_attention
 
-        return lambda: full_attention(x["q"], x["k"], x["v"], x["bias"], block_len=cfg.block_len)[0]
+        return lambda: full_attention(x["q"], x["k"], x["v"], x["bias"], block_len=cfg.model.block_len)[0]
     if method == "flash":
         from transformer_vq.ops.flash import flash_attention
 
-        return lambda: flash_attention(x["q"], x["k"], x["v"], x["bias"], block_len=cfg.block_len,
-                                       chunk_len=cfg.chunk_len)[0]
+        return lambda: flash_attention(x["q"], x["k"], x["v"], x["bias"], block_len=cfg.model.block_len,
+                                       chunk_len=cfg.model.flash_chunk_len)[0]
     if method == "flash_quad":
         from transformer_vq.ops.flash import flash_quad_attention
 
-        return lambda: flash_quad_attention(x["q"], x["k"], x["v"], x["bias"], block_len=cfg.block_len)[0]
+        return lambda: flash_quad_attention(x["q"], x["k"], x["v"], x["bias"], block_len=cfg.model.block_len)[0]
     raise ValueError(method)
 
 
 def op_cell(method: str, length: int, config: dict, repeats: int, warmup: int, backward: bool) -> dict:
     """Time one method at one length (run inside a cell process by ``run_cell``)."""
-    cfg = OpBenchConfig(**{**config, "lengths": tuple(config["lengths"]), "methods": tuple(config["methods"]),
-                           "paired": tuple(config.get("paired", ()))})
+    cfg = OpBenchConfig.from_dict(config)
     x = make_inputs(cfg, length)
     inputs_bytes = sum(t.nelement() * t.element_size() for t in x.values())
     fn = _method_fn(method, cfg, x)
     # The yardstick of this cell, measured in its own process right before it: on a shared machine the CPU time
     # available changes from minute to minute, so a peak measured once per run would not compare like with like.
-    result = {"status": "ok", "inputs_bytes": inputs_bytes, "matmul_gflops": matmul_gflops(DTYPES[cfg.dtype])}
+    result = {"status": "ok", "inputs_bytes": inputs_bytes, "matmul_gflops": matmul_gflops(DTYPES[cfg.precision])}
     with torch.no_grad():
         result["forward_s"], result["forward_samples"] = median_seconds(fn, repeats=repeats, warmup=warmup)
     if backward:
@@ -147,8 +149,7 @@ def paired_cell(methods: list[str], length: int, config: dict, rounds: int, warm
     Every round sees (nearly) the same load for every method, so the per-round time ratios are robust to a shared
     machine whose load drifts; their median is the paired speedup.
     """
-    cfg = OpBenchConfig(**{**config, "lengths": tuple(config["lengths"]), "methods": tuple(config["methods"]),
-                           "paired": tuple(config.get("paired", ()))})
+    cfg = OpBenchConfig.from_dict(config)
     x = make_inputs(cfg, length)
     fns = {m: _method_fn(m, cfg, x) for m in methods}
     samples = {m: [] for m in methods}

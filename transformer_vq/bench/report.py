@@ -41,10 +41,11 @@ def _machine_lines(result: dict) -> list[str]:
 
 
 def op_table(result: dict) -> str:
-    cfg = result["config"]
+    cfg, m = result["config"], result["config"]["model"]
+    groups = m["n_head"] if m["head_type"] == "mha" else 1
     lines = [
-        f"### Operator: one attention layer, {cfg['dtype']}, B={cfg['batch']} H={cfg['n_head']} G={cfg['n_group']} "
-        f"Dk={cfg['d_k']} Dv={cfg['d_v']} S={cfg['n_code']} L={cfg['block_len']} (FLASH C={cfg['chunk_len']})",
+        f"### Operator: one attention layer, {cfg['precision']}, B={cfg['batch_size']} H={m['n_head']} G={groups} "
+        f"Dk={m['d_k']} Dv={m['d_v']} S={m['n_code']} L={m['block_len']} (FLASH C={m['flash_chunk_len']})",
         "",
         "| method | T | forward | GFLOP/s (% of matmul) | fwd+bwd | fwd+bwd GFLOP/s | peak RSS | fwd speedup vs sdpa "
         "| fwd+bwd speedup vs sdpa | matmul GFLOP/s (cell) | load |",
@@ -80,11 +81,11 @@ def op_table(result: dict) -> str:
 
 
 def train_table(result: dict) -> str:
-    cfg = result["config"]
+    cfg, m = result["config"], result["config"]["model"]
     lines = [
-        f"### Training step (forward + backward + AdamW; VQ also its codebook EMA update), {cfg['dtype']}, "
-        f"d_model={cfg['d_model']} d_k={cfg['d_k']} d_v={cfg['d_v']} n_layers={cfg['n_layers']} S={cfg['n_code']} "
-        f"L={cfg['block_len']} batch={cfg['batch']}: tokens/s",
+        f"### Training step (forward + backward + AdamW; VQ also its codebook EMA update), {cfg['precision']}, "
+        f"d_model={m['d_model']} d_k={m['d_k']} d_v={m['d_v']} n_layers={m['n_layers']} S={m['n_code']} "
+        f"L={m['block_len']} batch={cfg['batch_size']}: tokens/s",
         "",
         "| model | " + " | ".join(f"T={t}" for t in cfg["lengths"]) + " |",
         "|---|" + "---:|" * len(cfg["lengths"]),
@@ -99,10 +100,10 @@ def train_table(result: dict) -> str:
 
 
 def decode_table(result: dict) -> str:
-    cfg = result["config"]
+    cfg, m = result["config"], result["config"]["model"]
     lines = [
-        f"### Decoding: per-token latency of `generate` after a context of C tokens, {cfg['dtype']}, "
-        f"d_model={cfg['d_model']} n_layers={cfg['n_layers']} S={cfg['n_code']} L={cfg['block_len']}, "
+        f"### Decoding: per-token latency of `generate` after a context of C tokens, {cfg['precision']}, "
+        f"d_model={m['d_model']} n_layers={m['n_layers']} S={m['n_code']} L={m['block_len']}, "
         f"median of {cfg['new_tokens']} tokens",
         "",
         "| model | context | ms / token | vs shortest context | state size |",

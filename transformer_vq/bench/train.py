@@ -28,15 +28,12 @@ QUADRATIC = ("full", "flash_quad")
 def model_config(cfg: TrainBenchConfig, model: str) -> TransformerVQConfig:
     """The model ``attn_type/head_type`` at the benchmark's sizes."""
     attn_type, head_type = model.split("/")
-    return TransformerVQConfig(
-        vocab_size=256, d_model=cfg.d_model, d_k=cfg.d_k, d_v=cfg.d_v, n_layers=cfg.n_layers, n_code=cfg.n_code,
-        block_len=cfg.block_len, attn_type=attn_type, head_type=head_type,
-        n_head=1 if head_type == "shga" else cfg.n_head, flash_chunk_len=cfg.flash_chunk_len, reduction=cfg.reduction,
-    )
+    return cfg.model.replace(attn_type=attn_type, head_type=head_type,
+                             n_head=1 if head_type == "shga" else cfg.model.n_head)
 
 
 def _config(config: dict) -> TrainBenchConfig:
-    return TrainBenchConfig(**{**config, "lengths": tuple(config["lengths"]), "models": tuple(config["models"])})
+    return TrainBenchConfig.from_dict(config)
 
 
 def _training_step(cfg: TrainBenchConfig, model: str):
@@ -46,7 +43,7 @@ def _training_step(cfg: TrainBenchConfig, model: str):
     torch.manual_seed(cfg.seed)
     net = TransformerVQ(model_config(cfg, model)).train()
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16")
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bfloat16")
 
     def step(ids):
         with autocast:
@@ -63,9 +60,9 @@ def train_cell(model: str, length: int, config: dict, repeats: int, warmup: int)
     """Time training steps of one model at one length (run inside a cell process)."""
     cfg = _config(config)
     step, n_params = _training_step(cfg, model)
-    ids = torch.randint(0, 256, (cfg.batch, length + 1))
+    ids = torch.randint(0, 256, (cfg.batch_size, length + 1))
     seconds, samples = median_seconds(lambda: step(ids), repeats=repeats, warmup=warmup)
-    return {"status": "ok", "step_s": seconds, "step_samples": samples, "tokens_per_s": cfg.batch * length / seconds,
+    return {"status": "ok", "step_s": seconds, "step_samples": samples, "tokens_per_s": cfg.batch_size * length / seconds,
             "parameters": n_params}
 
 
@@ -76,7 +73,7 @@ def interleaved_cell(config: dict) -> dict:
 
     cfg = _config(config)
     steps = {model: _training_step(cfg, model) for model in cfg.models}
-    ids = {length: torch.randint(0, 256, (cfg.batch, length + 1)) for length in cfg.lengths}
+    ids = {length: torch.randint(0, 256, (cfg.batch_size, length + 1)) for length in cfg.lengths}
     cells, last = {}, {}
     for length in sorted(cfg.lengths):
         for model in cfg.models:
@@ -105,7 +102,7 @@ def interleaved_cell(config: dict) -> dict:
     for key in running:
         cell = cells[key]
         cell["step_s"] = statistics.median(cell["step_samples"])
-        cell["tokens_per_s"] = cfg.batch * int(key.split("@")[1]) / cell["step_s"]
+        cell["tokens_per_s"] = cfg.batch_size * int(key.split("@")[1]) / cell["step_s"]
     return {"status": "ok", "cells": cells}
 
 

@@ -2,12 +2,13 @@
 
 Each subcommand lives in its own module of this package, which defines
 ``add_parser(subparsers)`` (registering its arguments) and ``run(args) -> int``.
-Modules import heavy dependencies inside ``run`` so that ``tvq --help`` stays fast.
+Modules import heavy dependencies inside ``run`` so that ``tvq --help`` stays fast. Errors are answered in
+one place, :func:`main` (see ``transformer_vq.cli.errors``): a user error or an environment problem is one line
+``error: ...`` and exit status 2, Ctrl-C is 130, a bug shows its traceback.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import sys
@@ -29,8 +30,10 @@ SUBCOMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser():
+    from transformer_vq.config.flags import Parser
+
+    parser = Parser(
         prog="tvq",
         description="Transformer-VQ: linear-time softmax attention through vector-quantized keys.",
     )
@@ -48,7 +51,18 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "_run", None) is None:
         parser.print_help()
         return 0
-    return int(args._run(args) or 0)
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:
+        from transformer_vq.cli.errors import describe
+
+        line = describe(err)
+        if line is None:
+            raise  # a bug: its traceback is what helps
+        print(f"error: {line}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

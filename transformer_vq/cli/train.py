@@ -1,14 +1,15 @@
 """`tvq train`: train a Transformer-VQ language model (with no arguments: the small model on Shakespeare).
 
-Configuration sources, later ones winning: ``--preset`` (model preset, default ``small``), ``--config``
-(YAML/TOML file), one flag per training field (``--steps``, ``--batch-size``, ...), ``--set key=value``
-(any model or training field, e.g. ``--set model.d_model=128``). Data-parallel: ``torchrun
---nproc_per_node N -m transformer_vq train ...``.
+Every model field and every training field is a flag (``--block-len``, ``--n-code``, ``--attn-type``,
+``--steps``, ``--lr``; booleans as ``--abs-pos``/``--no-abs-pos``; ``none`` for optional fields). Sources,
+later ones winning: ``--preset`` (model preset, default ``small``) < ``--config`` (YAML/TOML file) <
+``--set KEY=VALUE`` (any field, e.g. ``--set model.d_model=128``) < the field flags. ``--resume`` without
+``--preset``/``--config`` continues the run's saved config with the given flags and ``--set`` on top.
+Data-parallel: ``torchrun --nproc_per_node N -m transformer_vq train ...``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 EPILOG = """examples:
@@ -16,93 +17,122 @@ EPILOG = """examples:
   tvq train --data text --data-path notes/ --name notes --steps 2000
   tvq train --data pg19 --data-path pg19/ --data-option tokenizer=pg19-32k.model --preset pg19
   tvq train --resume auto                       # continue runs/default from its latest checkpoint
-  tvq train --set model.n_layers=4 --set lr=1e-3 --precision bfloat16
+  tvq train --n-layers 4 --lr 1e-3 --precision bfloat16
   torchrun --nproc_per_node 2 -m transformer_vq train --batch-size 16
 """
-
-
-# Training fields that are mappings, set by their own repeatable flag instead of one --FIELD VALUE.
-MAPPING_FIELDS = ("data_options",)
 
 
 def add_parser(subparsers):
     import argparse
 
-    from transformer_vq.train.config import TrainConfig, field_docs
+    from transformer_vq.config import TrainConfig, TransformerVQConfig
+    from transformer_vq.config.flags import add_flags, add_preset_flag
 
     parser = subparsers.add_parser(
         "train", help="train a model (no arguments: small model on Shakespeare, ~5 min on CPU)",
         description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--preset", help="model preset (default: small; see transformer_vq.config.PRESETS)")
+    add_preset_flag(parser, "small")
     parser.add_argument("--config", metavar="FILE", help="YAML or TOML file with preset / model / train sections")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a model or train field, e.g. model.d_model=128 or lr=1e-3 (repeatable)")
     parser.add_argument("--resume", nargs="?", const="auto", metavar="auto|PATH",
                         help="continue from the run directory's latest complete checkpoint ('auto', the default "
                              "when the flag is given alone) or from the given run/checkpoint directory")
-    parser.add_argument("--data-option", dest="data_options", action="append", default=[], metavar="KEY=VALUE",
-                        help="a keyword option of the corpus loader, e.g. tokenizer=pg19.model or "
-                             "'fractions=[0.9, 0.05, 0.05]' (repeatable; saved with the run)")
-    fields = parser.add_argument_group("training fields (see docs/training.md)")
-    docs = field_docs(TrainConfig)
-    for field in dataclasses.fields(TrainConfig):
-        if field.name in MAPPING_FIELDS:
-            continue
-        default = field.default
-        fields.add_argument(f"--{field.name.replace('_', '-')}", dest=f"field_{field.name}", metavar="VALUE",
-                            help=f"{docs.get(field.name, '')} (default: {default!r})")
+    add_flags(parser.add_argument_group("model fields (default: the preset's; see docs/training.md)"),
+              TransformerVQConfig, defaults="")
+    add_flags(parser.add_argument_group("training fields (see docs/training.md)"), TrainConfig)
     return parser
 
 
 def build_config(args):
     """The run config the arguments describe. Resuming without --preset / --config continues the run's
     saved config (its config.json), with the flags and --set applied on top."""
-    import json
+    import dataclasses
 
-    from transformer_vq.train.config import RunConfig, TrainConfig, load_config, parse_data_options
+    from transformer_vq.config import TrainConfig, TransformerVQConfig, load_config
+    from transformer_vq.config.flags import given
 
-    flags = [f"train.{f.name}={getattr(args, 'field_' + f.name)}" for f in dataclasses.fields(TrainConfig)
-             if f.name not in MAPPING_FIELDS and getattr(args, "field_" + f.name) is not None]
-    overrides = flags + list(args.overrides)
-    cfg = load_config(args.preset, args.config, overrides)
-    if args.resume is not None and args.preset is None and args.config is None:
-        saved = cfg.train.resolved_run_dir() / "config.json"
-        if saved.is_file():
-            cfg = load_config(None, None, overrides, base=RunConfig.from_dict(json.loads(saved.read_text())))
-    if args.data_options:
+    values = {"model": given(args, TransformerVQConfig), "train": given(args, TrainConfig)}
+    options = values["train"].pop("data_options", {})
+    base = _resume_base(args, values)
+    cfg = load_config(args.preset, args.config, args.overrides, base=base, values=values)
+    _check_data_named(args, values, base)
+    if options:
         # on top of the options of the config file (or of the run being resumed)
-        options = {**cfg.train.data_options, **parse_data_options(args.data_options)}
-        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, data_options=options))
+        train = dataclasses.replace(cfg.train, data_options={**cfg.train.data_options, **options})
+        cfg = dataclasses.replace(cfg, train=train)
     return cfg
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions whose message is meant for the user: printed without a traceback."""
-    from transformer_vq.data.errors import DataError
-    from transformer_vq.train import CheckpointError, ConfigError
+def _train_sets(args) -> dict:
+    """The training fields given by ``--set`` (as text)."""
+    from transformer_vq.config.load import parse_override
 
-    return (ConfigError, CheckpointError, DataError, ValueError, FileNotFoundError)
+    return {key: value for section, key, value in map(parse_override, args.overrides) if section == "train"}
 
 
-def report(err: BaseException) -> int:
-    print(f"error: {err}", file=sys.stderr)
-    return 2
+def _resume_base(args, values):
+    """The saved config of the run being resumed (None for a new run, or when --preset/--config start over)."""
+    from transformer_vq.config import TrainConfig, read_run_config
+    from transformer_vq.config.load import build
+
+    if args.resume is None or args.preset is not None or args.config is not None:
+        return None
+    where = {k: v for k, v in {**_train_sets(args), **values["train"]}.items() if k in ("name", "run_dir")}
+    saved = build(TrainConfig, where, "train").resolved_run_dir() / "config.json"
+    return read_run_config(saved) if saved.is_file() else None
+
+
+def _check_data_named(args, values, base) -> None:
+    """A data path means nothing without its corpus: refuse ``--data-path`` when no source names ``--data``."""
+    from pathlib import Path
+
+    from transformer_vq.config import ConfigError
+    from transformer_vq.config.load import read_file
+
+    named = set(values["train"]) | set(_train_sets(args))
+    if args.config is not None:
+        named |= set(read_file(Path(args.config)).get("train") or {})
+    if base is None and "data_path" in named and "data" not in named:
+        raise ConfigError("--data-path: name the corpus it holds with --data (text for your own text file or "
+                          "directory; shakespeare, enwik8, pg19, imagenet64 or gcide for a downloaded copy)")
+
+
+def check_resume_steps(cfg, resume: str | None) -> None:
+    """Refuse to resume a run that already reached ``--steps`` (it would train nothing)."""
+    from pathlib import Path
+
+    from transformer_vq.config import ConfigError
+    from transformer_vq.train.checkpoint import STEP_DIR, list_checkpoints
+
+    if resume is None:
+        return
+    path = cfg.train.resolved_run_dir() if resume == "auto" else Path(resume)
+    found = [path] if STEP_DIR.match(path.name) else list_checkpoints(path / "checkpoints") or list_checkpoints(path)
+    if not found:
+        return
+    # the newest complete checkpoint is the one `latest` names (a newer, damaged one would not be resumed from)
+    pointer = found[-1].parent / "latest"
+    named = STEP_DIR.match(pointer.read_text(errors="replace").strip()) if pointer.is_file() else None
+    step = int((named or STEP_DIR.match(found[-1].name)).group(1))
+    if cfg.train.steps <= step:
+        raise ConfigError(f"--steps: the run in {path} is already at step {step} and --steps is {cfg.train.steps}; "
+                          f"give --steps above {step} to train further")
 
 
 def run(args) -> int:
+    from transformer_vq.cli.errors import check_device
     from transformer_vq.train import TrainingError, train
 
+    cfg = build_config(args)
+    check_device(cfg.train.device)
+    check_resume_steps(cfg, args.resume)
     try:
-        cfg = build_config(args)
         result = train(cfg, resume=args.resume)
     except TrainingError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    except user_errors() as err:
-        return report(err)
-    except KeyboardInterrupt:
-        return 130
     if result.exit_code:
         print(f"stopped at step {result.step}; continue with: tvq train --resume auto "
               f"--run-dir {result.run_dir}", file=sys.stderr)

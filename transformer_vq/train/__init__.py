@@ -2,14 +2,14 @@
 
     from transformer_vq.train import RunConfig, load_config, train, evaluate, sample
 
-    cfg = load_config(preset="small", overrides=["train.steps=100"])
+    cfg = load_config(preset="small", values={"train": {"steps": 100}})
     result = train(cfg)                                   # -> TrainResult
-    print(evaluate("runs/default").bits_per_byte)         # -> EvalResult
-    print("".join(sample("runs/default", "ROMEO:", max_new_tokens=200, seed=0)))
+    print(evaluate("runs/default").bits_per_byte)         # -> EvalResult (or evaluate(EvalConfig(...)))
+    print("".join(sample("runs/default", "ROMEO:", max_new_tokens=200, seed=0)))  # or sample(SampleConfig(...))
 """
 
+from transformer_vq.config import ConfigError, EvalConfig, RunConfig, SampleConfig, TrainConfig, load_config
 from transformer_vq.train.checkpoint import CheckpointError
-from transformer_vq.train.config import ConfigError, RunConfig, TrainConfig, load_config
 from transformer_vq.train.evaluate import EvalResult, evaluate, evaluate_tokens
 from transformer_vq.train.loop import TrainingError, TrainResult, train
 from transformer_vq.train.sample import sample, stream_text
@@ -17,8 +17,10 @@ from transformer_vq.train.sample import sample, stream_text
 __all__ = [
     "CheckpointError",
     "ConfigError",
+    "EvalConfig",
     "EvalResult",
     "RunConfig",
+    "SampleConfig",
     "TrainConfig",
     "TrainResult",
     "TrainingError",

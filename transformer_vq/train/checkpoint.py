@@ -33,14 +33,10 @@ import safetensors.torch
 import torch
 
 from transformer_vq import fileio
-from transformer_vq.config import TransformerVQConfig
+from transformer_vq.config import TRAINING_ONLY_FIELDS, TransformerVQConfig
 
 FILES = ("model.safetensors", "state.pt", "config.json")
 STEP_DIR = re.compile(r"^step_(\d{8,})$")
-
-# Model fields that only change training, not what the weights mean: a run may resume with new values.
-TRAINING_ONLY_FIELDS = frozenset({"dropsin", "dropres", "droplyr", "commit_coef", "ema_rate",
-                                  "dead_code_restart", "reduction"})
 
 
 class CheckpointError(RuntimeError):

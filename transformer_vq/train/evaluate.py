@@ -29,6 +29,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from transformer_vq.config import EvalConfig
+from transformer_vq.config.jobs import job_config
 from transformer_vq.data.batches import check_vocab
 from transformer_vq.data.metrics import (bits_per_byte, corpus_tokens_per_byte, corpus_tokens_per_word,
                                          word_perplexity)
@@ -132,26 +134,28 @@ def _total_nll(model: torch.nn.Module, rows: torch.Tensor, mask: torch.Tensor, w
     return total_nll.item()
 
 
-def evaluate(ckpt: str, *, split: str = "validation", data_path: str | None = None, streams: int | None = None,
-             max_tokens: int = 0, window_len: int | None = None, device: str = "auto",
-             data_options: dict | None = None) -> EvalResult:
+def evaluate(ckpt: str | EvalConfig, **options) -> EvalResult:
     """Evaluate a checkpoint (a run directory or a checkpoint directory) on a split of its corpus.
 
+    ``ckpt`` is an :class:`~transformer_vq.config.EvalConfig`, or a checkpoint path with the other
+    EvalConfig fields as keywords (``evaluate("runs/default", split="test", max_tokens=10_000)``).
     The corpus (with its saved loader options, and the run's copy of its tokenizer), model and
     precision come from the checkpoint's saved config; ``data_path`` replaces the saved data path
     (for data that moved) and ``data_options`` override saved loader options.
     """
     from transformer_vq.train.build import load_corpus_for, model_from_checkpoint, run_dir_of
 
-    model, run_cfg, checkpoint = model_from_checkpoint(ckpt, device=device)
-    corpus = load_corpus_for(run_cfg.train, data_path=data_path, run_dir=run_dir_of(checkpoint),
-                             data_options=data_options)
+    cfg = job_config(EvalConfig, ckpt, **options)
+    split = cfg.split
+    model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device=cfg.device)
+    corpus = load_corpus_for(run_cfg.train, data_path=cfg.data_path, run_dir=run_dir_of(checkpoint),
+                             data_options=cfg.data_options)
     tokens = corpus.split(split)
     check_vocab(tokens, run_cfg.model.vocab_size, split)
     return evaluate_tokens(
-        model, tokens, window_len=window_len or run_cfg.train.update_len,
+        model, tokens, window_len=cfg.window_len or run_cfg.train.update_len,
         tokens_per_byte=corpus_tokens_per_byte(corpus, split),
         tokens_per_word=corpus_tokens_per_word(corpus, split),
-        streams=streams or run_cfg.train.eval_streams, max_tokens=max_tokens,
+        streams=cfg.streams or run_cfg.train.eval_streams, max_tokens=cfg.max_tokens,
         precision=run_cfg.train.precision, split=split,
     )

@@ -14,6 +14,8 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from transformer_vq.config import SampleConfig
+from transformer_vq.config.jobs import job_config
 from transformer_vq.data.codec import BYTE_VOCAB
 from transformer_vq.train.inference import evaluating
 
@@ -70,24 +72,25 @@ def stream_text(model: torch.nn.Module, prompt_ids: Sequence[int], decode: Calla
         yield tail
 
 
-def sample(ckpt: str, prompt: str = "\n", *, max_new_tokens: int = 500, temperature: float = 1.0,
-           top_k: int | None = None, top_p: float = 1.0, seed: int = 0, data_path: str | None = None,
-           device: str = "auto") -> Iterator[str]:
+def sample(ckpt: str | SampleConfig, prompt: str | None = None, **options) -> Iterator[str]:
     """Stream text sampled from a checkpoint (a run directory or a checkpoint directory).
 
+    ``ckpt`` is a :class:`~transformer_vq.config.SampleConfig`, or a checkpoint path with the other
+    SampleConfig fields as keywords (``sample("runs/default", "ROMEO:", max_new_tokens=200, seed=0)``).
     Returns an iterator of text pieces; ``"".join(sample(...))`` is the whole sample.
     """
     from transformer_vq.train.build import codec_for, model_from_checkpoint, run_dir_of
 
-    model, run_cfg, checkpoint = model_from_checkpoint(ckpt, device=device)
-    encode, decode = codec_for(run_cfg, data_path=data_path, run_dir=run_dir_of(checkpoint))
-    prompt_ids = encode(prompt)
+    cfg = job_config(SampleConfig, ckpt, prompt=prompt, **options)
+    model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device=cfg.device)
+    encode, decode = codec_for(run_cfg, data_path=cfg.data_path, run_dir=run_dir_of(checkpoint))
+    prompt_ids = encode(cfg.prompt)
     bad = [i for i in prompt_ids if not 0 <= i < run_cfg.model.vocab_size]
     if bad:
         raise ValueError(f"the prompt encodes to token id {bad[0]}, outside the model's vocabulary "
                          f"[0, {run_cfg.model.vocab_size})")
-    return stream_text(model, prompt_ids, decode, max_new_tokens=max_new_tokens, temperature=temperature,
-                       top_k=top_k, top_p=top_p, seed=seed)
+    return stream_text(model, prompt_ids, decode, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                       top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed)
 
 
 # Corpora whose sequences are images of 12,288 raster-order bytes (see transformer_vq.data.images).
@@ -130,25 +133,25 @@ def sample_image_tokens(model: torch.nn.Module, num_images: int, *, temperature:
     return torch.cat([first, torch.stack(rest, dim=1)], dim=1).cpu()  # (N, 12288)
 
 
-def sample_images(ckpt: str, out_dir: str | os.PathLike, *, num_images: int = 4, temperature: float = 1.0,
-                  top_k: int | None = None, top_p: float = 1.0, seed: int = 0,
-                  device: str = "auto") -> list[Path]:
-    """Sample ``num_images`` images from an image model's checkpoint into ``out_dir``.
+def sample_images(ckpt: str | SampleConfig, out_dir: str | os.PathLike | None = None, **options) -> list[Path]:
+    """Sample ``num_samples`` images from an image model's checkpoint into ``out_dir`` (default: the
+    config's ``out``, else RUN_DIR/samples); ``ckpt`` and ``options`` as in :func:`sample`.
 
     Writes ``sample_000.png`` ... (one 64x64 RGB PNG per image) and ``grid.png`` (all of them,
     :func:`~transformer_vq.data.images.save_grid`); returns the paths, the grid last.
     """
     from transformer_vq.data.images import save_grid, save_png
-    from transformer_vq.train.build import model_from_checkpoint
+    from transformer_vq.train.build import model_from_checkpoint, run_dir_of
 
-    model, run_cfg, _ = model_from_checkpoint(ckpt, device=device)
+    cfg = job_config(SampleConfig, ckpt, out=None if out_dir is None else str(out_dir), **options)
+    model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device=cfg.device)
     if not is_image_run(run_cfg) or run_cfg.model.vocab_size != BYTE_VOCAB:
-        raise ValueError(f"{ckpt} is not an image model (trained on {run_cfg.train.data!r}, vocabulary "
+        raise ValueError(f"{cfg.ckpt} is not an image model (trained on {run_cfg.train.data!r}, vocabulary "
                          f"{run_cfg.model.vocab_size}); image sampling needs a byte model trained on "
                          f"{' or '.join(IMAGE_CORPORA)}")
-    images = sample_image_tokens(model, num_images, temperature=temperature, top_k=top_k, top_p=top_p,
-                                 seed=seed).numpy()
-    out = Path(out_dir)
+    images = sample_image_tokens(model, cfg.num_samples, temperature=cfg.temperature, top_k=cfg.top_k,
+                                 top_p=cfg.top_p, seed=cfg.seed).numpy()
+    out = Path(cfg.out) if cfg.out is not None else run_dir_of(checkpoint) / "samples"
     paths = [save_png(tokens, out / f"sample_{i:03d}.png") for i, tokens in enumerate(images)]
     paths.append(save_grid(list(images), out / "grid.png"))
     return paths

@@ -1,0 +1,192 @@
+"""The flags generated from the config dataclasses: every field is a typed flag, values are refused while parsing
+with one line naming the flag, sources are applied in a fixed order, and errors reach the user as one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import subprocess
+import sys
+
+import pytest
+
+from transformer_vq.cli import build_parser, main
+from transformer_vq.config import EvalConfig, SampleConfig, TrainConfig, TransformerVQConfig
+
+
+def exit_code(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as stop:
+        return stop.code
+
+
+def help_text(capsys, *command: str) -> str:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*command, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_every_model_and_train_field_is_a_flag_of_train_with_its_help(capsys):
+    text = help_text(capsys, "train")
+    squeezed = "".join(text.split())  # help lines wrap at spaces and hyphens
+    for cls in (TransformerVQConfig, TrainConfig):
+        for field in dataclasses.fields(cls):
+            flag = "--" + field.metadata.get("flag", field.name.replace("_", "-"))
+            assert flag in text, flag
+            assert "".join(field.metadata["help"].split()) in squeezed, field.name
+    assert "--abs-pos, --no-abs-pos" in text and "--attn-type {vq,full,flash_quad,flash}" in text
+    assert "--lr X|none" in text
+
+
+@pytest.mark.parametrize("command, cls", [("eval", EvalConfig), ("sample", SampleConfig)])
+def test_eval_and_sample_flags_are_their_config_fields(capsys, command, cls):
+    text = help_text(capsys, command)
+    for field in dataclasses.fields(cls):
+        assert "--" + field.metadata.get("flag", field.name.replace("_", "-")) in text
+
+
+def test_help_does_not_import_torch():
+    code = "import sys; from transformer_vq.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_flags_are_typed_values():
+    from transformer_vq.cli.train import build_config
+
+    args = build_parser().parse_args(["train", "--preset", "tiny", "--block-len", "4", "--attn-type", "full",
+                                      "--abs-pos", "--lr", "none", "--dropres", "0.25", "--steps", "7",
+                                      "--data-path", "x.txt", "--data", "text"])
+    cfg = build_config(args)
+    assert (cfg.model.block_len, cfg.model.attn_type, cfg.model.abs_pos, cfg.model.dropres) == (4, "full", True, 0.25)
+    assert (cfg.train.lr, cfg.train.steps, cfg.train.data_path, cfg.train.data) == (None, 7, "x.txt", "text")
+    args = build_parser().parse_args(["train", "--preset", "imagenet64", "--no-abs-pos", "--update-len", "512",
+                                      "--seq-len", "512"])
+    assert build_config(args).model.abs_pos is False
+
+
+def test_precedence_preset_file_set_flags(tmp_path):
+    from transformer_vq.cli.train import build_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text("preset: tiny\nmodel:\n  n_layers: 2\n  n_code: 4\ntrain:\n  steps: 50\n  seed: 5\n")
+
+    def cfg(*argv):
+        return build_config(build_parser().parse_args(["train", "--config", str(path), *argv]))
+
+    base = cfg()
+    assert (base.model.d_model, base.model.n_layers, base.model.n_code, base.train.steps) == (32, 2, 4, 50)
+    with_set = cfg("--set", "n_layers=3", "--set", "steps=60")
+    assert (with_set.model.n_layers, with_set.train.steps, with_set.train.seed) == (3, 60, 5)
+    flags = cfg("--set", "n_layers=3", "--set", "steps=60", "--n-layers", "4", "--steps", "70")
+    assert (flags.model.n_layers, flags.model.n_code, flags.train.steps) == (4, 4, 70)
+    assert cfg("--preset", "small").model.d_model == 256  # an explicit preset wins over the file's
+
+
+def test_resume_continues_the_saved_config_with_flags_on_top(tmp_path):
+    from transformer_vq.cli.train import build_config
+    from transformer_vq.config import load_config
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    saved = load_config("tiny", values={"model": {"n_layers": 2}, "train": {"steps": 40, "run_dir": str(run_dir)}})
+    (run_dir / "config.json").write_text(saved.to_json())
+    cfg = build_config(build_parser().parse_args(["train", "--resume", "--run-dir", str(run_dir), "--steps", "80"]))
+    assert (cfg.model, cfg.train.steps) == (saved.model, 80)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--lr", "inf"], "error: --lr: must be a finite number, got 'inf'"),
+    (["train", "--lr", "nan"], "error: --lr: must be a finite number, got 'nan'"),
+    (["train", "--lr", "1e400"], "error: --lr: is too large (overflows a float), got '1e400'"),
+    (["train", "--lr", ""], "error: --lr: must be a number, got ''"),
+    (["train", "--dropres=-inf"], "error: --dropres: must be a finite number, got '-inf'"),
+    (["train", "--steps", "1e400"], "error: --steps: must be an integer (digits only, without a decimal point or "
+                                    "exponent), got '1e400'"),
+    (["train", "--batch-size", "99999999999999999999999"],
+     "error: --batch-size: is too large (at most 9223372036854775807), got '99999999999999999999999'"),
+    (["train", "--steps", ""], "error: --steps: must be an integer, got ''"),
+    (["train", "--data", ""], "error: --data: must not be empty, got ''"),
+    (["train", "--name", ""], "error: --name: must not be empty, got ''"),
+    (["train", "--name", "."], "error: --name: must name one directory (not empty, '.' or '..', without '/'), "
+                               "got '.'"),
+    (["train", "--name", ".."], "error: --name: must name one directory (not empty, '.' or '..', without '/'), "
+                                "got '..'"),
+    (["train", "--name", "a/b"], "error: --name: must name one directory (not empty, '.' or '..', without '/'), "
+                                 "got 'a/b'"),
+    (["train", "--attn-type", "linear"], "error: --attn-type: must be one of vq, full, flash_quad, flash, got "
+                                         "'linear'"),
+    (["train", "--device", "tpu"], "error: --device: must be one of auto, cpu, cuda, got 'tpu'"),
+    (["train", "--preset", "gpt2"], "error: --preset: must be one of enwik8, pg19, imagenet64, small, tiny, got "
+                                    "'gpt2'"),
+    (["train", "--set", "lr=inf"], "error: --lr: must be a finite number, got 'inf'"),
+    (["train", "--set", "data_path="], "error: --data-path: must not be empty, got ''"),
+    (["train", "--data-path", "notes.txt"], "error: --data-path: name the corpus it holds with --data (text for "
+                                            "your own text file or directory; shakespeare, enwik8, pg19, imagenet64 "
+                                            "or gcide for a downloaded copy)"),
+    (["eval", "--max-tokens", "-5"], "error: --max-tokens: must be an integer >= 0, got '-5'"),
+    (["eval", "--streams", "0"], "error: --streams: must be a positive integer, got '0'"),
+    (["sample", "--temperature", "1e-400"], "error: --temperature: is too small (underflows to 0), got '1e-400'"),
+    (["sample", "--temperature", "1e-9"], "error: --temperature: must be 0 (greedy) or at least 0.0001, got 1e-09"),
+    (["sample", "--temperature", "-1"], "error: --temperature: must be >= 0, got '-1'"),
+    (["sample", "--top-p", "0"], "error: --top-p: must be in (0, 1], got '0'"),
+    (["sample", "--top-p", "1.5"], "error: --top-p: must be in (0, 1], got '1.5'"),
+    (["sample", "--top-k", "0"], "error: --top-k: must be a positive integer, got '0'"),
+    (["sample", "--max-new-tokens", "0"], "error: --max-new-tokens: must be a positive integer, got '0'"),
+    (["sample", "--prompt", ""], "error: --prompt: must not be empty, got ''"),
+    (["train", "--bogus"], "error: unrecognized arguments: --bogus; see tvq --help"),
+])
+def test_bad_values_exit_2_with_one_line(capsys, argv, message):
+    assert exit_code(argv) == 2
+    assert capsys.readouterr().err == message + "\n"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("command", ["train", "eval", "sample"])
+def test_cuda_without_a_gpu(capsys, command):
+    assert exit_code([command, "--device", "cuda"]) == 2
+    assert capsys.readouterr().err == ("error: --device: cuda was requested but no CUDA GPU is available; use "
+                                       "--device cpu (or auto)\n")
+
+
+@pytest.mark.parametrize("error, message", [
+    (OSError(errno.ENOSPC, "No space left on device", "/runs/x/checkpoints"),
+     "error: No space left on device: /runs/x/checkpoints; free some space or write elsewhere (e.g. --run-dir on "
+     "another disk)"),
+    (PermissionError(errno.EACCES, "Permission denied", "/runs"),
+     "error: Permission denied: /runs; check the permissions, or write elsewhere (e.g. --run-dir)"),
+    (OSError(errno.EROFS, "Read-only file system", "/mnt/ro"),
+     "error: Read-only file system: /mnt/ro; the file system is read-only; write elsewhere (e.g. --run-dir)"),
+    (NotADirectoryError(errno.ENOTDIR, "Not a directory", "/runs/file/x"),
+     "error: Not a directory: /runs/file/x; a part of the path is a file, not a directory; choose another path"),
+    (MemoryError(), "error: out of memory; use a smaller model, batch_size or seq_len, or a machine with more memory"),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: you tried to "
+                  "allocate 1099511627776 bytes. can't allocate memory"),
+     "error: out of memory (tried to allocate 1099511627776 bytes); use a smaller model, batch_size or seq_len, or "
+     "a device with more memory"),
+    (RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.15 GiB total capacity)"),
+     "error: out of memory (tried to allocate 20.00 GiB); use a smaller model, batch_size or seq_len, or a device "
+     "with more memory"),
+    (RuntimeError("Found no NVIDIA driver on your system."), "error: CUDA is not usable on this machine; use --device "
+                                                             "cpu"),
+])
+def test_environment_problems_are_one_line(monkeypatch, capsys, error, message):
+    import transformer_vq.cli.version as version
+
+    def run(args):
+        raise error
+
+    monkeypatch.setattr(version, "run", run)
+    assert main(["version"]) == 2
+    assert capsys.readouterr().err == message + "\n"
+
+
+def test_bugs_keep_their_traceback(monkeypatch):
+    import transformer_vq.cli.version as version
+
+    monkeypatch.setattr(version, "run", lambda args: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        main(["version"])
+    monkeypatch.setattr(version, "run", lambda args: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(["version"]) == 130

@@ -1,0 +1,86 @@
+"""What the command line does with an exception: one line for the user, or a traceback for a bug.
+
+- user errors (a bad flag, config, data or checkpoint): ``error: ...`` naming the flag, path or value, exit 2;
+- environment problems (a full, read-only or missing disk, no memory, no CUDA): ``error: ...`` saying what and,
+  when the message has it, how much, exit 2;
+- anything else is a bug in the library: its traceback is shown (Python's exit status 1).
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+import sys
+
+# What to do about each operating-system error a run can meet while writing or reading files.
+OS_HINTS = {
+    errno.ENOSPC: "free some space or write elsewhere (e.g. --run-dir on another disk)",
+    errno.EDQUOT: "free some space or write elsewhere (e.g. --run-dir on another disk)",
+    errno.EACCES: "check the permissions, or write elsewhere (e.g. --run-dir)",
+    errno.EPERM: "check the permissions, or write elsewhere (e.g. --run-dir)",
+    errno.EROFS: "the file system is read-only; write elsewhere (e.g. --run-dir)",
+    errno.ENOTDIR: "a part of the path is a file, not a directory; choose another path",
+    errno.EISDIR: "the path is a directory where a file was expected; choose another path",
+    errno.ENOENT: "check the path",
+    errno.EEXIST: "remove it or choose another path",
+}
+MEMORY_WORDS = ("can't allocate memory", "out of memory", "cannot allocate memory")
+NO_CUDA_WORDS = ("no nvidia driver", "no cuda gpus are available", "cuda driver", "torch not compiled with cuda")
+
+
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """Exceptions whose message is meant for the user. Only modules already imported can have raised one, so
+    looking them up in ``sys.modules`` imports nothing (torch stays unloaded for ``--help``)."""
+    from transformer_vq.config import ConfigError
+
+    found = [ConfigError, ValueError]
+    for module, name in (("transformer_vq.data.errors", "DataError"),
+                         ("transformer_vq.train.checkpoint", "CheckpointError")):
+        if module in sys.modules:
+            found.append(getattr(sys.modules[module], name))
+    return tuple(found)
+
+
+def describe(err: BaseException) -> str | None:
+    """The one line shown for a user error or an environment problem; None for a bug."""
+    from transformer_vq.config import ConfigError
+    from transformer_vq.config.flags import flag_message
+
+    if isinstance(err, ConfigError):
+        return flag_message(err)
+    if isinstance(err, OSError) and not isinstance(err, (ConnectionError, TimeoutError)):
+        return _os_message(err)
+    if isinstance(err, MemoryError):
+        return "out of memory; use a smaller model, batch_size or seq_len, or a machine with more memory"
+    if isinstance(err, RuntimeError):
+        text = str(err).lower()
+        if any(w in text for w in MEMORY_WORDS):
+            amount = re.search(r"allocate (?:memory: you tried to allocate )?([\d.,]+ ?(?:[KMGT]i?B|bytes)?)",
+                               str(err), re.I)
+            how_much = f" (tried to allocate {amount.group(1).strip()})" if amount else ""
+            return (f"out of memory{how_much}; use a smaller model, batch_size or seq_len, or a device with more "
+                    f"memory")
+        if any(w in text for w in NO_CUDA_WORDS):
+            return "CUDA is not usable on this machine; use --device cpu"
+    if isinstance(err, user_error_types()):
+        return " ".join(str(err).split()) or type(err).__name__
+    return None
+
+
+def _os_message(err: OSError) -> str:
+    where = err.filename if err.filename is not None else ""
+    what = err.strerror or str(err)
+    hint = OS_HINTS.get(err.errno, "check the path and the disk")
+    return f"{what}: {where}; {hint}" if where else f"{what}; {hint}"
+
+
+def check_device(name: str) -> None:
+    """Refuse ``--device cuda`` on a machine without a usable CUDA GPU (imports torch: call it from ``run``)."""
+    from transformer_vq.config import ConfigError
+
+    if name == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device: cuda was requested but no CUDA GPU is available; use --device cpu "
+                              "(or auto)")

@@ -1,0 +1,13 @@
+"""Every enumeration of the configs, defined once (torch-free, so that ``tvq --help`` stays fast)."""
+
+HEAD_TYPES = ("shga", "mqa", "mha")
+"""'shga': one head (the GAU); 'mqa': query heads sharing one key/value head; 'mha': a key/value head per query head."""
+ATTN_TYPES = ("vq", "full", "flash_quad", "flash")
+"""'vq': Transformer-VQ; baselines 'full' (softmax, unquantized), 'flash_quad' and 'flash' (FLASH, Hua et al. 2022)."""
+REDUCTIONS = ("serial", "matmul", "assoc")
+"""How the per-code cache is accumulated across blocks (the paper's App. B and E)."""
+PRECISIONS = ("float32", "bfloat16")
+OPTIMIZERS = ("adamw", "adafactor")
+DEVICES = ("auto", "cpu", "cuda")
+OP_METHODS = ("vq-serial", "vq-matmul", "vq-assoc", "sdpa", "full", "flash", "flash_quad")
+"""Methods of ``tvq bench op``: the VQ operator by reduction, PyTorch's SDPA (no bias), and the baselines."""

@@ -1,0 +1,216 @@
+"""Field metadata and value checks shared by every config dataclass.
+
+A config field is declared with :func:`option`, which stores its help text and its constraints on the field
+itself (``dataclasses.Field.metadata``). The same constraints are checked when a config is built (from Python,
+a file or ``--set``) and when a command-line flag is parsed (``transformer_vq.config.flags``), so one rule gives
+one message wherever the value comes from. Kept free of torch so that ``tvq --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+import typing
+
+# Integers go into tensors, seeds and sizes: anything above a signed 64-bit integer cannot be used.
+MAX_INT = 2**63 - 1
+NONE_WORDS = ("none", "null")
+TRUE_WORDS = ("true", "yes", "1", "on")
+FALSE_WORDS = ("false", "no", "0", "off")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message that says how to fix it.
+
+    ``problems`` holds ``(field, text)`` pairs ("steps", "must be a positive integer, got 0"); the command line
+    turns each field into its flag. A problem that ties several fields together has ``field`` None.
+    """
+
+    def __init__(self, message: str, problems: typing.Sequence[tuple[str | None, str]] = (), cls=None):
+        super().__init__(message)
+        self.problems = tuple(problems)
+        self.cls = cls
+        """The config class whose fields ``problems`` names."""
+
+
+def option(default=dataclasses.MISSING, help: str = "", *, factory=dataclasses.MISSING, **rules):
+    """A dataclass field with its help text and rules: ``min``/``max`` (with ``min_open``/``max_open`` for
+    strict bounds), ``choices``, ``training_only`` (model fields a resumed run may change), ``flag`` (a flag
+    name other than the field's), ``k_suffix`` (lengths may be written ``8k``), ``allow_empty`` (a tuple may
+    be empty)."""
+    return dataclasses.field(default=default, default_factory=factory, metadata={"help": help, **rules})
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """What a field holds, read from its annotation: ``base`` is int, float, str, bool, dict, or a dataclass;
+    ``many`` marks ``tuple[base, ...]``; ``optional`` marks ``X | None``."""
+
+    base: type
+    optional: bool = False
+    many: bool = False
+
+
+@functools.lru_cache(maxsize=None)
+def kinds(cls) -> dict[str, Kind]:
+    """Every field's :class:`Kind` (annotations resolved once per class)."""
+    out = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        args = typing.get_args(hint)
+        optional = type(None) in args
+        if optional:
+            hint = next(a for a in args if a is not type(None))
+        many = typing.get_origin(hint) is tuple
+        base = typing.get_args(hint)[0] if many else (typing.get_origin(hint) or hint)
+        out[name] = Kind(base, optional, many)
+    return out
+
+
+def fields_of(cls) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def flag_of(field: dataclasses.Field) -> str:
+    """The command-line flag of a field: ``block_len`` -> ``--block-len``."""
+    return "--" + field.metadata.get("flag", field.name.replace("_", "-"))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _bounds(rules: dict, integer: bool) -> str | None:
+    low, high = rules.get("min"), rules.get("max")
+    if integer and low in (0, 1) and high is None:
+        return "must be a positive integer" if low == 1 else "must be an integer >= 0"
+    if low is not None and high is not None:
+        left, right = "(" if rules.get("min_open") else "[", ")" if rules.get("max_open") else "]"
+        return f"must be in {left}{low:g}, {high:g}{right}"
+    if low is not None:
+        return f"must be {'>' if rules.get('min_open') else '>='} {low:g}"
+    if high is not None:
+        return f"must be {'<' if rules.get('max_open') else '<='} {high:g}"
+    return None
+
+
+def _outside(value, rules: dict) -> bool:
+    low, high = rules.get("min"), rules.get("max")
+    if low is not None and (value <= low if rules.get("min_open") else value < low):
+        return True
+    return high is not None and (value >= high if rules.get("max_open") else value > high)
+
+
+def _scalar_problem(value, base: type, rules: dict) -> str | None:
+    """What is wrong with one value of type ``base`` under ``rules`` ("must be ..."), or None."""
+    if base is bool:
+        return None if isinstance(value, bool) else "must be true or false"
+    if base is int:
+        if not _is_int(value):
+            return "must be an integer"
+        if abs(value) > MAX_INT:
+            return f"is too large (at most {MAX_INT})"
+    elif base is float:
+        if not (_is_int(value) or isinstance(value, float)):
+            return "must be a number"
+        if not math.isfinite(value):
+            return "must be a finite number"
+    elif base is str:
+        if not isinstance(value, str):
+            return "must be a string"
+        if not value:
+            return "must not be empty"
+        if "choices" in rules and value not in rules["choices"]:
+            return f"must be one of {', '.join(rules['choices'])}"
+        return None
+    elif base is dict:
+        ok = isinstance(value, dict) and all(isinstance(k, str) for k in value)
+        return None if ok else "must be a mapping of option name to value"
+    else:
+        return None if isinstance(value, base) else f"must be a {base.__name__}"
+    return _bounds(rules, base is int) if _outside(value, rules) else None
+
+
+def problem(field: dataclasses.Field, kind: Kind, value) -> str | None:
+    """What is wrong with ``value`` for ``field`` ("must be a positive integer"), or None when it is fine."""
+    if value is None:
+        return None if kind.optional else "must be given (none is not allowed)"
+    if not kind.many:
+        return _scalar_problem(value, kind.base, field.metadata)
+    if not isinstance(value, tuple) or not (value or field.metadata.get("allow_empty")):
+        return "must be a non-empty list"
+    return next((_scalar_problem(v, kind.base, field.metadata) for v in value
+                 if _scalar_problem(v, kind.base, field.metadata)), None)
+
+
+def check(obj, extra: typing.Sequence[tuple[str | None, str]] = ()) -> None:
+    """Check every field of a config against its rules, plus the class's own cross-field ``extra`` problems;
+    raise one :class:`ConfigError` that lists them all."""
+    found = []
+    for name, kind in kinds(type(obj)).items():
+        value = getattr(obj, name)
+        text = problem(fields_of(type(obj))[name], kind, value)
+        if text:
+            found.append((name, f"{text}, got {value!r}"))
+    found += [p for p in extra if p]
+    if found:
+        detail = "; ".join(text if name is None else f"{name} {text}" for name, text in found)
+        raise ConfigError(f"invalid {type(obj).__name__}: {detail}", found, type(obj))
+
+
+def parse_scalar(text: str, base: type, rules: dict):
+    """One command-line or ``--set`` word as a value of type ``base``; raises ValueError with a message
+    ("must be an integer, got 'ten'")."""
+    word = text.strip()
+    if base is bool:
+        if word.lower() in TRUE_WORDS + FALSE_WORDS:
+            return word.lower() in TRUE_WORDS
+        raise ValueError(f"must be true or false, got {text!r}")
+    if base is int:
+        scale = 1024 if rules.get("k_suffix") and word.lower().endswith("k") else 1
+        digits = word[:-1] if scale > 1 else word
+        if not re.fullmatch(r"[+-]?\d+", digits):
+            hint = " (digits only, without a decimal point or exponent)" if re.fullmatch(
+                r"[+-]?[\d.]+(e[+-]?\d+)?", digits.lower()) else ""
+            raise ValueError(f"must be an integer{hint}, got {text!r}")
+        return int(digits) * scale
+    if base is float:
+        try:
+            value = float(word)
+        except ValueError:
+            raise ValueError(f"must be a number, got {text!r}") from None
+        if math.isinf(value) and "inf" not in word.lower():
+            raise ValueError(f"is too large (overflows a float), got {text!r}")
+        if value == 0 and re.search(r"[1-9]", word.lower().split("e")[0]):
+            raise ValueError(f"is too small (underflows to 0), got {text!r}")
+        return value
+    return text
+
+
+def parse_text(field: dataclasses.Field, kind: Kind, text: str | typing.Sequence[str]):
+    """A flag's (or an override's) text as the field's typed value, checked against the field's rules;
+    ``none`` gives None for an optional field. Raises ValueError with "what is wrong, got VALUE"."""
+    if kind.optional and isinstance(text, str) and text.strip().lower() in NONE_WORDS:
+        return None
+    if kind.many:
+        words = text.replace(",", " ").split() if isinstance(text, str) else list(text)
+        value = tuple(parse_scalar(w, kind.base, field.metadata) for w in words)
+    else:
+        value = parse_scalar(text, kind.base, field.metadata)
+    wrong = problem(field, kind, value)
+    if wrong:
+        raise ValueError(f"{wrong}, got {text!r}" if isinstance(text, str) else f"{wrong}, got {value!r}")
+    return value
+
+
+def coerce(field: dataclasses.Field, kind: Kind, value):
+    """A value read from a config file or JSON (already typed by YAML/TOML) in the field's type: strings are
+    parsed as on the command line, lists become tuples, integers become floats for float fields."""
+    if isinstance(value, str) and kind.base is not str:
+        return parse_text(field, kind, value)
+    if kind.many and isinstance(value, list):
+        return tuple(value)
+    if kind.base is float and _is_int(value) and abs(value) <= MAX_INT:
+        return float(value)
+    return value

@@ -1,0 +1,117 @@
+"""Command-line flags generated from config dataclasses: one typed flag per field, flat style (``block_len`` ->
+``--block-len``), with the field's help text and rules (``transformer_vq.config.fields``).
+
+- numbers and strings: ``--steps 100``; a value that breaks the field's rule is refused while parsing, as
+  ``error: --steps: must be a positive integer, got '0'`` (exit 2);
+- enumerations: ``--attn-type {vq,full,flash_quad,flash}``;
+- booleans: ``--abs-pos`` / ``--no-abs-pos``;
+- optional fields accept ``none``: ``--lr none``;
+- tuples take several values: ``--lengths 2k 8k`` (a ``k`` suffix where the field allows it);
+- mappings are a repeatable ``KEY=VALUE`` flag: ``--data-option tokenizer=pg19.model``.
+
+Only flags given on the command line land in the parsed namespace (their defaults are suppressed), so
+:func:`given` returns exactly the values the user typed, already typed, for ``dataclasses.replace``.
+Kept free of torch so that ``tvq --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+
+from transformer_vq.config.fields import ConfigError, fields_of, flag_of, kinds, parse_text
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, ``error: --FLAG: what is wrong``, exit status 2."""
+
+    def error(self, message: str):
+        found = re.match(r"argument (-[^/:\s]+)[^:]*: (.*)", message, re.S)
+        line = f"{found.group(1)}: {found.group(2)}" if found else f"{message}; see {self.prog} --help"
+        self.exit(2, f"error: {' '.join(line.split())}\n")
+
+
+def _converter(field: dataclasses.Field, kind):
+    def convert(text: str):
+        try:
+            return parse_text(field, kind, text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    convert.__name__ = field.name
+    return convert
+
+
+def _metavar(field: dataclasses.Field, kind) -> str:
+    if "choices" in field.metadata:
+        word = "{" + ",".join(field.metadata["choices"]) + "}"
+    else:
+        word = {int: "N", float: "X"}.get(kind.base, "TEXT")
+    return f"{word}|none" if kind.optional else word
+
+
+def add_flags(parser, cls, *, defaults: str | None = None, skip: tuple[str, ...] = ()) -> None:
+    """Add one flag per field of the dataclass ``cls`` to ``parser`` (or an argument group). ``defaults``
+    replaces the "(default: ...)" of every help text (e.g. "the preset's"; "" leaves it out, for a group whose
+    title says it); ``skip`` names fields left out."""
+    for field in dataclasses.fields(cls):
+        if field.name in skip:
+            continue
+        kind = kinds(cls)[field.name]
+        suffix = "" if defaults == "" else f" (default: {defaults or _default_text(field)})"
+        helptext = f"{field.metadata.get('help', '')}{suffix}".replace("%", "%%")
+        common = dict(dest=field.name, default=argparse.SUPPRESS, help=helptext)
+        if kind.base is bool:
+            parser.add_argument(flag_of(field), action=argparse.BooleanOptionalAction, **common)
+        elif kind.base is dict:
+            parser.add_argument(flag_of(field), action="append", metavar="KEY=VALUE", **common)
+        elif kind.many:
+            parser.add_argument(flag_of(field), nargs="+", type=_converter(field, dataclasses.replace(kind, many=False)),
+                                metavar=_metavar(field, kind), **common)
+        else:
+            parser.add_argument(flag_of(field), type=_converter(field, kind), metavar=_metavar(field, kind), **common)
+
+
+def _default_text(field: dataclasses.Field) -> str:
+    if field.default_factory is not dataclasses.MISSING:
+        return "none"
+    value = field.default
+    if isinstance(value, tuple):
+        return " ".join(str(v) for v in value)
+    return "none" if value is None else repr(value) if isinstance(value, str) else str(value)
+
+
+def given(args: argparse.Namespace, cls) -> dict:
+    """The values of ``cls``'s fields given as flags, typed (a mapping flag's items parsed as KEY=VALUE)."""
+    from transformer_vq.config.load import parse_data_options
+
+    values = {}
+    for name, kind in kinds(cls).items():
+        if hasattr(args, name):
+            value = getattr(args, name)
+            values[name] = parse_data_options(value) if kind.base is dict else \
+                tuple(value) if kind.many else value
+    return values
+
+
+def flag_message(err: ConfigError) -> str:
+    """A config error in flag terms: ``--steps: must be a positive integer, got 0`` when every problem names a
+    field of a known class; the error's own message otherwise."""
+    if not err.problems or err.cls is None or any(name is None for name, _ in err.problems):
+        return str(err)
+    known = fields_of(err.cls)
+    return "; ".join(f"{flag_of(known[name])}: {text}" for name, text in err.problems)
+
+
+def add_preset_flag(parser, default: str) -> None:
+    """``--preset NAME``: the model to start from, checked against the presets while parsing."""
+    from transformer_vq.config.model import PRESETS
+
+    def preset_name(text: str) -> str:
+        if text not in PRESETS:
+            raise argparse.ArgumentTypeError(f"must be one of {', '.join(PRESETS)}, got {text!r}")
+        return text
+
+    parser.add_argument("--preset", type=preset_name, metavar="{" + ",".join(PRESETS) + "}",
+                        help=f"model preset (default: {default}; App. C of the paper for enwik8, pg19, imagenet64)")

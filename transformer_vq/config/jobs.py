@@ -1,0 +1,71 @@
+"""What ``tvq eval`` and ``tvq sample`` do with a checkpoint: frozen, validated configs whose fields are the
+commands' flags and the keyword arguments of ``transformer_vq.train.evaluate`` / ``sample``."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from transformer_vq.config.choices import DEVICES
+from transformer_vq.config.fields import check, option
+
+# Below this (but above 0) the logits divided by the temperature overflow float32 for ordinary logits, and the
+# softmax turns into NaN; 0 already means greedy decoding, which is what such a temperature would approach.
+MIN_TEMPERATURE = 1e-4
+
+CKPT_HELP = "Run directory or one of its checkpoints/step_* directories."
+DEVICE_HELP = "'auto' (cuda when available), 'cpu' or 'cuda'."
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Evaluate a checkpoint on a split of its corpus, the state carried across the split."""
+
+    ckpt: str = option("runs/default", CKPT_HELP)
+    split: str = option("validation", "Split to evaluate ('train', 'validation' or 'test').")
+    data_path: str | None = option(None, "Where the corpus is, when not where training found it.")
+    data_options: dict = option(factory=dict, help="Override a corpus loader option saved with the run, e.g. "
+                                "tokenizer=other.model (repeatable KEY=VALUE).", flag="data-option")
+    streams: int | None = option(None, "Contiguous pieces of the split evaluated side by side (none: the run's "
+                                       "eval_streams; 1: the whole split as one sequence).", min=1)
+    max_tokens: int = option(0, "Evaluate only the first N tokens (0 = all).", min=0)
+    window_len: int | None = option(None, "Tokens per forward call (none: the run's update_len); memory only, "
+                                          "the carried state makes the result independent of it.", min=1)
+    device: str = option("auto", DEVICE_HELP, choices=DEVICES)
+
+    def __post_init__(self):
+        check(self)
+
+
+@dataclass(frozen=True)
+class SampleConfig:
+    """Sample from a checkpoint: text token by token, or 64x64 images for an image model."""
+
+    ckpt: str = option("runs/default", CKPT_HELP)
+    prompt: str = option("\n", "Text to continue (text models).")
+    max_new_tokens: int = option(500, "Tokens to generate (text models).", min=1)
+    temperature: float = option(1.0, f"Softmax temperature: 0 = greedy, otherwise at least {MIN_TEMPERATURE}.",
+                                min=0.0)
+    top_k: int | None = option(None, "Sample among the k most likely tokens only (none = all).", min=1)
+    top_p: float = option(1.0, "Nucleus: the smallest set of tokens with this probability.", min=0.0, max=1.0,
+                          min_open=True)
+    seed: int = option(0, "Same seed, same sample.", min=0)
+    data_path: str | None = option(None, "Corpus location, for models with a corpus-specific tokenizer.")
+    out: str | None = option(None, "Image models: directory for sample_NNN.png and grid.png (none: "
+                                   "RUN_DIR/samples).")
+    num_samples: int = option(4, "Image models: images to sample, as one batch.", min=1)
+    device: str = option("auto", DEVICE_HELP, choices=DEVICES)
+
+    def __post_init__(self):
+        small = isinstance(self.temperature, (int, float)) and 0 < self.temperature < MIN_TEMPERATURE
+        check(self, [("temperature", f"must be 0 (greedy) or at least {MIN_TEMPERATURE}, got "
+                                     f"{self.temperature!r}")] if small else [])
+
+
+def job_config(cls, given, **options):
+    """``given`` as a ``cls`` config: a config (with ``options`` applied) or a checkpoint path (with ``options``
+    as the other fields); options that are None keep their value."""
+    options = {k: v for k, v in options.items() if v is not None}
+    if isinstance(given, cls):
+        return dataclasses.replace(given, **options) if options else given
+    return cls(ckpt=str(given), **options)

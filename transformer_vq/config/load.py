@@ -1,0 +1,169 @@
+"""Building a run config from its sources: a model preset, an optional YAML/TOML file, ``key=value``
+overrides (``--set``), and typed values (the command-line flags), each later source winning.
+
+A config file has up to three top-level keys::
+
+    preset: small            # a model preset of transformer_vq.config.PRESETS
+    model: {d_model: 128}    # overrides of TransformerVQConfig fields
+    train: {steps: 200}      # TrainConfig fields
+
+Overrides are ``model.FIELD=VALUE`` or ``train.FIELD=VALUE``; a bare ``FIELD=VALUE`` works because a field
+name belongs to exactly one of the two configs. Unknown keys are rejected by name. TOML files need
+Python >= 3.11 (``tomllib``) or the ``tomli`` package; YAML works everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import typing
+from pathlib import Path
+
+from transformer_vq.config.fields import ConfigError, coerce, fields_of, kinds
+from transformer_vq.config.model import PRESETS, TransformerVQConfig
+from transformer_vq.config.train import RunConfig, TrainConfig
+
+SECTIONS = {"model": TransformerVQConfig, "train": TrainConfig}
+
+_shared = set(fields_of(TransformerVQConfig)) & set(fields_of(TrainConfig))
+# `tvq train` has one flat flag per field of both configs: a name in both could not be told apart.
+assert not _shared, f"model and train configs share field names {sorted(_shared)}"
+
+
+def load_config(preset: str | None = None, file: str | Path | None = None,
+                overrides: typing.Sequence[str] = (), base: RunConfig | None = None,
+                values: dict | None = None) -> RunConfig:
+    """Build a :class:`RunConfig`: model preset (default ``small``), then a YAML/TOML file, then ``key=value``
+    ``overrides``, then typed ``values`` (``{"model": {...}, "train": {...}}``, e.g. parsed flags), each later
+    source winning. With ``base`` (e.g. the saved config of a run being resumed) the starting point is ``base``
+    instead of the defaults, unless a preset is named. Raises :class:`ConfigError` naming the bad key or value."""
+    merged = {"model": {}, "train": dict(base.train.to_dict()) if base else {}}
+    file_preset = None
+    if file is not None:
+        loaded = read_file(Path(file))
+        file_preset = loaded.get("preset")
+        for section in SECTIONS:
+            merged[section].update(loaded.get(section) or {})
+    for item in overrides:
+        section, key, value = parse_override(item)
+        merged[section][key] = value
+    for section, typed in (values or {}).items():
+        merged[section].update(typed)
+    name = preset or file_preset
+    if name is not None and name not in PRESETS:
+        raise ConfigError(f"unknown model preset {name!r}; available: {', '.join(PRESETS)}")
+    start = base.model if base is not None and name is None else PRESETS[name or "small"]
+    model = build(TransformerVQConfig, {**start.to_dict(), **merged["model"]}, "model")
+    return RunConfig(model=model, train=build(TrainConfig, merged["train"], "train"))
+
+
+def read_run_config(path: str | Path) -> RunConfig:
+    """A run's saved ``config.json``; a damaged file is a :class:`ConfigError` naming it."""
+    path = Path(path)
+    try:
+        return RunConfig.from_dict(json.loads(path.read_text()))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path} is not a valid run config ({err}); restore it from config.json of one of the "
+                          f"run's checkpoints/step_* directories, or pass --preset/--config to start over") from None
+
+
+def parse_data_options(items: typing.Sequence[str]) -> dict:
+    """``["tokenizer=t.model", "fractions=[0.9, 0.05, 0.05]"]`` -> loader keyword options.
+
+    Values are read as YAML scalars or flow lists (``4`` is an int, ``null`` is None, ``[a, b]`` a
+    list), so they are saved in config.json with their types; anything else stays a string.
+    """
+    import yaml
+
+    options = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--data-option: {item!r} must look like KEY=VALUE, e.g. --data-option "
+                              f"tokenizer=pg19.model")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        # only what JSON can hold goes into config.json (YAML would also make dates and the like)
+        if not isinstance(value, (str, int, float, bool, list, type(None))):
+            value = text
+        options[key.strip()] = value
+    return options
+
+
+def read_file(path: Path) -> dict:
+    """A config file's mapping, its top-level keys and sections checked."""
+    if not path.is_file():
+        raise ConfigError(f"--config: {path} does not exist or is not a file; check the path")
+    text = path.read_text()
+    if path.suffix == ".toml":
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            try:
+                import tomli as tomllib
+            except ImportError:
+                raise ConfigError(f"reading {path} needs Python >= 3.11 or `pip install tomli`; "
+                                  f"or write the config as YAML") from None
+        try:
+            loaded = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{path} is not valid TOML: {err}") from None
+    elif path.suffix in (".yaml", ".yml", ".json"):
+        import yaml
+
+        try:
+            loaded = yaml.safe_load(text) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from None
+    else:
+        raise ConfigError(f"config file {path} must end in .yaml, .yml, .json or .toml")
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path} must hold a mapping with 'preset', 'model' and/or 'train' keys")
+    unknown = sorted(set(loaded) - {"preset", *SECTIONS})
+    if unknown:
+        raise ConfigError(f"unknown top-level key(s) in {path}: {', '.join(unknown)}; "
+                          f"a config file has 'preset', 'model' and 'train'")
+    for section in SECTIONS:
+        if not isinstance(loaded.get(section) or {}, dict):
+            raise ConfigError(f"'{section}' in {path} must be a mapping of field: value, got {loaded[section]!r}")
+    return loaded
+
+
+def parse_override(item: str) -> tuple[str, str, str]:
+    """'model.d_model=128' -> ('model', 'd_model', '128'); a bare key is looked up in both configs."""
+    if "=" not in item:
+        raise ConfigError(f"--set: {item!r} must look like KEY=VALUE, e.g. --set steps=100")
+    key, value = item.split("=", 1)
+    key = key.strip()
+    if "." in key:
+        section, name = key.split(".", 1)
+        if section not in SECTIONS:
+            raise ConfigError(f"--set: unknown config section {section!r} in {item!r}; use model.FIELD or "
+                              f"train.FIELD")
+        return section, name, value
+    owner = next((s for s, cls in SECTIONS.items() if key in fields_of(cls)), None)
+    if owner is None:
+        raise ConfigError(_unknown_message([key], "config", set(fields_of(TransformerVQConfig))
+                                           | set(fields_of(TrainConfig))))
+    return owner, key, value
+
+
+def _unknown_message(keys, what, known) -> str:
+    return f"unknown {what} key(s): {', '.join(sorted(keys))}; known keys: {', '.join(sorted(known))}"
+
+
+def build(cls, values: dict, section: str):
+    """Instantiate ``cls`` from ``values`` (typed, or strings as on the command line); bad keys and values are
+    named as ``section.key``."""
+    known = fields_of(cls)
+    unknown = set(values) - set(known)
+    if unknown:
+        raise ConfigError(_unknown_message(unknown, f"{section} config", known))
+    converted = {}
+    for key, value in values.items():
+        try:
+            converted[key] = coerce(known[key], kinds(cls)[key], value)
+        except ValueError as err:
+            raise ConfigError(f"{section}.{key} {err}", [(key, str(err))], cls) from None
+    return cls(**converted)

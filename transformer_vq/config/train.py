@@ -1,0 +1,143 @@
+"""Training configuration: how to train (data, batches, optimizer, schedule, checkpoints, logging), and the
+run config that pairs it with the model. Frozen and validated; saved as JSON with every checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformer_vq.config.choices import DEVICES, OPTIMIZERS, PRECISIONS
+from transformer_vq.config.fields import ConfigError, check, option
+from transformer_vq.config.model import PRESETS, TransformerVQConfig
+
+# The paper's maximum learning rates (App. C.2), used when `lr` is left unset.
+PAPER_LR = {"adamw": 4e-4, "adafactor": 1e-2}
+
+
+def name_problem(name) -> str | None:
+    """Why a run name cannot name a directory under runs/ (None when it can)."""
+    if isinstance(name, str) and name and name not in (".", "..") and "/" not in name and "\\" not in name \
+            and "\0" not in name:
+        return None
+    return f"must name one directory (not empty, '.' or '..', without '/'), got {name!r}"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train: data, batches, optimizer, schedule, checkpoints, logging.
+
+    The defaults train the ``small`` model on the Shakespeare corpus in about five minutes on a
+    2-core CPU (see docs/training.md).
+    """
+
+    name: str = option("default", "Run name; the run directory defaults to runs/<name>.")
+    run_dir: str | None = option(None, "Where checkpoints, metrics and TensorBoard events go (default "
+                                       "runs/<name>).")
+    data: str = option("shakespeare", "Corpus name for transformer_vq.data.load_corpus ('shakespeare', 'text', "
+                                      "'enwik8', ...).")
+    data_path: str | None = option(None, "Local file or directory of the corpus (required for 'text'; with "
+                                         "another corpus, its downloaded copy). Needs --data.")
+    data_options: dict = option(factory=dict, help="Keyword options of the corpus loader (e.g. tokenizer=PATH "
+                                "for pg19); repeatable KEY=VALUE.", flag="data-option")
+    seed: int = option(0, "Seeds the initialization, dropout and the data order.", min=0)
+    batch_size: int = option(8, "Global batch size in sequences (summed over data-parallel workers).", min=1)
+    seq_len: int = option(256, "Tokens per sequence; the operator state is reset at the start of every batch "
+                               "of sequences.", min=1)
+    update_len: int = option(128, "Backprop window W: one optimizer step per window of this many tokens (a "
+                                  "multiple of block_len).", min=1)
+    steps: int = option(800, "Number of optimizer steps (windows) to train for.", min=1)
+    optimizer: str = option("adamw", "'adamw' or 'adafactor' (paper settings, App. C.2).", choices=OPTIMIZERS)
+    lr: float | None = option(2e-3, "Peak learning rate. The default suits the small CPU models; none = the "
+                                    "paper's value for the optimizer (4e-4 for adamw, 1e-2 for adafactor, App. "
+                                    "C.2), meant for its 190M-1.3B models.", min=0.0, min_open=True)
+    weight_decay: float = option(0.0, "Decoupled weight decay, applied only to parameters with more than one "
+                                      "dimension.", min=0.0)
+    warmup_steps: int = option(50, "Linear warmup steps, then cosine decay.", min=0)
+    final_lr_ratio: float = option(0.1, "The cosine schedule ends at this fraction of the peak learning rate "
+                                        "(the paper decays 10x).", min=0.0, max=1.0)
+    grad_clip: float = option(0.1, "Global gradient-norm clip for adamw (0 = off); adafactor clips its updates "
+                                   "instead (d = 1).", min=0.0)
+    precision: str = option("float32", "'float32' or 'bfloat16' (autocast of the computation, parameters stay "
+                                       "float32).", choices=PRECISIONS)
+    device: str = option("auto", "'auto' (cuda when available), 'cpu' or 'cuda'.", choices=DEVICES)
+    threads: int = option(0, "CPU threads for PyTorch (0 = PyTorch's default, one per core); see "
+                             "docs/training.md on shared CPUs.", min=0)
+    log_every: int = option(10, "Print a line every this many steps when not on a terminal (metrics.jsonl gets "
+                                "every step).", min=1)
+    eval_every: int = option(0, "Evaluate on the validation split every this many steps (0 = only at the "
+                                "end).", min=0)
+    eval_tokens: int = option(0, "Validation tokens per evaluation (0 = the whole split).", min=0)
+    eval_streams: int = option(16, "Evaluation splits the data into this many contiguous streams run as one "
+                                   "batch, state carried.", min=1)
+    ckpt_every: int = option(200, "Save a checkpoint every this many steps (and always at the end).", min=1)
+    keep_ckpts: int = option(3, "How many most recent checkpoints to keep.", min=1)
+    max_nonfinite: int = option(5, "Stop when this many steps in a row have a non-finite loss or gradient.",
+                                min=1)
+    sample_tokens: int = option(300, "Tokens to sample at the end of training (0 = none).", min=0)
+    sample_prompt: str = option("\n", "Prompt of the end-of-training sample.")
+
+    def __post_init__(self):
+        extra = [("name", name_problem(self.name)) if name_problem(self.name) else None]
+        if isinstance(self.seq_len, int) and isinstance(self.update_len, int) and self.update_len >= 1 \
+                and self.seq_len % self.update_len != 0:
+            multiple = max(1, self.seq_len // self.update_len) * self.update_len
+            extra.append(("seq_len", f"must be a multiple of update_len={self.update_len} (e.g. {multiple}), "
+                                     f"got {self.seq_len}"))
+        check(self, extra)
+
+    @property
+    def peak_lr(self) -> float:
+        """The learning rate after warmup (the paper's default for the optimizer when unset)."""
+        return self.lr if self.lr is not None else PAPER_LR[self.optimizer]
+
+    @property
+    def windows_per_batch(self) -> int:
+        """Optimizer steps per batch of sequences (seq_len / update_len)."""
+        return self.seq_len // self.update_len
+
+    def resolved_run_dir(self) -> Path:
+        return Path(self.run_dir) if self.run_dir else Path("runs") / self.name
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs: the model and how to train it. Saved as JSON with every checkpoint."""
+
+    model: TransformerVQConfig = option(factory=lambda: PRESETS["small"], help="The model.")
+    train: TrainConfig = option(factory=TrainConfig, help="How to train it.")
+
+    def __post_init__(self):
+        check_compatible(self.model, self.train)
+
+    def to_dict(self) -> dict:
+        return {"model": self.model.to_dict(), "train": self.train.to_dict()}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "RunConfig":
+        """Rebuild from :meth:`to_dict` output (e.g. a checkpoint's config.json)."""
+        from transformer_vq.config.load import build
+
+        if not isinstance(values, dict):
+            raise ConfigError(f"a run config is a mapping with 'model' and 'train', got {type(values).__name__}")
+        unknown = sorted(set(values) - {"model", "train"})
+        if unknown:
+            raise ConfigError(f"unknown top-level config key(s): {', '.join(unknown)}; expected 'model' and 'train'")
+        return cls(model=build(TransformerVQConfig, values.get("model", {}), "model"),
+                   train=build(TrainConfig, values.get("train", {}), "train"))
+
+
+def check_compatible(model: TransformerVQConfig, train: TrainConfig) -> None:
+    """The constraints that tie the training windows to the model's block length."""
+    if train.update_len % model.block_len != 0:
+        multiple = max(1, train.update_len // model.block_len) * model.block_len
+        text = (f"must be a multiple of the model's block_len={model.block_len} (e.g. {multiple}, or change "
+                f"block_len), got {train.update_len}")
+        raise ConfigError(f"invalid RunConfig: update_len {text}", [("update_len", text)], TrainConfig)
