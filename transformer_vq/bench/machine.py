@@ -29,13 +29,26 @@ def median_seconds(fn, *, repeats: int, warmup: int = 1) -> tuple[float, list[fl
     return statistics.median(samples), samples
 
 
-def matmul_gflops(dtype: torch.dtype = torch.float32, size: int = 2048, repeats: int = 5) -> float:
-    """Median GFLOP/s of a square ``size x size`` matmul (``2 size^3`` FLOPs) in ``dtype`` on the CPU."""
-    gen = torch.Generator().manual_seed(0)
-    a = torch.randn(size, size, generator=gen).to(dtype)
-    b = torch.randn(size, size, generator=gen).to(dtype)
-    out = torch.empty(size, size, dtype=dtype)
-    seconds, _ = median_seconds(lambda: torch.mm(a, b, out=out), repeats=repeats)
+def matmul_gflops(dtype: torch.dtype = torch.float32, max_size: int = 2048, repeats: int = 5,
+                  probe_s: float = 0.05) -> float:
+    """Median GFLOP/s of a square matmul (``2 n^3`` FLOPs) in ``dtype`` on the CPU.
+
+    ``n`` doubles from 256 up to ``max_size`` while one product takes under ``probe_s``: a CPU without
+    native bfloat16 (AVX2 only) needs ~90 s for one 2048 x 2048 bfloat16 product, so a fixed size could
+    stall every benchmark; the rate of a large enough product does not depend on its size.
+    """
+    size = 256
+    while True:
+        gen = torch.Generator().manual_seed(0)
+        a = torch.randn(size, size, generator=gen).to(dtype)
+        b = torch.randn(size, size, generator=gen).to(dtype)
+        out = torch.empty(size, size, dtype=dtype)
+        start = time.perf_counter()
+        torch.mm(a, b, out=out)
+        if size >= max_size or time.perf_counter() - start >= probe_s:
+            break
+        size *= 2
+    seconds, _ = median_seconds(lambda: torch.mm(a, b, out=out), repeats=repeats, warmup=0)
     return 2 * size**3 / seconds / 1e9
 
 
