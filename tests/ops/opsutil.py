@@ -94,7 +94,7 @@ def split_points(length, gen):
 
 
 def check_state_continuation(op, naive, n_head, n_group):
-    """Calls on pieces (random cuts, then one token at a time) with the state carried equal one call, and the formula."""
+    """Calls on pieces (random cuts, then one token per call), the state carried, equal one call and the formula."""
     length = 37
     q, k, v, bias = make_inputs(n_head, n_group, length)
     whole, whole_state = op(q, k, v, bias)

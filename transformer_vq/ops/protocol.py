@@ -4,8 +4,8 @@ Every kernel of :mod:`transformer_vq.ops` is called as
 
     out, state = kernel(q, k, v, bias, *, block_len=L, state=None, **options)
 
-with ``q [B, H, T, Dk]``, ``k [B, G, T, Dk]``, ``v [B, G, T, Dv]``, ``bias [B, H, T, 2L]`` and ``out [B, H, T, Dv]``; the
-options are the operator's own inputs (the VQ operator's shortcodes, codebook and reduction; FLASH's chunk length).
+with ``q [B, H, T, Dk]``, ``k [B, G, T, Dk]``, ``v [B, G, T, Dv]``, ``bias [B, H, T, 2L]`` and ``out [B, H, T, Dv]``;
+the options are the operator's own inputs (the VQ operator's shortcodes, codebook and reduction; FLASH's chunk length).
 ``state`` is what the previous call on the earlier part of the same sequences returned. docs/operator.md holds the
 whole contract.
 """

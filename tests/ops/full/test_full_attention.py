@@ -1,4 +1,4 @@
-"""``full_attention`` (softmax over every past key, through SDPA) against its dense formula, ``full_attention_naive``."""
+"""``full_attention`` (softmax over every past key, through SDPA) against its dense formula in ``naive.py``."""
 
 from __future__ import annotations
 

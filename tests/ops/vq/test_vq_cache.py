@@ -72,7 +72,8 @@ def test_prefix_is_the_summary_of_every_key_so_far(reduction, n_blocks):
     prefix_count, prefix_mean = PREFIXES[reduction](*init, counts, means)
     assert prefix_count.shape == (2, 1, n_blocks + 1, S) and prefix_mean.shape == (2, 1, n_blocks + 1, S, DV)
     for n in range(n_blocks + 1):
-        want_count, want_mean = loop_summary(torch.cat([z0, z[..., :n * L]], -1), torch.cat([v0, v[..., :n * L, :]], -2))
+        seen = n * L
+        want_count, want_mean = loop_summary(torch.cat([z0, z[..., :seen]], -1), torch.cat([v0, v[..., :seen, :]], -2))
         torch.testing.assert_close(prefix_count[:, :, n], want_count, rtol=0, atol=0)
         torch.testing.assert_close(prefix_mean[:, :, n], want_mean, rtol=1e-12, atol=1e-12)
 

@@ -25,34 +25,27 @@ GRID = [
 ]
 
 
+# float64: only the summation order differs, so near machine precision. float32: rounding differs between the factored
+# and the dense sums (different summation orders, running means instead of raw sums), each ~1e-7 relative; 1e-5
+# leaves room for O(T) accumulation.
+PRECISIONS = {"float64": (torch.float64, 1e-12), "float32": (torch.float32, 1e-5)}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("params", GRID, ids=grid_id)
-def test_matches_reference_float64(params, reduction):
+def test_matches_reference(params, reduction, precision):
     B, H, G, T, L, S = params
-    q, k_hat, z, v, codebook, bias = make_vq_inputs(B, H, G, T, L, S)
+    dtype, tol = PRECISIONS[precision]
+    q, k_hat, z, v, codebook, bias = make_vq_inputs(B, H, G, T, L, S, dtype=dtype)
     out, state = vq_attention(q, k_hat, v, bias, block_len=L, z=z, codebook=codebook, reduction=reduction)
     ref = vq_attention_naive(q, k_hat, v, bias, block_len=L)
     assert out.shape == (B, H, T, v.shape[-1])
     assert state.offset == T
-    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
     blockwise, blockwise_state = vq_attention_blockwise(q, k_hat, v, bias, block_len=L, z=z, codebook=codebook)
-    torch.testing.assert_close(out, blockwise, rtol=1e-12, atol=1e-12)
-    assert_same_state(state, blockwise_state, 1e-12)
-
-
-@pytest.mark.parametrize("reduction", REDUCTIONS)
-@pytest.mark.parametrize("params", GRID, ids=grid_id)
-def test_matches_reference_float32(params, reduction):
-    # float32 rounding differs between the factored and the dense sums (different summation orders,
-    # running means instead of raw sums), each ~1e-7 relative; 1e-5 leaves room for O(T) accumulation.
-    B, H, G, T, L, S = params
-    q, k_hat, z, v, codebook, bias = make_vq_inputs(B, H, G, T, L, S, dtype=torch.float32)
-    out, state = vq_attention(q, k_hat, v, bias, block_len=L, z=z, codebook=codebook, reduction=reduction)
-    ref = vq_attention_naive(q, k_hat, v, bias, block_len=L)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    blockwise, blockwise_state = vq_attention_blockwise(q, k_hat, v, bias, block_len=L, z=z, codebook=codebook)
-    torch.testing.assert_close(out, blockwise, rtol=1e-5, atol=1e-5)
-    assert_same_state(state, blockwise_state, 1e-5)
+    torch.testing.assert_close(out, blockwise, rtol=tol, atol=tol)
+    assert_same_state(state, blockwise_state, tol)
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)

@@ -35,7 +35,8 @@ def flash_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bia
     out = torch.zeros(*q.shape[:3], v.shape[-1], dtype=q.dtype, device=q.device)
     for t in range(length):
         start = t // chunk_len * chunk_len
-        scores = torch.einsum("bhd,bhpd->bhp", q[:, :, t], kh[:, :, start:t + 1]) / chunk_len + beta[:, :, t, start:t + 1]
+        scores = torch.einsum("bhd,bhpd->bhp", q[:, :, t], kh[:, :, start:t + 1]) / chunk_len
+        scores = scores + beta[:, :, t, start:t + 1]
         out[:, :, t] = torch.einsum("bhp,bhpe->bhe", torch.relu(scores).square(), vh[:, :, start:t + 1])
         if start > 0:
             kv = torch.einsum("bhpd,bhpe->bhde", kh[:, :, :start], vh[:, :, :start]) / start
