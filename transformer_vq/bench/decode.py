@@ -18,6 +18,7 @@ import torch
 from transformer_vq.bench.config import DecodeBenchConfig
 from transformer_vq.bench.isolate import run_cell
 from transformer_vq.bench.machine import machine_info
+from transformer_vq.bench.report import progress_note
 from transformer_vq.config import TransformerVQConfig
 
 QUADRATIC = ("full", "flash_quad")
@@ -97,9 +98,8 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict:
 
 def _line(row: dict) -> str:
     head = f"{row['model']:>6} context={row['context']:>7}"
-    if row.get("status") == "skipped":
-        return f"{head}  skipped (est. prompt {row['estimated_s']:.0f} s)"
-    if row.get("status") != "ok":
-        return f"{head}  {row.get('status')}: {row.get('error', '')}"
+    note = progress_note(row, "est. prompt {estimated_s:.0f} s")
+    if note:
+        return f"{head}  {note}"
     return (f"{head}  {row['per_token_s'] * 1e3:.2f} ms/token  state {row['state_bytes'] / 2**20:.2f} MiB  "
             f"(prompt {row['prompt_s']:.1f} s)")

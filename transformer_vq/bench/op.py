@@ -28,6 +28,7 @@ import torch
 from transformer_vq.bench.config import OpBenchConfig
 from transformer_vq.bench.isolate import run_cell
 from transformer_vq.bench.machine import machine_info, matmul_gflops, median_seconds
+from transformer_vq.bench.report import progress_note
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -271,10 +272,9 @@ def speedups(rows: list[dict], baselines=("sdpa", "full")) -> list[dict]:
 
 def _line(row: dict) -> str:
     head = f"{row['method']:>10} T={row['T']:>7}"
-    if row.get("status") == "skipped":
-        return f"{head}  skipped (est. forward {row['estimated_forward_s']:.0f} s)"
-    if row.get("status") != "ok":
-        return f"{head}  {row.get('status')}: {row.get('error', '')}"
+    note = progress_note(row, "est. forward {estimated_forward_s:.0f} s")
+    if note:
+        return f"{head}  {note}"
     text = (f"{head}  fwd {row['forward_s']:.3f} s  {row['forward_gflops']:.0f} GFLOP/s "
             f"({100 * row['forward_fraction_of_peak']:.0f}% of matmul {row['matmul_gflops']:.0f})")
     if "fwd_bwd_s" in row:

@@ -26,6 +26,16 @@ def _cell_status(row: dict) -> str | None:
     return None
 
 
+def progress_note(row: dict, skipped: str) -> str | None:
+    """The progress line's text for a cell that was not measured: ``skipped (...)`` with ``skipped`` formatted
+    from the row (e.g. ``"est. forward {estimated_forward_s:.0f} s"``), or its failure; None for a measured cell."""
+    if row.get("status") == "skipped":
+        return f"skipped ({skipped.format(**row)})"
+    if row.get("status") != "ok":
+        return f"{row.get('status')}: {row.get('error', '')}"
+    return None
+
+
 def _machine_lines(result: dict) -> list[str]:
     m = result["machine"]
     peak = m.get("matmul_gflops", {})

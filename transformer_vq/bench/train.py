@@ -20,6 +20,7 @@ import torch
 from transformer_vq.bench.config import TrainBenchConfig
 from transformer_vq.bench.isolate import run_cell
 from transformer_vq.bench.machine import machine_info, median_seconds
+from transformer_vq.bench.report import progress_note
 from transformer_vq.config import TransformerVQConfig
 
 QUADRATIC = ("full", "flash_quad")
@@ -154,9 +155,8 @@ def _run_interleaved(cfg: TrainBenchConfig, log) -> list[dict]:
 
 def _line(row: dict) -> str:
     head = f"{row['model']:>16} T={row['T']:>7}"
-    if row.get("status") == "skipped":
-        return f"{head}  skipped (est. {row['estimated_s']:.0f} s per step)"
-    if row.get("status") != "ok":
-        return f"{head}  {row.get('status')}: {row.get('error', '')}"
+    note = progress_note(row, "est. {estimated_s:.0f} s per step")
+    if note:
+        return f"{head}  {note}"
     rss = f"  peak RSS {row['peak_rss_bytes'] / 2**20:.0f} MiB" if "peak_rss_bytes" in row else ""
     return f"{head}  {row['tokens_per_s']:.0f} tokens/s  ({row['step_s']:.2f} s per step){rss}"
