@@ -21,7 +21,7 @@ from transformer_vq.data.pg19 import train_pg19_tokenizer
 from transformer_vq.train import evaluate_tokens, load_config
 from transformer_vq.train.build import build_model
 from transformer_vq.train.checkpoint import save_checkpoint
-from transformer_vq.train.config import ConfigError, parse_data_options
+from transformer_vq.config import ConfigError, parse_data_options
 from transformer_vq.train.evaluate import corpus_tokens_per_byte, corpus_tokens_per_word
 from transformer_vq.train.sample import sample_image_tokens
 

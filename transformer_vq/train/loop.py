@@ -37,7 +37,7 @@ from transformer_vq.train.build import build_model, load_corpus_for, resolve_dev
 from transformer_vq.train.carry import from_plain, to_plain
 from transformer_vq.train.checkpoint import (find_checkpoint, latest_checkpoint, list_checkpoints, nonfinite_names,
                                              save_checkpoint, step_name)
-from transformer_vq.train.config import ConfigError, RunConfig
+from transformer_vq.config import ConfigError, RunConfig
 from transformer_vq.train.distributed import Distributed, setup_distributed, teardown_distributed
 from transformer_vq.train.evaluate import EvalResult, evaluate_tokens
 from transformer_vq.train.metrics import MetricsLogger

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from transformer_vq.train.config import TrainConfig
+from transformer_vq.config import TrainConfig
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
