@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from trainutil import TINY
+from transformer_vq.config import ConfigError, parse_data_options
 from transformer_vq.cli import main
 from transformer_vq.data import load_corpus
 from transformer_vq.data.metrics import count_words
@@ -21,7 +22,6 @@ from transformer_vq.data.pg19 import train_pg19_tokenizer
 from transformer_vq.train import evaluate_tokens, load_config
 from transformer_vq.train.build import build_model
 from transformer_vq.train.checkpoint import save_checkpoint
-from transformer_vq.config import ConfigError, parse_data_options
 from transformer_vq.train.evaluate import corpus_tokens_per_byte, corpus_tokens_per_word
 from transformer_vq.train.sample import sample_image_tokens
 

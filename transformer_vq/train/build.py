@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
+from transformer_vq.config import RunConfig, TrainConfig
 from transformer_vq.data.codec import BYTE_VOCAB, decode_bytes, encode_bytes
 from transformer_vq.train.checkpoint import Checkpoint, find_checkpoint
-from transformer_vq.config import RunConfig, TrainConfig
 
 
 def resolve_device(name: str) -> torch.device:

@@ -31,13 +31,13 @@ from pathlib import Path
 import torch
 
 from transformer_vq import fileio
+from transformer_vq.config import ConfigError, RunConfig
 from transformer_vq.data.batches import check_vocab, corpus_batches
 from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte, corpus_tokens_per_word
 from transformer_vq.train.build import build_model, load_corpus_for, resolve_device, save_run_tokenizer
 from transformer_vq.train.carry import from_plain, to_plain
 from transformer_vq.train.checkpoint import (find_checkpoint, latest_checkpoint, list_checkpoints, nonfinite_names,
                                              save_checkpoint, step_name)
-from transformer_vq.config import ConfigError, RunConfig
 from transformer_vq.train.distributed import Distributed, setup_distributed, teardown_distributed
 from transformer_vq.train.evaluate import EvalResult, evaluate_tokens
 from transformer_vq.train.metrics import MetricsLogger
