@@ -15,10 +15,10 @@ from typing import Sequence
 
 import numpy as np
 
+from transformer_vq.config.choices import SPLITS
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
 
-SPLITS = ("train", "validation", "test")
 DEFAULT_FRACTIONS = (0.90, 0.05, 0.05)
 
 # A split must hold at least one (input, target) pair to be trained or evaluated on.
