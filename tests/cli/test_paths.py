@@ -169,7 +169,7 @@ def test_data_path_of_sample_from_a_byte_model(capsys, trained, corpus):
     ("missing", "PG-19 root {root} is not a directory; pass --data-path with the directory holding train/, "
                 "validation/ and test/."),
     ("no-books", "{root}/train contains no .txt books; PG-19 splits are directories of one .txt file per book."),
-])
+], ids=["missing", "no-books"])
 def test_tokenizer_paths(capsys, tmp_path, layout, message):
     root = tmp_path / "pg19"
     if layout == "no-books":
