@@ -9,5 +9,7 @@ REDUCTIONS = ("serial", "matmul", "assoc")
 PRECISIONS = ("float32", "bfloat16")
 OPTIMIZERS = ("adamw", "adafactor")
 DEVICES = ("auto", "cpu", "cuda")
+SPLITS = ("train", "validation", "test")
+"""The splits of every corpus."""
 OP_METHODS = ("vq-serial", "vq-matmul", "vq-assoc", "sdpa", "full", "flash", "flash_quad")
 """Methods of ``tvq bench op``: the VQ operator by reduction, PyTorch's SDPA (no bias), and the baselines."""

@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from transformer_vq.config.choices import DEVICES
+from transformer_vq.config.choices import DEVICES, SPLITS
 from transformer_vq.config.fields import check, option
 
 # Below this (but above 0) the logits divided by the temperature overflow float32 for ordinary logits, and the
 # softmax turns into NaN; 0 already means greedy decoding, which is what such a temperature would approach.
 MIN_TEMPERATURE = 1e-4
+# Evaluation scores each token from the ones before it: one token alone has nothing to score.
+MIN_EVAL_TOKENS = 2
 
 CKPT_HELP = "Run directory or one of its checkpoints/step_* directories."
 DEVICE_HELP = "'auto' (cuda when available), 'cpu' or 'cuda'."
@@ -22,7 +24,7 @@ class EvalConfig:
     """Evaluate a checkpoint on a split of its corpus, the state carried across the split."""
 
     ckpt: str = option("runs/default", CKPT_HELP)
-    split: str = option("validation", "Split to evaluate ('train', 'validation' or 'test').")
+    split: str = option("validation", "Split to evaluate.", choices=SPLITS)
     data_path: str | None = option(None, "Where the corpus is, when not where training found it.")
     data_options: dict = option(factory=dict, help="Override a corpus loader option saved with the run, e.g. "
                                 "tokenizer=other.model (repeatable KEY=VALUE).", flag="data-option")
@@ -34,7 +36,15 @@ class EvalConfig:
     device: str = option("auto", DEVICE_HELP, choices=DEVICES)
 
     def __post_init__(self):
-        check(self)
+        check(self, [eval_tokens_problem("max_tokens", self.max_tokens)])
+
+
+def eval_tokens_problem(name: str, value) -> tuple[str, str] | None:
+    """The problem of a token budget of evaluation that is neither 0 (all) nor enough to score a token."""
+    if isinstance(value, int) and 0 < value < MIN_EVAL_TOKENS:
+        return name, f"must be 0 (all) or at least {MIN_EVAL_TOKENS} (a token is scored from the one before it), " \
+                     f"got {value}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,22 @@ class SampleConfig:
         small = isinstance(self.temperature, (int, float)) and 0 < self.temperature < MIN_TEMPERATURE
         check(self, [("temperature", f"must be 0 (greedy) or at least {MIN_TEMPERATURE}, got "
                                      f"{self.temperature!r}")] if small else [])
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """Train the PG-19 BPE tokenizer on the training books of a PG-19 tree."""
+
+    data_path: str | None = option(None, "PG-19 root with train/, validation/ and test/ directories (required).")
+    vocab_size: int = option(32000, "Number of pieces (32000 in the paper; the 256 byte pieces need at least "
+                                    "300).", min=300)
+    max_sentences: int = option(10_000_000, "Lines sampled for training, bounding memory.", min=1)
+    out: str | None = option(None, "Where to save the .model (none: the cache, where pg19 loading finds it).")
+    cache_dir: str | None = option(None, "Cache root (none: $TVQ_CACHE_DIR or ~/.cache/transformer-vq).")
+    threads: int | None = option(None, "Trainer threads (none: all CPUs).", min=1)
+
+    def __post_init__(self):
+        check(self, [("data_path", "is required: pass the PG-19 root directory")] if self.data_path is None else [])
 
 
 def job_config(cls, given, **options):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer_vq.config.choices import DEVICES, OPTIMIZERS, PRECISIONS
+from transformer_vq.config.jobs import eval_tokens_problem
 from transformer_vq.config.fields import ConfigError, check, option
 from transformer_vq.config.model import PRESETS, TransformerVQConfig
 
@@ -85,6 +86,7 @@ class TrainConfig:
             multiple = max(1, self.seq_len // self.update_len) * self.update_len
             extra.append(("seq_len", f"must be a multiple of update_len={self.update_len} (e.g. {multiple}), "
                                      f"got {self.seq_len}"))
+        extra.append(eval_tokens_problem("eval_tokens", self.eval_tokens))
         check(self, extra)
 
     @property

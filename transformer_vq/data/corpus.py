@@ -13,6 +13,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from transformer_vq.data.codec import decode_bytes, encode_bytes
+from transformer_vq.data.errors import DataError
 
 
 @dataclass
@@ -55,7 +56,6 @@ class Corpus:
     def split(self, name: str) -> np.ndarray:
         """The token array of split ``name``, with a clear error when the split does not exist."""
         if name not in self.splits:
-            raise KeyError(
-                f"corpus {self.name!r} has no split {name!r}; available: {', '.join(sorted(self.splits))}"
-            )
+            raise DataError(f"corpus {self.name!r} has no split {name!r}; choose one of "
+                            f"{', '.join(sorted(self.splits))}")
         return self.splits[name]

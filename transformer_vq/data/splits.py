@@ -15,10 +15,10 @@ from typing import Sequence
 
 import numpy as np
 
+from transformer_vq.config.choices import SPLITS
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
 
-SPLITS = ("train", "validation", "test")
 DEFAULT_FRACTIONS = (0.90, 0.05, 0.05)
 
 # A split must hold at least one (input, target) pair to be trained or evaluated on.
@@ -38,12 +38,14 @@ def split_bounds(
     splits exactly 90,000,000 / 5,000,000 / 5,000,000. Raises :class:`DataError` when the
     fractions are invalid or the stream is too short to give every split ``min_split_tokens``.
     """
-    fractions = tuple(float(f) for f in fractions)
-    if len(fractions) != len(SPLITS) or any(f <= 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-9:
-        raise DataError(
-            f"split fractions must be three positive numbers (train, validation, test) summing to 1, "
-            f"got {fractions}; the default is {DEFAULT_FRACTIONS}"
-        )
+    rule = (f"split fractions must be three positive numbers (train, validation, test) summing to 1, "
+            f"got {{}}; the default is {DEFAULT_FRACTIONS}")
+    try:  # from a --data-option, anything may arrive: a word, one number, null
+        fractions = tuple(float(f) for f in fractions)
+    except (TypeError, ValueError):
+        raise DataError(rule.format(repr(fractions))) from None
+    if len(fractions) != len(SPLITS) or any(not f > 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-9:
+        raise DataError(rule.format(fractions))
     cut1 = round(length * fractions[0])
     cut2 = round(length * (fractions[0] + fractions[1]))
     bounds = {"train": (0, cut1), "validation": (cut1, cut2), "test": (cut2, length)}

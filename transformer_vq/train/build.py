@@ -10,6 +10,7 @@ import torch
 
 from transformer_vq.config import RunConfig, TrainConfig
 from transformer_vq.data.codec import BYTE_VOCAB, decode_bytes, encode_bytes
+from transformer_vq.data.errors import DataError
 from transformer_vq.train.checkpoint import Checkpoint, find_checkpoint
 
 
@@ -67,6 +68,9 @@ def codec_for(run_cfg: RunConfig, *, data_path: str | None = None, run_dir: str 
     """``(encode, decode)`` for a run: byte-level UTF-8 for 256-token models (no corpus needed),
     otherwise the corpus's own tokenizer (the run's copy when ``run_dir`` has one)."""
     if run_cfg.model.vocab_size == BYTE_VOCAB:
+        if data_path is not None:  # a flag that would change nothing is refused rather than silently ignored
+            raise DataError(f"--data-path: this model reads bytes (vocab_size {BYTE_VOCAB}) and needs no corpus to "
+                            f"encode or decode text; leave --data-path out")
         return encode_bytes, decode_bytes
     corpus = load_corpus_for(run_cfg.train, data_path=data_path, run_dir=run_dir)
     return corpus.encode, corpus.decode

@@ -1,0 +1,68 @@
+"""Commands: what a command cannot do is said before it does anything (a resume that would train nothing, an
+unknown device or command, missing arguments), through the real entry point where its exit status matters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cliutil import error_line, tiny_train, tvq
+
+ALREADY = ("error: --steps: the run in {run} is already at step 2 and --steps is {steps}; give --steps above 2 to "
+           "train further")
+
+
+@pytest.mark.parametrize("steps", ["2", "1"], ids=["at", "below"])
+def test_resume_with_steps_at_or_below_the_run(capsys, corpus, finished_run, steps):
+    argv = tiny_train(corpus, finished_run, "--resume", "auto", "--steps", steps)
+    assert error_line(capsys, argv) == ALREADY.format(run=finished_run, steps=steps)
+
+
+def test_fresh_training_on_a_finished_run(capsys, corpus, finished_run):
+    assert error_line(capsys, tiny_train(corpus, finished_run, "--steps", "3")) == (
+        f"error: run directory {finished_run} already holds checkpoints; continue that run with --resume auto, or "
+        f"start a new one with another --run-dir (or --name)")
+
+
+def test_resume_with_another_architecture(capsys, corpus, finished_run):
+    line = error_line(capsys, tiny_train(corpus, finished_run, "--resume", "--steps", "3", "--d-model", "64"))
+    assert line == (f"error: checkpoint {finished_run}/checkpoints/step_00000002 is from a different architecture: "
+                    f"d_model=32 (checkpoint) vs 64 (this run). Use the same model settings as the checkpoint (its "
+                    f"config.json), or start a new run with another --run-dir")
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "sample"])
+def test_unknown_device(capsys, command):
+    assert error_line(capsys, [command, "--device", "tpu"]) == "error: --device: must be one of auto, cpu, cuda, " \
+                                                               "got 'tpu'"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("command", ["train", "eval", "sample"])
+def test_cuda_without_a_gpu(capsys, trained, corpus, tmp_path, command):
+    argv = tiny_train(corpus, tmp_path / "run") if command == "train" else [command, "--ckpt", str(trained)]
+    assert error_line(capsys, [*argv, "--device", "cuda"]) == (
+        "error: --device: cuda was requested but no CUDA GPU is available; use --device cpu (or auto)")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["eval", "sample"])
+def test_without_ckpt_and_no_default_run(capsys, tmp_path, command):
+    assert error_line(capsys, [command]) == (
+        "error: checkpoint path runs/default does not exist; pass a run directory (e.g. runs/default) or one of its "
+        "checkpoints/step_* directories")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["nosuchcmd"], "error: argument COMMAND: invalid choice: 'nosuchcmd' (choose from 'version', 'demo', "
+                    "'tokenizer', 'train', 'eval', 'sample', 'bench'); see tvq --help"),
+    (["bench"], "error: the following arguments are required: BENCH; see tvq bench --help"),
+    (["bench", "op", "--lengths"], "error: --lengths: expected at least one argument"),
+    (["train", "--steps"], "error: --steps: expected one argument"),
+    (["train", "--bogus"], "error: unrecognized arguments: --bogus; see tvq --help"),
+], ids=["unknown-command", "bench-without-benchmark", "lengths-without-values", "flag-without-value",
+        "unknown-flag-process"])
+def test_real_entry_point(tmp_path, argv, message):
+    proc = tvq(argv, cwd=tmp_path)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (2, message + "\n", "")
+

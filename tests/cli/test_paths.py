@@ -1,0 +1,179 @@
+"""Paths and names: a run never writes outside its directory, a run directory that is a file, read-only or on a
+full disk, and missing or broken data, config and checkpoint files are each one line that names the path."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from cliutil import error_line, run_cli, tiny_train
+
+NAME_RULE = "--name: must name one directory (not empty, '.' or '..', without '/')"
+NO_CKPT = ("no checkpoint found in {path}; pass a run directory written by `tvq train` (it has a checkpoints/ "
+           "folder) or a checkpoints/step_* directory")
+MISSING_CKPT = ("checkpoint path {path} does not exist; pass a run directory (e.g. runs/default) or one of its "
+                "checkpoints/step_* directories")
+
+
+@pytest.mark.parametrize("name, message", [
+    ("..", f"{NAME_RULE}, got '..'"), (".", f"{NAME_RULE}, got '.'"), ("a/b", f"{NAME_RULE}, got 'a/b'"),
+    ("", "--name: must not be empty, got ''"),
+], ids=["dotdot", "dot", "slash", "empty"])
+def test_run_names_stay_inside_runs(capsys, corpus, tmp_path, name, message):
+    argv = [a for a in tiny_train(corpus, tmp_path / "x") if a not in ("--run-dir", str(tmp_path / "x"))]
+    assert error_line(capsys, [*argv, "--name", name]) == f"error: {message}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_dir_that_is_a_file(capsys, corpus, tmp_path):
+    (tmp_path / "run").write_text("a file")
+    assert error_line(capsys, tiny_train(corpus, tmp_path / "run")) == (
+        f"error: run directory {tmp_path / 'run'} is a file, not a directory; pass another --run-dir, or move the "
+        f"file away")
+
+
+def test_read_only_run_dir(capsys, corpus, tmp_path, monkeypatch):
+    # tests run as root, whom chmod does not stop: the file system's refusal is simulated where it is met
+    run_dir, original = tmp_path / "run", Path.mkdir
+
+    def mkdir(self, *args, **kwargs):
+        if self == run_dir:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    assert error_line(capsys, tiny_train(corpus, run_dir)) == (
+        f"error: cannot create the run directory: {run_dir} is not writable (Permission denied); pass a writable "
+        f"--run-dir, or fix the directory's permissions")
+
+
+def test_full_disk_saves_nothing_unresumable(capsys, corpus, tmp_path, monkeypatch):
+    def save(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", save)
+    run_dir = tmp_path / "run"
+    assert error_line(capsys, tiny_train(corpus, run_dir)) == (
+        f"error: cannot save checkpoint step_00000002: no space left on the disk holding {run_dir}; free some "
+        f"space, or pass another --run-dir on a disk with room")
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == []  # no half-written checkpoint
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--data-path", "{tmp}/nope.txt"], "data path {tmp}/nope.txt does not exist; pass --data-path with an existing "
+                                        "text file or directory"),
+    (["--data", "text", "--data-path", "{fifo}"], "data path {fifo} is neither a regular file nor a directory; pass "
+                                                  "a text file or directory"),
+    (["--data", "nope"], "unknown dataset 'nope'; choose one of: shakespeare, text, enwik8, pg19, imagenet64, gcide "
+                         "(e.g. --data shakespeare)"),
+    (["--data-option", "foo"], "--data-option: 'foo' must look like KEY=VALUE, e.g. --data-option "
+                               "tokenizer=pg19.model"),
+    (["--data-option", "foo=1"], "dataset 'text' has no option 'foo'; its options are: glob, fractions"),
+    (["--config", "{tmp}/none.yaml"], "--config: {tmp}/none.yaml does not exist or is not a file; check the path"),
+    (["--config", "{tmp}"], "--config: {tmp} does not exist or is not a file; check the path"),
+    (["--config", "{tmp}/run.txt"], "config file {tmp}/run.txt must end in .yaml, .yml, .json or .toml"),
+    (["--resume", "{tmp}/nowhere"], MISSING_CKPT.format(path="{tmp}/nowhere")),
+    (["--resume", "{tmp}/empty"], NO_CKPT.format(path="{tmp}/empty")),
+], ids=["data-path-missing", "data-path-fifo", "data-unknown", "data-option-malformed", "data-option-unknown",
+        "config-missing", "config-directory", "config-txt-suffix", "resume-path-missing", "resume-empty-dir"])
+def test_train_paths(capsys, corpus, tmp_path, flags, message):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "run.txt").write_text("train:\n  steps: 3\n")
+    (tmp_path / "empty").mkdir()
+    values = {"tmp": tmp_path, "fifo": fifo}
+    argv = tiny_train(corpus, tmp_path / "run", *[f.format(**values) for f in flags])
+    assert error_line(capsys, argv) == f"error: {message.format(**values)}"
+
+
+def test_data_path_without_its_corpus(capsys, corpus):
+    assert error_line(capsys, ["train", "--data-path", str(corpus)]) == (
+        "error: --data-path: name the corpus it holds with --data (text for your own text file or directory; "
+        "shakespeare, enwik8, pg19, imagenet64 or gcide for a downloaded copy)")
+
+
+def test_config_file_that_is_not_yaml(capsys, corpus, tmp_path):
+    (tmp_path / "bad.yaml").write_text("model: [1,\n")
+    line = error_line(capsys, tiny_train(corpus, tmp_path / "run", "--config", str(tmp_path / "bad.yaml")))
+    assert line.startswith(f"error: {tmp_path / 'bad.yaml'} is not valid YAML: ") and "line 2, column 1" in line
+
+
+def test_config_file_with_an_unknown_key(capsys, corpus, tmp_path):
+    (tmp_path / "run.yaml").write_text("model:\n  nope: 1\n")
+    line = error_line(capsys, tiny_train(corpus, tmp_path / "run", "--config", str(tmp_path / "run.yaml")))
+    assert line.startswith("error: unknown model config key(s): nope; known keys: abs_pos, attn_type, block_len")
+
+
+def test_corrupted_run_config(capsys, corpus, finished_run):
+    (finished_run / "config.json").write_text('{"model": {"d_model": 32,')
+    line = error_line(capsys, ["train", "--resume", "--run-dir", str(finished_run), "--steps", "4"])
+    assert line.startswith(f"error: {finished_run / 'config.json'} is not a valid run config (Expecting ")
+    assert line.endswith("); restore it from config.json of one of the run's checkpoints/step_* directories, or "
+                         "pass --preset/--config to start over")
+
+
+@pytest.mark.parametrize("command", ["eval", "sample"])
+@pytest.mark.parametrize("where, message", [
+    ("nowhere", MISSING_CKPT), ("file", NO_CKPT), ("empty", NO_CKPT),
+], ids=["missing", "a-file", "no-checkpoints"])
+def test_ckpt_paths(capsys, tmp_path, command, where, message):
+    (tmp_path / "file").write_text("not a checkpoint")
+    (tmp_path / "empty").mkdir()
+    path = tmp_path / where
+    assert error_line(capsys, [command, "--ckpt", str(path)]) == f"error: {message.format(path=path)}"
+
+
+@pytest.mark.parametrize("damage", ["truncated-weights", "edited-config"])
+@pytest.mark.parametrize("command", ["eval", "sample", "resume"])
+def test_damaged_checkpoint(capsys, finished_run, command, damage):
+    step = finished_run / "checkpoints" / "step_00000002"
+    name = {"truncated-weights": "model.safetensors", "edited-config": "config.json"}[damage]
+    if damage == "truncated-weights":
+        (step / name).write_bytes((step / name).read_bytes()[:100])
+    else:
+        (step / name).write_text(json.dumps({"model": 3}))
+    argv = {"eval": ["eval", "--ckpt", str(finished_run)], "sample": ["sample", "--ckpt", str(finished_run)],
+            "resume": ["train", "--resume", "--run-dir", str(finished_run), "--steps", "4"]}[command]
+    assert error_line(capsys, argv) == (f"error: no complete checkpoint in {finished_run / 'checkpoints'}: every one failed "
+                         f"verification (see warnings above); start a new run with another --run-dir or without "
+                         f"--resume")
+
+
+def test_damaged_checkpoint_warning_names_the_file(capsys, finished_run):
+    step = finished_run / "checkpoints" / "step_00000002"
+    (step / "model.safetensors").write_bytes(b"")
+    code, err = run_cli(capsys, ["eval", "--ckpt", str(finished_run)])
+    assert code == 2
+    assert err.splitlines()[0] == (f"warning: skipping checkpoint: checkpoint {step} is corrupted: model.safetensors "
+                                   f"does not match its checksum (truncated or modified after saving)")
+
+
+def test_data_path_of_eval_missing(capsys, trained, tmp_path):
+    line = error_line(capsys, ["eval", "--ckpt", str(trained), "--data-path", str(tmp_path / "nope")])
+    assert line == (f"error: data path {tmp_path / 'nope'} does not exist; pass --data-path with an existing text "
+                    f"file or directory")
+
+
+def test_data_path_of_sample_from_a_byte_model(capsys, trained, corpus):
+    line = error_line(capsys, ["sample", "--ckpt", str(trained), "--data-path", str(corpus)])
+    assert line == ("error: --data-path: this model reads bytes (vocab_size 256) and needs no corpus to encode or "
+                    "decode text; leave --data-path out")
+
+
+@pytest.mark.parametrize("layout, message", [
+    ("missing", "PG-19 root {root} is not a directory; pass --data-path with the directory holding train/, "
+                "validation/ and test/."),
+    ("no-books", "{root}/train contains no .txt books; PG-19 splits are directories of one .txt file per book."),
+], ids=["missing", "no-books"])
+def test_tokenizer_paths(capsys, tmp_path, layout, message):
+    root = tmp_path / "pg19"
+    if layout == "no-books":
+        (root / "train").mkdir(parents=True)
+    line = error_line(capsys, ["tokenizer", "--data-path", str(root)])
+    assert line == (f"error: {message.format(root=root)} PG-19 is at https://github.com/google-deepmind/pg19 "
+                    f"(gs://deepmind-gutenberg)")

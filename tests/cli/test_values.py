@@ -1,0 +1,135 @@
+"""Values: every flag refuses what it cannot use (non-finite, overflowing, empty, out of range, unknown words,
+combinations the model cannot run) with one line `error: --FLAG: ...` and exit status 2, before any work."""
+
+from __future__ import annotations
+
+import pytest
+
+from cliutil import error_line, tiny_train
+
+FINITE = "must be a finite number"
+NAME_RULE = "must name one directory (not empty, '.' or '..', without '/')"
+
+# (flags given after a complete tiny `tvq train` command, the error line)
+TRAIN = {
+    "lr-inf": (["--lr", "inf"], f"--lr: {FINITE}, got 'inf'"),
+    "lr-nan": (["--lr", "nan"], f"--lr: {FINITE}, got 'nan'"),
+    "lr-negative": (["--lr", "-1"], "--lr: must be > 0, got '-1'"),
+    "lr-zero": (["--lr", "0"], "--lr: must be > 0, got '0'"),
+    "lr-overflow": (["--lr", "1e400"], "--lr: is too large (overflows a float), got '1e400'"),
+    "lr-word": (["--lr", "abc"], "--lr: must be a number, got 'abc'"),
+    "lr-empty": (["--lr", ""], "--lr: must be a number, got ''"),
+    "steps-zero": (["--steps", "0"], "--steps: must be a positive integer, got '0'"),
+    "steps-negative": (["--steps", "-1"], "--steps: must be a positive integer, got '-1'"),
+    "steps-fraction": (["--steps", "1.5"], "--steps: must be an integer (digits only, without a decimal point or "
+                                           "exponent), got '1.5'"),
+    "steps-exponent": (["--steps", "1e400"], "--steps: must be an integer (digits only, without a decimal point or "
+                                             "exponent), got '1e400'"),
+    "steps-overflow": (["--steps", "99999999999999999999999"],
+                       "--steps: is too large (at most 9223372036854775807), got '99999999999999999999999'"),
+    "steps-empty": (["--steps", ""], "--steps: must be an integer, got ''"),
+    "batch-size-zero": (["--batch-size", "0"], "--batch-size: must be a positive integer, got '0'"),
+    "seq-len-not-multiple": (["--seq-len", "40"], "--seq-len: must be a multiple of update_len=16 (e.g. 32), got 40"),
+    "update-len-not-multiple": (["--update-len", "12", "--seq-len", "36"],
+                                "--update-len: must be a multiple of the model's block_len=8 (e.g. 8, or change "
+                                "block_len), got 12"),
+    "block-len-zero": (["--block-len", "0"], "--block-len: must be a positive integer, got '0'"),
+    "n-code-zero": (["--n-code", "0"], "--n-code: must be a positive integer, got '0'"),
+    "d-model-odd": (["--d-model", "31"], "--d-model: must be even (sinusoid tables pair sin and cos), got 31"),
+    "n-head-with-shga": (["--n-head", "2"], "--n-head: must be 1 for head_type 'shga' (use 'mqa' or 'mha'), got 2"),
+    "d-v-not-divisible": (["--head-type", "mha", "--n-head", "4", "--d-v", "30"],
+                          "--d-v: must be divisible by n_head=4, got 30"),
+    "dropsin-one": (["--dropsin", "1.0"], "--dropsin: must be in [0, 1), got '1.0'"),
+    "dropsin-negative": (["--dropsin", "-0.1"], "--dropsin: must be in [0, 1), got '-0.1'"),
+    "dropsin-nan": (["--dropsin", "nan"], f"--dropsin: {FINITE}, got 'nan'"),
+    "dropres-minus-inf": (["--dropres=-inf"], f"--dropres: {FINITE}, got '-inf'"),
+    "ema-rate-one": (["--ema-rate", "1"], "--ema-rate: must be in (0, 1), got '1'"),
+    "ema-rate-nan": (["--ema-rate", "nan"], f"--ema-rate: {FINITE}, got 'nan'"),
+    "commit-coef-negative": (["--commit-coef", "-1"], "--commit-coef: must be >= 0, got '-1'"),
+    "commit-coef-inf": (["--commit-coef", "inf"], f"--commit-coef: {FINITE}, got 'inf'"),
+    "weight-decay-inf": (["--weight-decay", "inf"], f"--weight-decay: {FINITE}, got 'inf'"),
+    "final-lr-ratio-two": (["--final-lr-ratio", "2"], "--final-lr-ratio: must be in [0, 1], got '2'"),
+    "grad-clip-nan": (["--grad-clip", "nan"], f"--grad-clip: {FINITE}, got 'nan'"),
+    "warmup-steps-negative": (["--warmup-steps", "-1"], "--warmup-steps: must be an integer >= 0, got '-1'"),
+    "eval-tokens-one": (["--eval-tokens", "1"], "--eval-tokens: must be 0 (all) or at least 2 (a token is scored "
+                                                "from the one before it), got 1"),
+    "keep-ckpts-zero": (["--keep-ckpts", "0"], "--keep-ckpts: must be a positive integer, got '0'"),
+    "attn-type-unknown": (["--attn-type", "foo"], "--attn-type: must be one of vq, full, flash_quad, flash, got 'foo'"),
+    "head-type-unknown": (["--head-type", "foo"], "--head-type: must be one of shga, mqa, mha, got 'foo'"),
+    "reduction-unknown": (["--reduction", "foo"], "--reduction: must be one of serial, matmul, assoc, got 'foo'"),
+    "optimizer-unknown": (["--optimizer", "sgd"], "--optimizer: must be one of adamw, adafactor, got 'sgd'"),
+    "precision-unknown": (["--precision", "fp16"], "--precision: must be one of float32, bfloat16, got 'fp16'"),
+    "preset-unknown": (["--preset", "gpt2"], "--preset: must be one of enwik8, pg19, imagenet64, small, tiny, got "
+                                             "'gpt2'"),
+    "max-wavelength-one": (["--max-wavelength", "1"], "--max-wavelength: must be > 1, got '1'"),
+    "max-wavelength-inf": (["--max-wavelength", "inf"], f"--max-wavelength: {FINITE}, got 'inf'"),
+    "seed-negative": (["--seed", "-1"], "--seed: must be an integer >= 0, got '-1'"),
+    "seed-2-64": (["--seed", str(2**64)], f"--seed: is too large (at most 9223372036854775807), got '{2**64}'"),
+    "threads-negative": (["--threads", "-1"], "--threads: must be an integer >= 0, got '-1'"),
+    "set-lr-inf": (["--set", "lr=inf"], f"--lr: {FINITE}, got 'inf'"),
+    "set-without-equals": (["--set", "foo"], "--set: 'foo' must look like KEY=VALUE, e.g. --set steps=100"),
+    "set-unknown-section": (["--set", "unknown.key=1"], "--set: unknown config section 'unknown' in "
+                                                        "'unknown.key=1'; use model.FIELD or train.FIELD"),
+    "unknown-flag": (["--bogus"], "unrecognized arguments: --bogus; see tvq --help"),
+}
+
+# (a command on the session's trained run, the error line)
+JOBS = {
+    "eval-max-tokens-negative": (["eval", "--max-tokens", "-5"], "--max-tokens: must be an integer >= 0, got '-5'"),
+    "eval-max-tokens-one": (["eval", "--max-tokens", "1"], "--max-tokens: must be 0 (all) or at least 2 (a token is "
+                                                           "scored from the one before it), got 1"),
+    "eval-streams-zero": (["eval", "--streams", "0"], "--streams: must be a positive integer, got '0'"),
+    "eval-window-len-zero": (["eval", "--window-len", "0"], "--window-len: must be a positive integer, got '0'"),
+    "eval-split-unknown": (["eval", "--split", "foo"], "--split: must be one of train, validation, test, got 'foo'"),
+    "sample-temperature-underflow": (["sample", "--temperature", "1e-400"],
+                                     "--temperature: is too small (underflows to 0), got '1e-400'"),
+    "sample-temperature-tiny": (["sample", "--temperature", "1e-9"],
+                                "--temperature: must be 0 (greedy) or at least 0.0001, got 1e-09"),
+    "sample-temperature-negative": (["sample", "--temperature", "-1"], "--temperature: must be >= 0, got '-1'"),
+    "sample-temperature-inf": (["sample", "--temperature", "inf"], f"--temperature: {FINITE}, got 'inf'"),
+    "sample-temperature-nan": (["sample", "--temperature", "nan"], f"--temperature: {FINITE}, got 'nan'"),
+    "sample-top-p-zero": (["sample", "--top-p", "0"], "--top-p: must be in (0, 1], got '0'"),
+    "sample-top-p-above-one": (["sample", "--top-p", "1.5"], "--top-p: must be in (0, 1], got '1.5'"),
+    "sample-top-p-nan": (["sample", "--top-p", "nan"], f"--top-p: {FINITE}, got 'nan'"),
+    "sample-top-k-negative": (["sample", "--top-k", "-1"], "--top-k: must be a positive integer, got '-1'"),
+    "sample-max-new-tokens-negative": (["sample", "--max-new-tokens", "-1"],
+                                       "--max-new-tokens: must be a positive integer, got '-1'"),
+    "sample-prompt-empty": (["sample", "--prompt", ""], "--prompt: must not be empty, got ''"),
+    "sample-num-samples-zero": (["sample", "--num-samples", "0"], "--num-samples: must be a positive integer, got '0'"),
+}
+
+# (a `tvq bench op` or `tvq tokenizer` command, the error line): refused before any cell runs or file is written
+TOOLS = {
+    "bench-lengths-zero": (["bench", "op", "--lengths", "0"], "--lengths: must be a positive integer, got '0'"),
+    "bench-lengths-negative": (["bench", "op", "--lengths", "-1"], "--lengths: must be a positive integer, got '-1'"),
+    "bench-lengths-word": (["bench", "op", "--lengths", "abc"], "--lengths: must be an integer, got 'abc'"),
+    "bench-repeats-zero": (["bench", "op", "--repeats", "0"], "--repeats: must be a positive integer, got '0'"),
+    "bench-budget-zero": (["bench", "op", "--budget-s", "0"], "--budget-s: must be > 0, got '0'"),
+    "bench-budget-inf": (["bench", "op", "--budget-s", "inf"], f"--budget-s: {FINITE}, got 'inf'"),
+    "bench-methods-unknown": (["bench", "op", "--methods", "foo"], "--methods: must be one of vq-serial, vq-matmul, "
+                                                                   "vq-assoc, sdpa, full, flash, flash_quad, got 'foo'"),
+    "tokenizer-vocab-size-zero": (["tokenizer", "--data-path", ".", "--vocab-size", "0"],
+                                  "--vocab-size: must be >= 300, got '0'"),
+    "tokenizer-vocab-size-word": (["tokenizer", "--data-path", ".", "--vocab-size", "abc"],
+                                  "--vocab-size: must be an integer, got 'abc'"),
+    "tokenizer-threads-negative": (["tokenizer", "--data-path", ".", "--threads", "-1"],
+                                   "--threads: must be a positive integer, got '-1'"),
+    "tokenizer-without-data-path": (["tokenizer"], "--data-path: is required: pass the PG-19 root directory"),
+}
+
+
+@pytest.mark.parametrize("flags, message", TRAIN.values(), ids=TRAIN.keys())
+def test_train_values(capsys, corpus, tmp_path, flags, message):
+    assert error_line(capsys, tiny_train(corpus, tmp_path / "run", *flags)) == f"error: {message}"
+    assert not (tmp_path / "run").exists()  # refused before anything is written
+
+
+@pytest.mark.parametrize("argv, message", JOBS.values(), ids=JOBS.keys())
+def test_eval_and_sample_values(capsys, trained, argv, message):
+    assert error_line(capsys, [*argv, "--ckpt", str(trained)]) == f"error: {message}"
+
+
+@pytest.mark.parametrize("argv, message", TOOLS.values(), ids=TOOLS.keys())
+def test_bench_and_tokenizer_values(capsys, tmp_path, argv, message):
+    assert error_line(capsys, argv) == f"error: {message}"
+    assert list(tmp_path.iterdir()) == []  # no result files
