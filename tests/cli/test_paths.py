@@ -19,6 +19,9 @@ NO_CKPT = ("no checkpoint found in {path}; pass a run directory written by `tvq 
 MISSING_CKPT = ("checkpoint path {path} does not exist; pass a run directory (e.g. runs/default) or one of its "
                 "checkpoints/step_* directories")
 
+FRACTIONS = ("split fractions must be three positive numbers (train, validation, test) summing to 1, got {got}; "
+             "the default is (0.9, 0.05, 0.05)")
+
 
 @pytest.mark.parametrize("name, message", [
     ("..", f"{NAME_RULE}, got '..'"), (".", f"{NAME_RULE}, got '.'"), ("a/b", f"{NAME_RULE}, got 'a/b'"),
@@ -77,9 +80,16 @@ def test_full_disk_saves_nothing_unresumable(capsys, corpus, tmp_path, monkeypat
     (["--config", "{tmp}/none.yaml"], "--config: {tmp}/none.yaml does not exist or is not a file; check the path"),
     (["--config", "{tmp}"], "--config: {tmp} does not exist or is not a file; check the path"),
     (["--config", "{tmp}/run.txt"], "config file {tmp}/run.txt must end in .yaml, .yml, .json or .toml"),
+    (["--data-option", "glob="], "--data-option: 'glob=' must look like KEY=VALUE, e.g. --data-option "
+                                 "tokenizer=pg19.model"),
+    (["--data-option", "fractions=null"], FRACTIONS.format(got="None")),
+    (["--data-option", "fractions=abc"], FRACTIONS.format(got="'abc'")),
+    (["--data-option", "fractions=3"], FRACTIONS.format(got="3")),
+    (["--data-option", "fractions=[0.5, 0.5, nan]"], FRACTIONS.format(got="(0.5, 0.5, nan)")),
     (["--resume", "{tmp}/nowhere"], MISSING_CKPT.format(path="{tmp}/nowhere")),
     (["--resume", "{tmp}/empty"], NO_CKPT.format(path="{tmp}/empty")),
 ], ids=["data-path-missing", "data-path-fifo", "data-unknown", "data-option-malformed", "data-option-unknown",
+        "data-option-empty-value", "fractions-null", "fractions-word", "fractions-one-number", "fractions-nan",
         "config-missing", "config-directory", "config-txt-suffix", "resume-path-missing", "resume-empty-dir"])
 def test_train_paths(capsys, corpus, tmp_path, flags, message):
     fifo = tmp_path / "fifo"
@@ -89,6 +99,15 @@ def test_train_paths(capsys, corpus, tmp_path, flags, message):
     values = {"tmp": tmp_path, "fifo": fifo}
     argv = tiny_train(corpus, tmp_path / "run", *[f.format(**values) for f in flags])
     assert error_line(capsys, argv) == f"error: {message.format(**values)}"
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--run-dir", ""], ["train", "--data-path", ""], ["train", "--config", ""], ["train", "--resume", ""],
+    ["eval", "--ckpt", ""], ["eval", "--data-path", ""], ["sample", "--ckpt", ""],
+], ids=["train-run-dir", "train-data-path", "train-config", "train-resume", "eval-ckpt", "eval-data-path",
+        "sample-ckpt"])
+def test_empty_paths_are_not_the_current_directory(capsys, argv):
+    assert error_line(capsys, argv) == f"error: {argv[1]}: must not be empty, got ''"
 
 
 def test_data_path_without_its_corpus(capsys, corpus):

@@ -77,7 +77,7 @@ def parse_data_options(items: typing.Sequence[str]) -> dict:
     options = {}
     for item in items:
         key, sep, text = item.partition("=")
-        if not sep or not key.strip():
+        if not sep or not key.strip() or not text.strip():  # an empty value would silently be the default
             raise ConfigError(f"--data-option: {item!r} must look like KEY=VALUE, e.g. --data-option "
                               f"tokenizer=pg19.model")
         try:
