@@ -77,15 +77,15 @@ def test_full_disk_saves_nothing_unresumable(capsys, corpus, tmp_path, monkeypat
     (["--data-option", "foo"], "--data-option: 'foo' must look like KEY=VALUE, e.g. --data-option "
                                "tokenizer=pg19.model"),
     (["--data-option", "foo=1"], "dataset 'text' has no option 'foo'; its options are: glob, fractions"),
-    (["--config", "{tmp}/none.yaml"], "--config: {tmp}/none.yaml does not exist or is not a file; check the path"),
-    (["--config", "{tmp}"], "--config: {tmp} does not exist or is not a file; check the path"),
-    (["--config", "{tmp}/run.txt"], "config file {tmp}/run.txt must end in .yaml, .yml, .json or .toml"),
     (["--data-option", "glob="], "--data-option: 'glob=' must look like KEY=VALUE, e.g. --data-option "
                                  "tokenizer=pg19.model"),
     (["--data-option", "fractions=null"], FRACTIONS.format(got="None")),
     (["--data-option", "fractions=abc"], FRACTIONS.format(got="'abc'")),
     (["--data-option", "fractions=3"], FRACTIONS.format(got="3")),
     (["--data-option", "fractions=[0.5, 0.5, nan]"], FRACTIONS.format(got="(0.5, 0.5, nan)")),
+    (["--config", "{tmp}/none.yaml"], "--config: {tmp}/none.yaml does not exist or is not a file; check the path"),
+    (["--config", "{tmp}"], "--config: {tmp} does not exist or is not a file; check the path"),
+    (["--config", "{tmp}/run.txt"], "config file {tmp}/run.txt must end in .yaml, .yml, .json or .toml"),
     (["--resume", "{tmp}/nowhere"], MISSING_CKPT.format(path="{tmp}/nowhere")),
     (["--resume", "{tmp}/empty"], NO_CKPT.format(path="{tmp}/empty")),
 ], ids=["data-path-missing", "data-path-fifo", "data-unknown", "data-option-malformed", "data-option-unknown",
