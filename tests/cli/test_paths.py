@@ -116,10 +116,27 @@ def test_data_path_without_its_corpus(capsys, corpus):
         "shakespeare, enwik8, pg19, imagenet64 or gcide for a downloaded copy)")
 
 
-def test_config_file_that_is_not_yaml(capsys, corpus, tmp_path):
-    (tmp_path / "bad.yaml").write_text("model: [1,\n")
-    line = error_line(capsys, tiny_train(corpus, tmp_path / "run", "--config", str(tmp_path / "bad.yaml")))
-    assert line.startswith(f"error: {tmp_path / 'bad.yaml'} is not valid YAML: ") and "line 2, column 1" in line
+@pytest.mark.parametrize("name, text, start, where", [
+    ("bad.yaml", "model: [1,\n", "is not valid YAML: ", "line 2, column 1"),
+    ("bad.json", '{"model": {"d_model": 32,', "is not valid JSON: ", "line 1, column 26"),
+    ("bad.toml", "model = [\n", "is not valid TOML: ", "Invalid value (at end of document)"),
+], ids=["yaml", "json", "toml"])
+def test_config_file_that_does_not_parse(capsys, corpus, tmp_path, name, text, start, where):
+    (tmp_path / name).write_text(text)
+    line = error_line(capsys, tiny_train(corpus, tmp_path / "run", "--config", str(tmp_path / name)))
+    assert line.startswith(f"error: {tmp_path / name} {start}") and where in line
+
+
+@pytest.mark.parametrize("text, message", [
+    ("- 1\n- 2\n", "{path} must hold a mapping with 'preset', 'model' and/or 'train' keys"),
+    ("model: 3\n", "'model' in {path} must be a mapping of field: value, got 3"),
+    ("foo: 1\n", "unknown top-level key(s) in {path}: foo; a config file has 'preset', 'model' and 'train'"),
+], ids=["a-list", "section-not-a-mapping", "unknown-top-level-key"])
+def test_config_file_of_the_wrong_shape(capsys, corpus, tmp_path, text, message):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    line = error_line(capsys, tiny_train(corpus, tmp_path / "run", "--config", str(path)))
+    assert line == f"error: {message.format(path=path)}"
 
 
 def test_config_file_with_an_unknown_key(capsys, corpus, tmp_path):
