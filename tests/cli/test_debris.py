@@ -8,7 +8,6 @@ import shutil
 import pytest
 
 from cliutil import run_cli, tiny_train
-from transformer_vq.cli import main
 
 
 def resume(capsys, corpus, run_dir, steps: int) -> None:
@@ -39,7 +38,8 @@ def test_prune_killed_midway_leaves_no_half_checkpoint(capsys, corpus, finished_
         return original(path, *args, **kwargs)
 
     monkeypatch.setattr(shutil, "rmtree", interrupted)
-    assert main(tiny_train(corpus, finished_run, "--resume", "--steps", "3", "--keep-ckpts", "1")) == 130
+    code, err = run_cli(capsys, tiny_train(corpus, finished_run, "--resume", "--steps", "3", "--keep-ckpts", "1"))
+    assert (code, err.splitlines()[-1]) == (130, "interrupted"), err
     monkeypatch.undo()
     names = sorted(p.name for p in root.iterdir())
     assert names[:2] == [".trash-step_00000002-" + names[0].rsplit("-", 1)[1], "latest"], names

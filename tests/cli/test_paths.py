@@ -19,6 +19,9 @@ NO_CKPT = ("no checkpoint found in {path}; pass a run directory written by `tvq 
 MISSING_CKPT = ("checkpoint path {path} does not exist; pass a run directory (e.g. runs/default) or one of its "
                 "checkpoints/step_* directories")
 
+FRACTIONS = ("split fractions must be three positive numbers (train, validation, test) summing to 1, got {got}; "
+             "the default is (0.9, 0.05, 0.05)")
+
 
 @pytest.mark.parametrize("name, message", [
     ("..", f"{NAME_RULE}, got '..'"), (".", f"{NAME_RULE}, got '.'"), ("a/b", f"{NAME_RULE}, got 'a/b'"),
@@ -74,12 +77,19 @@ def test_full_disk_saves_nothing_unresumable(capsys, corpus, tmp_path, monkeypat
     (["--data-option", "foo"], "--data-option: 'foo' must look like KEY=VALUE, e.g. --data-option "
                                "tokenizer=pg19.model"),
     (["--data-option", "foo=1"], "dataset 'text' has no option 'foo'; its options are: glob, fractions"),
+    (["--data-option", "glob="], "--data-option: 'glob=' must look like KEY=VALUE, e.g. --data-option "
+                                 "tokenizer=pg19.model"),
+    (["--data-option", "fractions=null"], FRACTIONS.format(got="None")),
+    (["--data-option", "fractions=abc"], FRACTIONS.format(got="'abc'")),
+    (["--data-option", "fractions=3"], FRACTIONS.format(got="3")),
+    (["--data-option", "fractions=[0.5, 0.5, nan]"], FRACTIONS.format(got="(0.5, 0.5, nan)")),
     (["--config", "{tmp}/none.yaml"], "--config: {tmp}/none.yaml does not exist or is not a file; check the path"),
     (["--config", "{tmp}"], "--config: {tmp} does not exist or is not a file; check the path"),
     (["--config", "{tmp}/run.txt"], "config file {tmp}/run.txt must end in .yaml, .yml, .json or .toml"),
     (["--resume", "{tmp}/nowhere"], MISSING_CKPT.format(path="{tmp}/nowhere")),
     (["--resume", "{tmp}/empty"], NO_CKPT.format(path="{tmp}/empty")),
 ], ids=["data-path-missing", "data-path-fifo", "data-unknown", "data-option-malformed", "data-option-unknown",
+        "data-option-empty-value", "fractions-null", "fractions-word", "fractions-one-number", "fractions-nan",
         "config-missing", "config-directory", "config-txt-suffix", "resume-path-missing", "resume-empty-dir"])
 def test_train_paths(capsys, corpus, tmp_path, flags, message):
     fifo = tmp_path / "fifo"
@@ -91,16 +101,42 @@ def test_train_paths(capsys, corpus, tmp_path, flags, message):
     assert error_line(capsys, argv) == f"error: {message.format(**values)}"
 
 
+@pytest.mark.parametrize("argv", [
+    ["train", "--run-dir", ""], ["train", "--data-path", ""], ["train", "--config", ""], ["train", "--resume", ""],
+    ["eval", "--ckpt", ""], ["eval", "--data-path", ""], ["sample", "--ckpt", ""],
+], ids=["train-run-dir", "train-data-path", "train-config", "train-resume", "eval-ckpt", "eval-data-path",
+        "sample-ckpt"])
+def test_empty_paths_are_not_the_current_directory(capsys, argv):
+    assert error_line(capsys, argv) == f"error: {argv[1]}: must not be empty, got ''"
+
+
 def test_data_path_without_its_corpus(capsys, corpus):
     assert error_line(capsys, ["train", "--data-path", str(corpus)]) == (
         "error: --data-path: name the corpus it holds with --data (text for your own text file or directory; "
         "shakespeare, enwik8, pg19, imagenet64 or gcide for a downloaded copy)")
 
 
-def test_config_file_that_is_not_yaml(capsys, corpus, tmp_path):
-    (tmp_path / "bad.yaml").write_text("model: [1,\n")
-    line = error_line(capsys, tiny_train(corpus, tmp_path / "run", "--config", str(tmp_path / "bad.yaml")))
-    assert line.startswith(f"error: {tmp_path / 'bad.yaml'} is not valid YAML: ") and "line 2, column 1" in line
+@pytest.mark.parametrize("name, text, start, where", [
+    ("bad.yaml", "model: [1,\n", "is not valid YAML: ", "line 2, column 1"),
+    ("bad.json", '{"model": {"d_model": 32,', "is not valid JSON: ", "line 1, column 26"),
+    ("bad.toml", "model = [\n", "is not valid TOML: ", "Invalid value (at end of document)"),
+], ids=["yaml", "json", "toml"])
+def test_config_file_that_does_not_parse(capsys, corpus, tmp_path, name, text, start, where):
+    (tmp_path / name).write_text(text)
+    line = error_line(capsys, tiny_train(corpus, tmp_path / "run", "--config", str(tmp_path / name)))
+    assert line.startswith(f"error: {tmp_path / name} {start}") and where in line
+
+
+@pytest.mark.parametrize("text, message", [
+    ("- 1\n- 2\n", "{path} must hold a mapping with 'preset', 'model' and/or 'train' keys"),
+    ("model: 3\n", "'model' in {path} must be a mapping of field: value, got 3"),
+    ("foo: 1\n", "unknown top-level key(s) in {path}: foo; a config file has 'preset', 'model' and 'train'"),
+], ids=["a-list", "section-not-a-mapping", "unknown-top-level-key"])
+def test_config_file_of_the_wrong_shape(capsys, corpus, tmp_path, text, message):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    line = error_line(capsys, tiny_train(corpus, tmp_path / "run", "--config", str(path)))
+    assert line == f"error: {message.format(path=path)}"
 
 
 def test_config_file_with_an_unknown_key(capsys, corpus, tmp_path):

@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return int(args._run(args) or 0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a second Ctrl-C, or one outside training's own handler: say so, no traceback
+        print("interrupted", file=sys.stderr)
         return 130
     except Exception as err:
         from transformer_vq.cli.errors import describe

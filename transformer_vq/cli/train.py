@@ -26,17 +26,17 @@ def add_parser(subparsers):
     import argparse
 
     from transformer_vq.config import TrainConfig, TransformerVQConfig
-    from transformer_vq.config.flags import add_flags, add_preset_flag
+    from transformer_vq.config.flags import add_flags, add_preset_flag, not_empty
 
     parser = subparsers.add_parser(
         "train", help="train a model (no arguments: small model on Shakespeare, ~5 min on CPU)",
         description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_preset_flag(parser, "small")
-    parser.add_argument("--config", metavar="FILE", help="YAML or TOML file with preset / model / train sections")
+    parser.add_argument("--config", metavar="FILE", type=not_empty, help="YAML or TOML file with preset / model / train sections")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a model or train field, e.g. model.d_model=128 or lr=1e-3 (repeatable)")
-    parser.add_argument("--resume", nargs="?", const="auto", metavar="auto|PATH",
+    parser.add_argument("--resume", nargs="?", const="auto", metavar="auto|PATH", type=not_empty,
                         help="continue from the run directory's latest complete checkpoint ('auto', the default "
                              "when the flag is given alone) or from the given run/checkpoint directory")
     add_flags(parser.add_argument_group("model fields (default: the preset's; see docs/training.md)"),

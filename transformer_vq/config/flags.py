@@ -104,6 +104,13 @@ def flag_message(err: ConfigError) -> str:
     return "; ".join(f"{flag_of(known[name])}: {text}" for name, text in err.problems)
 
 
+def not_empty(text: str) -> str:
+    """The type of a free-text flag (a path): an empty word would otherwise become the current directory."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must not be empty, got {text!r}")
+    return text
+
+
 def add_preset_flag(parser, default: str) -> None:
     """``--preset NAME``: the model to start from, checked against the presets while parsing."""
     from transformer_vq.config.model import PRESETS

@@ -77,7 +77,7 @@ def parse_data_options(items: typing.Sequence[str]) -> dict:
     options = {}
     for item in items:
         key, sep, text = item.partition("=")
-        if not sep or not key.strip():
+        if not sep or not key.strip() or not text.strip():  # an empty value would silently be the default
             raise ConfigError(f"--data-option: {item!r} must look like KEY=VALUE, e.g. --data-option "
                               f"tokenizer=pg19.model")
         try:
@@ -115,7 +115,8 @@ def read_file(path: Path) -> dict:
         try:
             loaded = yaml.safe_load(text) or {}
         except yaml.YAMLError as err:
-            raise ConfigError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from None
+            what = "JSON" if path.suffix == ".json" else "YAML"  # JSON is read as the YAML it is a subset of
+            raise ConfigError(f"{path} is not valid {what}: {' '.join(str(err).split())}") from None
     else:
         raise ConfigError(f"config file {path} must end in .yaml, .yml, .json or .toml")
     if not isinstance(loaded, dict):
