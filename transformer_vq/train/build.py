@@ -19,7 +19,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was requested but no CUDA GPU is available; use --set device=cpu")
+        raise ValueError("device 'cuda' was requested but no CUDA GPU is available; use --device cpu (or auto)")
     return torch.device(name)
 
 
