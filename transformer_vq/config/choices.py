@@ -4,6 +4,8 @@ HEAD_TYPES = ("shga", "mqa", "mha")
 """'shga': one head (the GAU); 'mqa': query heads sharing one key/value head; 'mha': a key/value head per query head."""
 ATTN_TYPES = ("vq", "full", "flash_quad", "flash")
 """'vq': Transformer-VQ; baselines 'full' (softmax, unquantized), 'flash_quad' and 'flash' (FLASH, Hua et al. 2022)."""
+NONCAUSAL_ATTN_TYPES = ("vq", "full")
+"""The attention types that have a non-causal (encoder) form."""
 REDUCTIONS = ("serial", "matmul", "assoc")
 """How the per-code cache is accumulated across blocks (the paper's App. B and E)."""
 PRECISIONS = ("float32", "bfloat16")
