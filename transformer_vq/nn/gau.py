@@ -36,9 +36,7 @@ from torch import nn
 from transformer_vq.config import TransformerVQConfig
 from transformer_vq.nn.position import sinusoids
 from transformer_vq.nn.quantizer import VectorQuantizer
-from transformer_vq.ops import KERNELS, vq_attention_naive
-
-ATTENTION_MODES = ("linear", "quadratic")
+from transformer_vq.nn.attend import attend
 
 
 @dataclass
@@ -100,8 +98,6 @@ class GatedAttentionUnit(nn.Module):
             attention: ``"linear"`` (the kernel of ``cfg.attn_type``, any ``state``) or ``"quadratic"`` (the
                 dense formula of VQ attention, whole sequences only; VQ attention only).
         """
-        if attention not in ATTENTION_MODES:
-            raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
         cfg = self.cfg
         B, T, _ = x.shape
         H, G, Dk, Dvh = self.n_head, self.n_group, self.d_k, self.d_v_head
@@ -113,24 +109,21 @@ class GatedAttentionUnit(nn.Module):
         k = rms_norm(self.w_k(x_tilde).view(B, T, G, Dk)).transpose(1, 2) * scale  # (B, G, T, Dk)
         v = F.silu(self.w_v(x_tilde)).view(B, T, G, Dvh).transpose(1, 2)  # (B, G, T, Dvh)
         gate = F.silu(self.w_g(x_tilde))  # (B, T, Dv)
-        bias = self._window_bias(q, offset)  # (B, H, T, 2L)
-        q_content = q + self.u[None, :, None, :] * scale
 
         commit_loss = x.new_zeros((), dtype=torch.float32)
-        options = {"chunk_len": cfg.flash_chunk_len} if cfg.attn_type == "flash" else {}
+        keys = queries = None
         if self.quantizer is not None:
-            quantized = self.quantizer(k, mask)
-            commit_loss = quantized.commit_loss
-            k = quantized.k_hat
-            options = {"z": quantized.z, "codebook": quantized.codebook, "reduction": cfg.reduction}
-        if attention == "quadratic":
-            if self.quantizer is None:
-                raise ValueError(f"attention='quadratic' applies to VQ attention only, not attn_type={cfg.attn_type!r}")
-            if state is not None:
-                raise ValueError("attention='quadratic' runs the dense reference on whole sequences: pass state=None")
-            out = vq_attention_naive(q_content, k, v, bias, block_len=cfg.block_len)
-        else:
-            out, state = KERNELS[cfg.attn_type](q_content, k, v, bias, block_len=cfg.block_len, state=state, **options)
+            keys = self.quantizer(k, mask)
+            commit_loss = commit_loss + keys.commit_loss
+            k = keys.k_hat
+        if self.query_quantizer is not None:
+            queries = self.query_quantizer(q, mask)
+            commit_loss = commit_loss + queries.commit_loss
+            q = queries.k_hat  # every score of the unit, the position bias's too, is then a function of q_hat
+        bias = self._window_bias(q, offset)  # (B, H, T, 2L) causal, (B, H, T, 3L) non-causal
+        shift = self.u * scale  # (H, Dk) Transformer-XL's content bias
+        out, state = attend(cfg, q + shift[None, :, None, :], k, v, bias, state=state, mask=mask, attention=attention,
+                            keys=keys, queries=queries, query_shift=shift)
 
         out = out.transpose(1, 2).reshape(B, T, H * Dvh) * gate  # (B, T, Dv)
         branch = F.dropout(self.w_o(out), p=cfg.dropres, training=self.training)
