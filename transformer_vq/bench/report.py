@@ -82,10 +82,11 @@ def op_table(result: dict) -> str:
     if paired:
         lines += ["", "Paired forward times (all methods on the same inputs in one process, interleaved round by round; "
                   "speedup = median of the per-round ratios):", "",
-                  "| method | T | forward | speedup vs sdpa | speedup vs full | load |", "|---|---:|---:|---:|---:|---:|"]
+                  "| method | T | forward | speedup vs sdpa | speedup vs full | speedup vs sdpa-bidir | load |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         for p in paired:
-            sp = [f"{p['speedup'][b]:.1f}x" if b in p["speedup"] else "-" for b in ("sdpa", "full")]
-            lines.append(f"| {p['method']} | {p['T']} | {_seconds(p['forward_s'])} | {sp[0]} | {sp[1]} "
+            sp = [f"{p['speedup'][b]:.1f}x" if b in p["speedup"] else "-" for b in ("sdpa", "full", "sdpa-bidir")]
+            lines.append(f"| {p['method']} | {p['T']} | {_seconds(p['forward_s'])} | {sp[0]} | {sp[1]} | {sp[2]} "
                          f"| {p.get('load_average_1min', '-')} |")
     return "\n".join(lines + [""] + _machine_lines(result))
 

@@ -13,5 +13,7 @@ OPTIMIZERS = ("adamw", "adafactor")
 DEVICES = ("auto", "cpu", "cuda")
 SPLITS = ("train", "validation", "test")
 """The splits of every corpus."""
-OP_METHODS = ("vq-serial", "vq-matmul", "vq-assoc", "sdpa", "full", "flash", "flash_quad")
-"""Methods of ``tvq bench op``: the VQ operator by reduction, PyTorch's SDPA (no bias), and the baselines."""
+OP_METHODS = ("vq-serial", "vq-matmul", "vq-assoc", "vq-qk", "sdpa", "full", "flash", "flash_quad", "vq-bidir",
+              "vq-qk-bidir", "sdpa-bidir")
+"""Methods of ``tvq bench op``: the VQ operator by reduction, with quantized queries, PyTorch's SDPA (no bias), the
+baselines, and the non-causal forms (transformer_vq.bench.op_methods)."""
