@@ -48,8 +48,9 @@ def sweep_table(result: dict) -> str:
     for n_code in result["sizes"]:
         cells = []
         for method in methods:
-            row = next((r for r in result["rows"] if r["method"] == method and r["S"] in (n_code, result["sizes"][0])
-                        and (r["S"] == n_code or method in BASELINES)), None)
+            # a baseline has one cell (timed at the first size); a VQ method one per size
+            row = next((r for r in result["rows"] if r["method"] == method
+                        and (method in BASELINES or r["S"] == n_code)), None)
             if row is None or row.get("status") != "ok":
                 cells.append("-" if row is None else row.get("status", "-"))
             else:
