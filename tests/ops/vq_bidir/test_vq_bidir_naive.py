@@ -124,13 +124,14 @@ def test_explicit_code_scores_equal_default(scoring, window):
     q, k_hat, z, v, codebook, bias, mask = bidir_inputs(params, window, "padded")
     q.requires_grad_(True)
     kwargs = dict(block_len=4, z=z, codebook=codebook, mask=mask, scoring=scoring)
+    explicit = q @ codebook.repeat_interleave(2, 0).mT[None]  # (B, H, T, S): head h reads group h // 2
     default, _ = vq_bidir_attention(q, k_hat, v, bias, **kwargs)
-    given, _ = vq_bidir_attention(q, k_hat, v, bias, code_scores=q @ codebook.repeat_interleave(2, 0).mT[None], **kwargs)
+    given, _ = vq_bidir_attention(q, k_hat, v, bias, code_scores=explicit, **kwargs)
     torch.testing.assert_close(given, default, rtol=0, atol=0)
     (grad_default,) = torch.autograd.grad(default.sum(), q)
     (grad_given,) = torch.autograd.grad(given.sum(), q)
     torch.testing.assert_close(grad_given, grad_default, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(codeword_scores(q, codebook), q @ codebook.repeat_interleave(2, 0).mT[None])
+    torch.testing.assert_close(codeword_scores(q, codebook), explicit, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("window", WINDOWS)

@@ -1,8 +1,8 @@
 """Per-code summaries of the keys a non-causal query sees through their code (Theorems 3.4-3.5, LongVQ eqs. 17-18).
 
 Without a bias every key of the sequence enters through its code: one ``(count, mean)`` summary per group over the
-whole sequence (:func:`masked_summary` over ``T``). With the three-block window, the query block ``n`` sees the keys of blocks
-``n - 1 .. n + 1`` directly and every other key through its code: the summary of blocks ``< n - 1`` (a prefix over
+whole sequence (:func:`masked_summary` over ``T``). With the three-block window, the query block ``n`` sees the keys of
+blocks ``n - 1 .. n + 1`` directly and every other key through its code: the summary of blocks ``< n - 1`` (a prefix over
 blocks) merged with the summary of blocks ``> n + 1`` (a suffix) (:func:`outside_window_summary`). The prefix and the
 suffix are both built by merges of ``transformer_vq.ops.vq.cache``, never as the whole sequence minus the window, so
 there is no cancellation.
