@@ -5,23 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from opsutil import make_vq_inputs, vq_grid_id as grid_id
+from opsutil import VQ_GRID, make_vq_inputs, vq_grid_id as grid_id
 
 from transformer_vq.ops.vq_bidir import SCORINGS, vq_bidir_attention, vq_bidir_attention_naive
 from transformer_vq.ops.vq_bidir.attention import codeword_scores
 from transformer_vq.ops.vq_bidir.naive import dense_attention
 
-# (B, H, G, T, L, S): T < L, T = 1, T not a multiple of L, B = 1, S = 1, T = 2L and 3L, (H, G) in {(1,1), (2,2), (4,1)}
-GRID = [
-    (2, 1, 1, 5, 8, 4),
-    (1, 1, 1, 1, 4, 3),
-    (2, 2, 2, 37, 8, 5),
-    (1, 4, 1, 50, 4, 1),
-    (2, 1, 1, 64, 8, 6),
-    (2, 2, 2, 63, 16, 9),
-    (2, 4, 1, 17, 4, 2),
-    (2, 1, 1, 12, 4, 3),
-]
+# The VQ grid, and T = 3L: the first and last windows overlap the whole sequence.
+GRID = [*VQ_GRID, (2, 1, 1, 12, 4, 3)]
 WINDOWS = ["nobias", "window"]
 MASKS = ["nomask", "padded"]
 
