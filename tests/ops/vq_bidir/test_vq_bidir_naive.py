@@ -36,8 +36,8 @@ def bidir_inputs(params, window, masked, dtype=torch.float64, seed=0):
 
 
 # float64: only the summation order differs, so near machine precision. float32: each path rounds ~1e-7 relative per
-# term, summed over O(T + S) terms of size O(10) (relu2 squares scores of a few units); 1e-4 leaves room for that.
-PRECISIONS = {"float64": (torch.float64, 1e-10), "float32": (torch.float32, 1e-4)}
+# term, summed over O(T + S) terms of size O(10) (relu2 squares scores of a few units): 5e-6 at worst on this grid.
+PRECISIONS = {"float64": (torch.float64, 1e-10), "float32": (torch.float32, 5e-5)}
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

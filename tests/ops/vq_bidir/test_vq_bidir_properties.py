@@ -66,6 +66,23 @@ def test_fully_padded_sequence_is_zero_and_finite(scoring, window):
     torch.testing.assert_close(out[:1], alone, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("scoring", SCORINGS)
+def test_inference_equals_training_path(scoring, window):
+    """Under no_grad the scores are overwritten in place: the same output bit for bit, and the inputs untouched."""
+    B, H, G, T, L, S = 2, 2, 1, 19, 4, 5
+    q, k_hat, z, v, codebook, bias = inputs(B, H, G, T, L, S, window)
+    code_scores = q @ codebook.mT[None]
+    before = code_scores.clone()
+    kwargs = dict(block_len=L, z=z, codebook=codebook, scoring=scoring, code_scores=code_scores)
+    q.requires_grad_(True)
+    tracked, _ = vq_bidir_attention(q, k_hat, v, bias, **kwargs)
+    with torch.no_grad():
+        scratch, _ = vq_bidir_attention(q, k_hat, v, bias, **kwargs)
+    assert torch.equal(scratch, tracked.detach())
+    assert torch.equal(code_scores, before)
+
+
 def test_outside_window_summary_counts_from_scratch():
     """Block n's summary holds exactly the real keys of blocks < n - 1 and > n + 1, averaged from scratch."""
     B, G, N, L, S, Dv = 2, 2, 7, 3, 4, 5

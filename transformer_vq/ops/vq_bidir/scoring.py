@@ -36,7 +36,10 @@ def combine(scoring: str, code_scores: torch.Tensor, count: torch.Tensor, mean: 
     """
     if scoring == "softmax":
         parts = [(code_scores + log_counts(count, code_scores.dtype), mean)]
-        return softmax_combine(parts if window is None else [*parts, window])
+        parts = parts if window is None else [*parts, window]
+        # Without autograd the (fresh) score tensors are scratch space, overwritten by their weights in place.
+        tracked = torch.is_grad_enabled() and any(x.requires_grad for part in parts for x in part)
+        return softmax_combine(parts, in_place=not tracked)
     # relu2 runs in float32 at least, as the softmax does.
     acc = torch.promote_types(code_scores.dtype, torch.float32)
     weights = F.relu(code_scores.to(acc)).square() * count.to(acc)
