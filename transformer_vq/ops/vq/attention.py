@@ -88,6 +88,11 @@ def _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction):
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
     check_inputs(q, k_hat, v, bias, block_len, key_name="k_hat")
+    check_codes(k_hat, z, codebook)
+
+
+def check_codes(k_hat: torch.Tensor, z: torch.Tensor, codebook: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless ``codebook`` is ``[G, S, Dk]`` and ``z`` int64 ``[B, G, T]`` for ``k_hat``."""
     B, G, T, Dk = k_hat.shape
     if codebook.dim() != 3 or codebook.shape[0] != G or codebook.shape[2] != Dk:
         raise ValueError(f"codebook must be [G, S, Dk] = [{G}, S, {Dk}], got {list(codebook.shape)}")
