@@ -11,6 +11,7 @@ from transformer_vq.ops.flash import FlashState, flash_attention, flash_quad_att
 from transformer_vq.ops.full import KVCache, full_attention
 from transformer_vq.ops.protocol import AttentionKernel, AttentionState
 from transformer_vq.ops.vq import VQAttentionState, vq_attention, vq_attention_blockwise, vq_attention_naive
+from transformer_vq.ops.vq_qk import code_pair_table, vq_qk_attention, vq_qk_attention_noncausal
 
 KERNELS: dict[str, AttentionKernel] = {
     "vq": vq_attention,
@@ -23,3 +24,5 @@ KERNELS: dict[str, AttentionKernel] = {
 __all__ = ["KERNELS", "AttentionKernel", "AttentionState", "vq_attention", "vq_attention_naive",
            "vq_attention_blockwise", "VQAttentionState", "full_attention", "KVCache", "flash_attention",
            "flash_quad_attention", "FlashState"]
+# VQ on queries as well as keys (ops/vq_qk): not in KERNELS, the layer wires it.
+__all__ += ["vq_qk_attention", "vq_qk_attention_noncausal", "code_pair_table"]
