@@ -39,6 +39,19 @@ def make_vq_inputs(B, H, G, T, L, S, Dk=6, Dv=7, *, dtype=torch.float64, seed=0,
     return q, k_hat, z, v, codebook, bias
 
 
+# (B, H, G, T, L, S) of the VQ operators: T < L, T = 1, T not a multiple of L, B = 1, S = 1,
+# (H, G) in {(1,1), (2,2), (4,1)}
+VQ_GRID = [
+    (2, 1, 1, 5, 8, 4),
+    (1, 1, 1, 1, 4, 3),
+    (2, 2, 2, 37, 8, 5),
+    (1, 4, 1, 50, 4, 1),
+    (2, 1, 1, 64, 8, 6),
+    (1, 2, 2, 63, 16, 9),
+    (2, 4, 1, 17, 4, 2),
+]
+
+
 def vq_grid_id(params):
     B, H, G, T, L, S = params
     return f"B{B}-H{H}-G{G}-T{T}-L{L}-S{S}"

@@ -42,6 +42,12 @@ class AttentionKernel(Protocol):
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, block_len: int,
                  key_name: str = "k") -> None:
     """Raise ``ValueError`` naming the first inconsistency among the inputs every operator takes."""
+    check_qkv(q, k, v, block_len, key_name)
+    check_bias(q, bias, block_len)
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_len: int, key_name: str = "k") -> None:
+    """The checks of :func:`check_inputs` that do not involve the bias (an operator may take none)."""
     if not isinstance(block_len, int) or block_len < 1:
         raise ValueError(f"block_len must be a positive integer, got {block_len!r}")
     if q.dim() != 4:
@@ -55,6 +61,12 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.
         raise ValueError(f"the number of key/value groups G={k.shape[1]} must divide the number of heads H={n_head}")
     if v.dim() != 4 or v.shape[:3] != k.shape[:3]:
         raise ValueError(f"v must be [B, G, T, Dv] with B, G, T of {key_name} {list(k.shape[:3])}, got {list(v.shape)}")
-    if bias.shape != (batch, n_head, length, 2 * block_len):
-        raise ValueError(f"bias must be [B, H, T, 2L] = [{batch}, {n_head}, {length}, {2 * block_len}], "
+
+
+def check_bias(q: torch.Tensor, bias: torch.Tensor, block_len: int, window_blocks: int = 2) -> None:
+    """``bias`` must be ``[B, H, T, window_blocks * L]`` (two blocks for the causal window)."""
+    batch, n_head, length, _ = q.shape
+    width = window_blocks * block_len
+    if bias.shape != (batch, n_head, length, width):
+        raise ValueError(f"bias must be [B, H, T, {window_blocks}L] = [{batch}, {n_head}, {length}, {width}], "
                          f"got {list(bias.shape)}")

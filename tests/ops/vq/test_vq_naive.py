@@ -7,23 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from opsutil import assert_same_state, make_vq_inputs, vq_grid_id as grid_id
+from opsutil import VQ_GRID as GRID, assert_same_state, make_vq_inputs, vq_grid_id as grid_id
 
 from transformer_vq.config import REDUCTIONS
 from transformer_vq.ops.vq import vq_attention, vq_attention_blockwise, vq_attention_naive
 from transformer_vq.ops.window import window_bias_dense
-
-# (B, H, G, T, L, S): T < L, T = 1, T not a multiple of L, B = 1, S = 1, (H, G) in {(1,1), (2,2), (4,1)}
-GRID = [
-    (2, 1, 1, 5, 8, 4),
-    (1, 1, 1, 1, 4, 3),
-    (2, 2, 2, 37, 8, 5),
-    (1, 4, 1, 50, 4, 1),
-    (2, 1, 1, 64, 8, 6),
-    (1, 2, 2, 63, 16, 9),
-    (2, 4, 1, 17, 4, 2),
-]
-
 
 # float64: only the summation order differs, so near machine precision. float32: rounding differs between the factored
 # and the dense sums (different summation orders, running means instead of raw sums), each ~1e-7 relative; 1e-5

@@ -36,6 +36,7 @@ def vq_attention(
     z: torch.Tensor,
     codebook: torch.Tensor,
     reduction: str = "serial",
+    code_scores: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, VQAttentionState]:
     """Causal softmax attention over all past keys, in time linear in the sequence length.
 
@@ -51,11 +52,14 @@ def vq_attention(
         codebook: ``[G, S, Dk]`` codewords (treated as constants: no gradient flows to them).
         reduction: how per-block cache summaries are accumulated across blocks: ``"serial"`` (a scan),
             ``"matmul"`` (a lower-triangular weighted product) or ``"assoc"`` (an associative scan).
+        code_scores: ``[B, H, T, S]`` the scores ``q @ codebook[h // (H // G)]^T`` when the caller has them
+            without the product (quantized queries read them from a table: :mod:`transformer_vq.ops.vq_qk`); they
+            must equal that product in value, and gradients reach ``q`` through them only as the caller defines.
 
     Returns:
         ``(out, state)``: ``out`` is ``[B, H, T, Dv]``; ``state`` continues the sequences.
     """
-    _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction)
+    _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores)
     B, H, T, Dk = q.shape
     G, S = codebook.shape[0], codebook.shape[1]
     L = block_len
@@ -76,18 +80,26 @@ def vq_attention(
         piece = slice(start, stop)
         out, state = kernel(
             q[:, :, piece], k_hat[:, :, piece], z[:, :, piece], v[:, :, piece], codebook,
-            bias[:, :, piece], L, state, reduction,
+            bias[:, :, piece], L, state, reduction, None if code_scores is None else code_scores[:, :, piece],
         )
         outs.append(out)
         start = stop
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), state
 
 
-def _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction):
+def _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores):
     """The shared checks of every operator, then the VQ operator's own inputs."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
     check_inputs(q, k_hat, v, bias, block_len, key_name="k_hat")
+    check_codes(k_hat, z, codebook)
+    if code_scores is not None and code_scores.shape != (*q.shape[:3], codebook.shape[1]):
+        raise ValueError(f"code_scores must be [B, H, T, S] = {[*q.shape[:3], codebook.shape[1]]}, "
+                         f"got {list(code_scores.shape)}")
+
+
+def check_codes(k_hat: torch.Tensor, z: torch.Tensor, codebook: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless ``codebook`` is ``[G, S, Dk]`` and ``z`` int64 ``[B, G, T]`` for ``k_hat``."""
     B, G, T, Dk = k_hat.shape
     if codebook.dim() != 3 or codebook.shape[0] != G or codebook.shape[2] != Dk:
         raise ValueError(f"codebook must be [G, S, Dk] = [{G}, S, {Dk}], got {list(codebook.shape)}")

@@ -46,10 +46,26 @@ def softmax_combine(parts, *, in_place: bool = False):
     return numerator.div_(denominator) if in_place else numerator / denominator
 
 
-def attend_within_block(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, reduction):
+def codebook_scores(q, codebook, code_scores=None):
+    """``(B, G, R, t, S)`` score of each query against each codeword of its group: ``q @ codebook^T``.
+
+    ``code_scores [B, H, t, S]``, when given, are those scores computed by the caller (with quantized queries they
+    are rows of a table of code-pair scores, docs/operator.md): they are used as they are and never written to.
+    """
+    B, H, t, Dk = q.shape
+    G, S, _ = codebook.shape
+    R = H // G
+    if code_scores is not None:
+        return code_scores.reshape(B, G, R, t, S)
+    # One (R t, Dk) x (Dk, S) product per group: the codebook is shared by every head of the group and every query.
+    return (q.reshape(B, G, R * t, Dk) @ codebook.transpose(-1, -2).unsqueeze(0)).view(B, G, R, t, S)
+
+
+def attend_within_block(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, reduction, code_scores=None):
     """Queries at positions ``[offset, offset + t)``, all inside block ``n = offset // L``.
 
     Cost O(t (S + 2L)(Dk + Dv)): this is the decoding path when ``t = 1``. ``reduction`` is unused (one block).
+    ``code_scores``: see :func:`codebook_scores`.
     """
     B, H, t, Dk = q.shape
     G, S, _ = codebook.shape
@@ -68,7 +84,7 @@ def attend_within_block(q, k_hat, z, v, codebook, bias, L, state: VQAttentionSta
     key_pos = torch.arange(first, first + W, device=q.device)
     query_pos = torch.arange(offset, offset + t, device=q.device)
     s_window = s_window.masked_fill(key_pos[None, :] > query_pos[:, None], float("-inf"))
-    s_cache = qg @ codebook.unsqueeze(0).unsqueeze(2).transpose(-1, -2)  # (B, G, R, t, S)
+    s_cache = codebook_scores(q, codebook, code_scores)  # (B, G, R, t, S)
     s_cache = s_cache + log_counts(state.cache_count, s_cache.dtype)[:, :, None, None, :]
 
     out = softmax_combine([(s_cache, state.cache_mean.unsqueeze(2)), (s_window, values.unsqueeze(2))])
@@ -83,13 +99,14 @@ def attend_within_block(q, k_hat, z, v, codebook, bias, L, state: VQAttentionSta
     return out, VQAttentionState(offset + t, cache_count, cache_mean, keys, values, codes)
 
 
-def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, reduction):
+def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, reduction, code_scores=None):
     """Queries of ``N`` whole blocks starting at a block boundary ``offset = n L``, all in parallel.
 
     The two-block window of query block ``n`` is the contiguous run of keys ``[(n-1) L, (n+1) L)`` of the keys
     prefixed by block ``n-1 = -1`` (from the state, or zeros). So the window scores are one matmul against an
     overlapping (unfolded) view of those keys, laid out column for column like ``bias``, and the window values are
-    read through the same kind of view: no key or value is copied per block.
+    read through the same kind of view: no key or value is copied per block. ``code_scores``: see
+    :func:`codebook_scores`.
     """
     B, H, T, Dk = q.shape
     G, S, _ = codebook.shape
@@ -116,9 +133,10 @@ def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, re
     prefix_count, prefix_mean = PREFIXES[reduction](state.cache_count, state.cache_mean, counts, means)
     cache_count, cache_mean = prefix_count[:, :, :-1], prefix_mean[:, :, :-1]  # (B, G, N, S), (B, G, N, S, Dv)
 
-    # One (R T, Dk) x (Dk, S) product per group: the codebook is shared by every block.
-    s_cache = (q.reshape(B, G, R * T, Dk) @ codebook.transpose(-1, -2).unsqueeze(0)).view(B, G, R, N, L, S)
-    s_cache = add(s_cache.transpose(2, 3), log_counts(cache_count, s_cache.dtype)[:, :, :, None, None, :])
+    s_cache = codebook_scores(q, codebook, code_scores).view(B, G, R, N, L, S)
+    # The caller's scores are read, not overwritten: the first step then makes the fresh tensor the rest may update.
+    add_counts = add if code_scores is None else torch.add
+    s_cache = add_counts(s_cache.transpose(2, 3), log_counts(cache_count, s_cache.dtype)[:, :, :, None, None, :])
 
     # The softmax over [cache | previous block | present block] with one shared max (float32 at least).
     v_window = v_all.unfold(2, 2 * L, L).transpose(-1, -2)  # (B, G, N, 2L, Dv): overlapping view, no copy

@@ -1,0 +1,150 @@
+"""Properties of the non-causal operator: padding changes nothing for real tokens, fully padded sequences stay finite,
+the out-of-window summaries equal a count from scratch, linear cost, bad inputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from opsutil import make_vq_inputs
+from torch.utils.flop_counter import FlopCounterMode
+
+from transformer_vq.ops.vq_bidir import SCORINGS, vq_bidir_attention
+from transformer_vq.ops.vq_bidir.summary import outside_window_summary
+
+WINDOWS = ["nobias", "window"]
+
+
+def inputs(B, H, G, T, L, S, window, seed=0):
+    q, k_hat, z, v, codebook, _ = make_vq_inputs(B, H, G, T, L, S, seed=seed)
+    bias = torch.randn(B, H, T, 3 * L, dtype=q.dtype, generator=torch.Generator().manual_seed(seed + 1))
+    return q, k_hat, z, v, codebook, bias if window == "window" else None
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("scoring", SCORINGS)
+def test_appended_padding_changes_nothing(scoring, window):
+    """Random junk appended as padding (3 blocks and a bit) leaves real outputs and their gradients unchanged."""
+    B, H, G, T, L, S, extra = 2, 2, 1, 22, 4, 5, 14
+    long = inputs(B, H, G, T + extra, L, S, window)
+    short = [x[:, :, :T].clone() if x is not None else None for x in long]
+    for x in (*long[:2], *short[:2]):
+        x.requires_grad_(True)
+    mask = torch.arange(T + extra) < T
+    kwargs = dict(block_len=L, codebook=long[4], scoring=scoring)
+    q, k_hat, z, v, _, bias = long
+    padded, _ = vq_bidir_attention(q, k_hat, v, bias, z=z, mask=mask.expand(B, -1), **kwargs)
+    q_s, k_s, z_s, v_s, _, bias_s = short
+    plain, _ = vq_bidir_attention(q_s, k_s, v_s, bias_s, z=z_s, **kwargs)
+    # float64, same codes in the same order: only the rounding of different block layouts differs.
+    torch.testing.assert_close(padded[:, :, :T], plain, rtol=1e-12, atol=1e-12)
+    assert torch.all(padded[:, :, T:] == 0)
+    grads = torch.autograd.grad(padded.sum(), (q, k_hat), allow_unused=True, materialize_grads=True)
+    plain_grads = torch.autograd.grad(plain.sum(), (q_s, k_s), allow_unused=True, materialize_grads=True)
+    for got, want in zip(grads, plain_grads):
+        torch.testing.assert_close(got[:, :, :T], want, rtol=1e-12, atol=1e-12)
+        assert torch.all(got[:, :, T:] == 0)
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("scoring", SCORINGS)
+def test_fully_padded_sequence_is_zero_and_finite(scoring, window):
+    """A sequence with no real token: zero outputs, zero (not NaN) gradients; its neighbour in the batch unaffected."""
+    B, H, G, T, L, S = 2, 1, 1, 13, 4, 3
+    q, k_hat, z, v, codebook, bias = inputs(B, H, G, T, L, S, window)
+    q.requires_grad_(True)
+    v.requires_grad_(True)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[1] = False
+    kwargs = dict(block_len=L, codebook=codebook, scoring=scoring)
+    out, _ = vq_bidir_attention(q, k_hat, v, bias, z=z, mask=mask, **kwargs)
+    assert torch.all(out[1] == 0)
+    grad_q, grad_v = torch.autograd.grad(out.sum(), (q, v))
+    assert torch.all(grad_q[1] == 0) and torch.all(grad_v[1] == 0)
+    alone, _ = vq_bidir_attention(q[:1], k_hat[:1], v[:1], None if bias is None else bias[:1], z=z[:1], **kwargs)
+    torch.testing.assert_close(out[:1], alone, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("scoring", SCORINGS)
+def test_inference_equals_training_path(scoring, window):
+    """Under no_grad the scores are overwritten in place: the same output bit for bit, and the inputs untouched."""
+    B, H, G, T, L, S = 2, 2, 1, 19, 4, 5
+    q, k_hat, z, v, codebook, bias = inputs(B, H, G, T, L, S, window)
+    code_scores = q @ codebook.mT[None]
+    before = code_scores.clone()
+    kwargs = dict(block_len=L, z=z, codebook=codebook, scoring=scoring, code_scores=code_scores)
+    q.requires_grad_(True)
+    tracked, _ = vq_bidir_attention(q, k_hat, v, bias, **kwargs)
+    with torch.no_grad():
+        scratch, _ = vq_bidir_attention(q, k_hat, v, bias, **kwargs)
+    assert torch.equal(scratch, tracked.detach())
+    assert torch.equal(code_scores, before)
+
+
+def test_outside_window_summary_counts_from_scratch():
+    """Block n's summary holds exactly the real keys of blocks < n - 1 and > n + 1, averaged from scratch."""
+    B, G, N, L, S, Dv = 2, 2, 7, 3, 4, 5
+    gen = torch.Generator().manual_seed(3)
+    z = torch.randint(0, S, (B, G, N * L), generator=gen)
+    v = torch.randn(B, G, N * L, Dv, generator=gen, dtype=torch.float64)
+    real = torch.rand(B, N * L, generator=gen) < 0.6
+    count, mean = outside_window_summary(z, v, real, S, L)
+    block = torch.arange(N * L) // L
+    for n in range(N):
+        outside = ((block < n - 1) | (block > n + 1))[None, None, :] & real[:, None, :]  # (B, 1, T)
+        for s in range(S):
+            chosen = (outside & (z == s)).to(v.dtype)  # (B, G, T)
+            want_count = chosen.sum(-1)
+            want_mean = (chosen.unsqueeze(-1) * v).sum(-2) / want_count.clamp(min=1).unsqueeze(-1)
+            assert torch.equal(count[:, :, n, s], want_count.float())
+            torch.testing.assert_close(mean[:, :, n, s], want_mean, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_linear_scaling_of_work_and_memory(window):
+    """4x the tokens: 4x the FLOPs, and no tensor saved for backward grows like T x T."""
+    B, H, G, L, S = 1, 1, 1, 8, 16
+    flops = []
+    for T in (16 * L, 64 * L):
+        q, k_hat, z, v, codebook, bias = inputs(B, H, G, T, L, S, window)
+        q.requires_grad_(True)
+        largest = [0]
+
+        def pack(t):
+            largest[0] = max(largest[0], t.numel())
+            return t
+
+        with FlopCounterMode(display=False) as counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            vq_bidir_attention(q, k_hat, v, bias, block_len=L, z=z, codebook=codebook)
+        flops.append(counter.get_total_flops())
+        # The largest: T x max(S, 3L) scores, or the N x S x Dv block summaries; T x T would be 262144 at T = 512.
+        assert largest[0] <= T * max(S, 3 * L, S * v.shape[-1] // L)
+    assert math.isclose(flops[1] / flops[0], 4.0, rel_tol=0.01)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(state=object()), "state must be None: non-causal attention reads whole sequences and carries no state"),
+        (dict(scoring="relu"), "scoring must be one of softmax, relu2, got 'relu'"),
+        (dict(block_len=0), "block_len must be a positive integer"),
+        (dict(bias_width=8), r"bias must be \[B, H, T, 3L\] = \[1, 2, 5, 12\], got \[1, 2, 5, 8\]"),
+        (dict(z_dtype=torch.int32), "z must be int64 shortcodes"),
+        (dict(codebook_groups=1), r"codebook must be \[G, S, Dk\] = \[2, S, 6\], got \[1, 3, 6\]"),
+        (dict(mask_length=4), r"mask must be a bool tensor \[B, T\] = \[1, 5\], got torch.bool \[1, 4\]"),
+        (dict(mask_dtype=torch.int64), r"mask must be a bool tensor \[B, T\] = \[1, 5\], got torch.int64 \[1, 5\]"),
+        (dict(code_scores_width=4), r"code_scores must be \[B, H, T, S\] = \[1, 2, 5, 3\], got \[1, 2, 5, 4\]"),
+    ],
+)
+def test_bad_input_messages(change, message):
+    B, H, G, T, L, S = 1, 2, 2, 5, 4, 3
+    q, k_hat, z, v, codebook, bias = inputs(B, H, G, T, L, S, "window")
+    bias = bias[..., :change.get("bias_width", 3 * L)]
+    mask = torch.ones(B, change.get("mask_length", T), dtype=change.get("mask_dtype", torch.bool))
+    code_scores = torch.zeros(B, H, T, change["code_scores_width"]) if "code_scores_width" in change else None
+    with pytest.raises(ValueError, match=message):
+        vq_bidir_attention(q, k_hat, v, bias, block_len=change.get("block_len", L), state=change.get("state"),
+                           z=z.to(change.get("z_dtype", torch.long)), codebook=codebook[:change.get("codebook_groups")],
+                           mask=mask, scoring=change.get("scoring", "softmax"), code_scores=code_scores)

@@ -1,0 +1,144 @@
+"""Non-causal (encoder) VQ attention in linear time: Theorems 3.4-3.5, with LongVQ's local bias (its eqs. 15-18).
+
+Every query attends every real key of its sequence. Keys are quantized, ``k_hat[p] = C[z[p]]``, so a key seen without
+a bias enters only through its code: per group and code, the count of such keys and the mean of their values
+(:mod:`transformer_vq.ops.vq_bidir.summary`). Without a bias that is every key of the sequence. With the local bias,
+the query block ``n`` scores the keys of blocks ``n - 1, n, n + 1`` exactly (``q . k_hat + bias``) and every other key
+through the summaries of the blocks before and after that window. :mod:`transformer_vq.ops.vq_bidir.scoring` combines
+the two parts by softmax or ``relu^2``. The contract is in docs/operator.md ("Non-causal VQ attention").
+
+Letters: B batch, H query heads, G key/value groups, R = H // G heads per group, T tokens, N blocks, L block length,
+S codewords, Dk key width, Dv value width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from transformer_vq.ops.protocol import check_bias, check_qkv
+from transformer_vq.ops.vq.attention import check_codes
+from transformer_vq.ops.vq_bidir.scoring import SCORINGS, combine
+from transformer_vq.ops.vq_bidir.summary import masked_summary, outside_window_summary
+
+WINDOW_BLOCKS = 3
+"""Blocks of the local-bias window: the query's own block and one on each side."""
+
+
+def vq_bidir_attention(
+    q: torch.Tensor,
+    k_hat: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    block_len: int,
+    state: None = None,
+    z: torch.Tensor,
+    codebook: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    scoring: str = "softmax",
+    code_scores: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, None]:
+    """Attention of every query over every real key of its sequence, in time and memory linear in ``T``.
+
+    Args:
+        q: ``[B, H, T, Dk]`` queries.
+        k_hat: ``[B, G, T, Dk]`` quantized keys, equal in value to ``codebook[g, z]``.
+        v: ``[B, G, T, Dv]`` values.
+        bias: ``None`` (every key through its code) or ``[B, H, T, 3L]``: the bias of each query to the keys of its
+            three-block window; column ``j`` is the key at position ``(n - 1) L + j`` for a query in block ``n``.
+        block_len: ``L``, the block length of the window.
+        state: must be ``None``: a non-causal call reads whole sequences and carries nothing to a next call.
+        z: ``[B, G, T]`` int64 shortcodes, ``0 <= z < S``.
+        codebook: ``[G, S, Dk]`` codewords (treated as constants: no gradient flows to them).
+        mask: ``[B, T]`` bool, False for padding (keys that take no part, queries whose output is zero); ``None``: all
+            real.
+        scoring: ``"softmax"`` or ``"relu2"`` (weight ``relu(score)^2`` over the number of real keys).
+        code_scores: ``[B, H, T, S]`` scores of each query against each codeword; ``None``: ``q @ codebook^T``.
+
+    Returns:
+        ``(out, None)``: ``out`` is ``[B, H, T, Dv]``, zero at padding queries.
+    """
+    _check_bidir_inputs(q, k_hat, v, bias, block_len, state, z, codebook, mask, scoring, code_scores)
+    B, H, T, _ = q.shape
+    real = torch.ones(B, T, dtype=torch.bool, device=q.device) if mask is None else mask
+    # A sequence with no real key has only padding queries, whose outputs are zeroed: attending its keys as if they
+    # were real keeps every score set non-empty, so neither the output nor a gradient turns NaN.
+    keys_real = real | ~real.any(dim=-1, keepdim=True)
+    if code_scores is None:
+        code_scores = codeword_scores(q, codebook)
+    if bias is None:
+        out = _attend_codes(code_scores, z, v, keys_real, codebook.shape[1], scoring)
+    else:
+        out = _attend_window(q, k_hat, v, bias, block_len, z, code_scores, keys_real, codebook.shape[1], scoring)
+    return out.masked_fill(~real[:, None, :, None], 0.0).to(q.dtype), None
+
+
+def codeword_scores(q: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
+    """``q . C[s]`` of every query against every codeword of its group: ``[B, H, T, S]`` (no gradient to ``C``)."""
+    B, H, T, Dk = q.shape
+    G, S, _ = codebook.shape
+    # One (R T, Dk) x (Dk, S) product per group: the heads of a group share its codebook.
+    scores = q.reshape(B, G, (H // G) * T, Dk) @ codebook.detach().transpose(-1, -2).unsqueeze(0)
+    return scores.view(B, H, T, S)
+
+
+def _attend_codes(code_scores, z, v, real, n_code, scoring):
+    """No bias: every key through its code, Theorem 3.4 / 3.5 exactly. O(T S (Dk + Dv))."""
+    B, H, T, S = code_scores.shape
+    G = z.shape[1]
+    count, mean = masked_summary(z, v, real, n_code)  # (B, G, S), (B, G, S, Dv)
+    n_real = real.sum(dim=-1).view(B, 1, 1, 1, 1)
+    out = combine(scoring, code_scores.view(B, G, H // G, T, S), count[:, :, None, None], mean[:, :, None],
+                  None, n_real)  # (B, G, R, T, Dv)
+    return out.reshape(B, H, T, -1)
+
+
+def _attend_window(q, k_hat, v, bias, L, z, code_scores, real, n_code, scoring):
+    """Three-block window scored exactly, every other key through the summaries before and after it.
+
+    The window of query block ``n`` is the contiguous run of keys ``[(n - 1) L, (n + 2) L)`` of the keys padded by one
+    empty block on each side, so its scores are one matmul against an overlapping (unfolded) view laid out column for
+    column like ``bias``. O(T (S + 3L)(Dk + Dv)).
+    """
+    B, H, T, Dk = q.shape
+    G, Dv = k_hat.shape[1], v.shape[-1]
+    R, N = H // G, -(-T // L)
+    pad = N * L - T  # padding up to whole blocks: keys that do not count, rows that are cut off
+    if pad:
+        q, k_hat, v, bias, code_scores = (F.pad(x, (0, 0, 0, pad)) for x in (q, k_hat, v, bias, code_scores))
+        z, real = F.pad(z, (0, pad)), F.pad(real, (0, pad), value=False)
+
+    k_window = F.pad(k_hat, (0, 0, L, L)).unfold(2, 3 * L, L)  # (B, G, N, Dk, 3L): column j is key (n-1) L + j
+    v_window = F.pad(v, (0, 0, L, L)).unfold(2, 3 * L, L).transpose(-1, -2)  # (B, G, N, 3L, Dv)
+    real_window = F.pad(real, (L, L), value=False).unfold(1, 3 * L, L)  # (B, N, 3L): blocks -1 and N are empty
+
+    q_blocks = q.view(B, G, R, N, L, Dk).transpose(2, 3)  # (B, G, N, R, L, Dk)
+    bias_blocks = bias.view(B, G, R, N, L, 3 * L).transpose(2, 3)  # (B, G, N, R, L, 3L)
+    s_window = q_blocks @ k_window.unsqueeze(3) + bias_blocks  # (B, G, N, R, L, 3L)
+    s_window = s_window.masked_fill(~real_window[:, None, :, None, None, :], float("-inf"))
+
+    count, mean = outside_window_summary(z, v, real, n_code, L)  # (B, G, N, S), (B, G, N, S, Dv)
+    s_code = code_scores.view(B, G, R, N, L, -1).transpose(2, 3)  # (B, G, N, R, L, S)
+    n_real = real.sum(dim=-1).view(B, 1, 1, 1, 1, 1)
+    out = combine(scoring, s_code, count[:, :, :, None, None], mean.unsqueeze(3), (s_window, v_window.unsqueeze(3)),
+                  n_real)  # (B, G, N, R, L, Dv)
+    return out.transpose(2, 3).reshape(B, H, N * L, Dv)[:, :, :T]
+
+
+def _check_bidir_inputs(q, k_hat, v, bias, block_len, state, z, codebook, mask, scoring, code_scores):
+    """The shared checks of every operator, then the non-causal operator's own inputs."""
+    if state is not None:
+        raise ValueError("state must be None: non-causal attention reads whole sequences and carries no state")
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {', '.join(SCORINGS)}, got {scoring!r}")
+    check_qkv(q, k_hat, v, block_len, key_name="k_hat")
+    if bias is not None:
+        check_bias(q, bias, block_len, window_blocks=WINDOW_BLOCKS)
+    check_codes(k_hat, z, codebook)
+    B, H, T, _ = q.shape
+    if mask is not None and (mask.shape != (B, T) or mask.dtype != torch.bool):
+        raise ValueError(f"mask must be a bool tensor [B, T] = [{B}, {T}], got {mask.dtype} {list(mask.shape)}")
+    S = codebook.shape[1]
+    if code_scores is not None and code_scores.shape != (B, H, T, S):
+        raise ValueError(f"code_scores must be [B, H, T, S] = [{B}, {H}, {T}, {S}], got {list(code_scores.shape)}")
