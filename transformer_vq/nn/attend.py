@@ -28,7 +28,8 @@ ATTENTION_MODES = ("linear", "quadratic")
 
 def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *,
            state, mask: torch.Tensor | None, attention: str, keys: QuantizerOutput | None = None,
-           queries: QuantizerOutput | None = None, query_shift: torch.Tensor | None = None):
+           queries: QuantizerOutput | None = None, query_shift: torch.Tensor | None = None,
+           table: torch.Tensor | None = None):
     """``(out [B, H, T, Dv], state)`` of the unit's attention.
 
     Args:
@@ -37,6 +38,7 @@ def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
         bias: ``[B, H, T, 2L]`` (causal) or ``[B, H, T, 3L]`` (non-causal) window bias.
         keys: the key quantizer's output (``None``: unquantized keys). queries: the query quantizer's output.
         query_shift: ``[H, Dk]`` the content bias ``u`` (scaled) added to the query codewords.
+        table: the code-pair table of these codebooks when the caller holds it (decoding); ``None``: computed here.
     """
     if attention not in ATTENTION_MODES:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
@@ -50,7 +52,8 @@ def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
             return vq_bidir_attention_naive(q, k, v, bias, block_len=L, mask=mask), None
         code_scores = None
         if queries is not None:
-            table = code_pair_table(shifted_codebook(queries, query_shift), keys.codebook)
+            if table is None:
+                table = code_pair_table(shifted_codebook(queries, query_shift), keys.codebook)
             code_scores = lookup_code_scores(q, queries.z, table, keys.codebook)
         return vq_bidir_attention(q, k, v, bias, block_len=L, state=state, z=keys.z, codebook=keys.codebook,
                                   mask=mask, code_scores=code_scores)
@@ -61,7 +64,7 @@ def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
     if queries is not None:
         return vq_qk_attention(q, k, v, bias, block_len=L, state=state, z_q=queries.z,
                                codebook_q=shifted_codebook(queries, query_shift), z=keys.z, codebook=keys.codebook,
-                               reduction=cfg.reduction)
+                               reduction=cfg.reduction, table=table)
     options = {"chunk_len": cfg.flash_chunk_len} if cfg.attn_type == "flash" else {}
     if keys is not None:
         options = {"z": keys.z, "codebook": keys.codebook, "reduction": cfg.reduction}

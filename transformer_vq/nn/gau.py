@@ -36,7 +36,8 @@ from torch import nn
 from transformer_vq.config import TransformerVQConfig
 from transformer_vq.nn.position import sinusoids
 from transformer_vq.nn.quantizer import VectorQuantizer
-from transformer_vq.nn.attend import attend
+from transformer_vq.ops.vq_qk import code_pair_table
+from transformer_vq.nn.attend import attend, shifted_codebook
 
 
 @dataclass
@@ -79,6 +80,7 @@ class GatedAttentionUnit(nn.Module):
             self.query_quantizer = VectorQuantizer(H, cfg.n_code, Dk, ema_rate=cfg.ema_rate,
                                                    dead_code_restart=cfg.dead_code_restart, init_scale=Dk ** -0.25)
         self._table_cache: tuple | None = None
+        self._code_table: tuple | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -123,7 +125,7 @@ class GatedAttentionUnit(nn.Module):
         bias = self._window_bias(q, offset)  # (B, H, T, 2L) causal, (B, H, T, 3L) non-causal
         shift = self.u * scale  # (H, Dk) Transformer-XL's content bias
         out, state = attend(cfg, q + shift[None, :, None, :], k, v, bias, state=state, mask=mask, attention=attention,
-                            keys=keys, queries=queries, query_shift=shift)
+                            keys=keys, queries=queries, query_shift=shift, table=self._held_code_table(queries, shift))
 
         out = out.transpose(1, 2).reshape(B, T, H * Dvh) * gate  # (B, T, Dv)
         branch = F.dropout(self.w_o(out), p=cfg.dropres, training=self.training)
@@ -133,6 +135,20 @@ class GatedAttentionUnit(nn.Module):
             keep = torch.rand(B, 1, 1, device=x.device) >= cfg.droplyr
             branch = branch * keep / (1 - cfg.droplyr)
         return GAUOutput(x=x + branch, state=state, commit_loss=commit_loss)
+
+    def _held_code_table(self, queries, shift: torch.Tensor) -> torch.Tensor | None:
+        """The code-pair table of quantized queries, held between calls outside training (``None`` in training, or
+        without quantized queries: the operator builds it). Decoding calls the unit once per token; rebuilding the
+        ``H x S x S x Dk`` table each time would cost more than the token's attention."""
+        if queries is None or self.training or torch.is_grad_enabled():
+            return None
+        key = tuple((t._version, t.data_ptr()) for t in (self.quantizer.ema_sum, self.quantizer.ema_count,
+                                                         self.query_quantizer.ema_sum, self.query_quantizer.ema_count,
+                                                         self.u))
+        if self._code_table is None or self._code_table[0] != key:
+            codebook_q = shifted_codebook(queries, shift)
+            self._code_table = (key, code_pair_table(codebook_q, self.quantizer.codebook.to(codebook_q.dtype)))
+        return self._code_table[1]
 
     def _distances(self) -> torch.Tensor:
         """The query-minus-key distances the position bias covers: ``0 .. 2L-1`` for a causal unit (its two-block

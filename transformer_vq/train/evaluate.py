@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from transformer_vq.config import EvalConfig
 from transformer_vq.config.jobs import job_config
 from transformer_vq.data.batches import check_vocab
-from transformer_vq.data.metrics import (bits_per_byte, corpus_tokens_per_byte, corpus_tokens_per_word,
+from transformer_vq.data.metrics import (bits_per_byte, bpb_unit, corpus_tokens_per_byte, corpus_tokens_per_word,
                                          word_perplexity)
 from transformer_vq.train.inference import evaluating
 from transformer_vq.train.objective import mask_generator, mask_tokens
@@ -55,11 +55,14 @@ class EvalResult:
     seconds: float
     tokens_per_s: float
     word_perplexity: float | None = None
-    """An encoder (``causal=False``) is evaluated by its training objective instead (:mod:`transformer_vq.train.objective`):
-the split is cut into independent windows, a fixed seeded ``mask_rate`` of each window's tokens is masked, and the
-loss is the mean cross-entropy of the masked tokens (bits per masked byte).
+    """Word-level perplexity, for corpora that count the words of their original text (PG-19); else None."""
+    objective: str = "next-token"
+    """What was predicted: 'next-token' (causal models) or 'masked-token' (encoders)."""
 
-Word-level perplexity, for corpora that count the words of their original text (PG-19); else None."""
+    @property
+    def unit(self) -> str:
+        """What ``bits_per_byte`` counts, for messages: 'bits per byte' or 'bits per masked byte'."""
+        return bpb_unit(self.objective)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,7 +104,8 @@ def evaluate_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: i
     loss = total_nll / n_pred
     return EvalResult(split=split, loss=loss, bits_per_byte=bits_per_byte(loss, tokens_per_byte), tokens=n_pred,
                       seconds=seconds, tokens_per_s=n_pred / max(seconds, 1e-9),
-                      word_perplexity=None if tokens_per_word is None else word_perplexity(loss, tokens_per_word))
+                      word_perplexity=None if tokens_per_word is None else word_perplexity(loss, tokens_per_word),
+                      objective="masked-token" if encoder else "next-token")
 
 
 def _streams(tokens: np.ndarray, n_pred: int, streams: int, device) -> tuple[torch.Tensor, torch.Tensor]:
