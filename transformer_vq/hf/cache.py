@@ -126,3 +126,8 @@ class TransformerVQCache(Cache):
         """Bytes held by the carried states."""
         model_state = self.model_state()
         return 0 if model_state is None else model_state.nbytes()
+
+
+# Registering with the auto classes happens in modeling (which needs this module): importing this module alone
+# registers too (transformer_vq.hf.hook explains the order).
+import transformer_vq.hf.modeling  # noqa: E402,F401

@@ -4,32 +4,48 @@
 users never touch ``transformers``. So :func:`install` (called by ``transformer_vq/__init__.py``) does one of two
 things:
 
-- ``transformers`` is already in ``sys.modules`` (imported before ``transformer_vq``): register now, by importing
-  :mod:`transformer_vq.hf.register`;
+- ``transformers`` is already in ``sys.modules`` (imported before ``transformer_vq``): register now;
 - otherwise: put a small finder at the front of ``sys.meta_path``. Python asks it first when ``transformers`` is
   imported; it steps aside (removes itself), lets the other finders locate the real package, and wraps the loader's
-  ``exec_module`` so that :mod:`transformer_vq.hf.register` is imported right after ``transformers/__init__.py`` ran.
-  By the time ``import transformers`` returns, the auto classes know the model. Every other import is left alone
-  (the finder answers ``None``).
+  ``exec_module`` so that registration runs right after ``transformers/__init__.py`` did. By the time
+  ``import transformers`` returns, the auto classes know the model. Every other import is left alone (the finder
+  answers ``None``).
 
-A ``transformers`` too old for this module (before 5.0) is reported by a warning, never by a failing import.
+Registering is importing :mod:`transformer_vq.hf.modeling`, whose last lines call the auto classes' ``register``.
+One case needs care: when the first import of ``transformers`` comes from one of this package's own modules
+(``from transformer_vq.hf.configuration import ...`` in a fresh process), that module is half-built when the finder
+fires and ``modeling`` could not import it. The finder then does nothing, and the module finishes the job itself:
+``configuration`` and ``cache`` end by importing ``modeling``, and ``modeling`` ends by registering.
+
+A ``transformers`` too old for these modules (before 5.0) is reported by a warning, never by a failing import.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.util
 import sys
 import warnings
 
 TRANSFORMERS = "transformers"
-REGISTER = "transformer_vq.hf.register"
+MODELING = "transformer_vq.hf.modeling"
+# The modules that import transformers; each one registers by itself when it is the one importing it first.
+OWN_MODULES = ("transformer_vq.hf.configuration", "transformer_vq.hf.cache", MODELING)
+
+
+def is_initializing(name: str) -> bool:
+    """Whether module ``name`` is being imported right now (in ``sys.modules`` but not finished)."""
+    module = sys.modules.get(name)
+    return module is not None and bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
 def register() -> None:
     """Register the model with ``transformers``' auto classes (imports ``transformers`` and torch)."""
+    if any(is_initializing(name) for name in OWN_MODULES):
+        return  # that module is importing transformers and registers once it is complete (module docstring)
     try:
-        importlib.import_module(REGISTER)
+        importlib.import_module(MODELING)
     except ImportError as err:
         warnings.warn(f"transformer_vq: could not register with transformers ({err}); install a supported version "
                       f"with `pip install transformer-vq[hf]`", stacklevel=2)

@@ -5,16 +5,20 @@
 The wrapper computes nothing itself: every logit comes from the wrapped module (``self.model``), so the math lives
 in one place (``transformer_vq.nn``). Its weights and EMA codebook buffers are saved under the same names as the
 library's state dict, prefixed ``model.``.
+
+Importing this module registers the classes with ``AutoConfig``, ``AutoModel`` and ``AutoModelForCausalLM`` (no
+``trust_remote_code``: the code is this installed library's); ``transformer_vq.hf.hook`` imports it when
+``transformers`` is imported.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from transformer_vq.hf.cache import TransformerVQCache
-from transformer_vq.hf.configuration import TransformerVQHFConfig
+from transformer_vq.hf.configuration import MODEL_TYPE, TransformerVQHFConfig
 from transformer_vq.nn.gau import GatedAttentionUnit
 from transformer_vq.nn.model import TransformerVQ
 
@@ -29,14 +33,17 @@ class TransformerVQPreTrainedModel(PreTrainedModel):
     main_input_name = "input_ids"
     _no_split_modules = ["GatedAttentionUnit"]
 
+    def init_weights(self) -> None:
+        """Nothing to do: the library's constructor has already initialized every tensor, and nothing is tied."""
+
     @torch.no_grad()
     def _init_weights(self, module: torch.nn.Module) -> None:
         """The library's own initialization, for what a checkpoint did not provide.
 
-        ``from_pretrained`` builds the model on the meta device and calls this for every module whose tensors were
-        not all loaded: parameters are re-drawn by the owning unit's ``reset_parameters`` (``transformers`` skips
-        the tensors it loaded), and the non-persistent buffers (the quantizers' per-step statistics, never saved)
-        get their constructor's value, zero.
+        ``from_pretrained`` builds the model on the meta device, loads the checkpoint, then calls this for every
+        module whose tensors were not all loaded: parameters are re-drawn by the owning unit's
+        ``reset_parameters`` (``transformers`` skips the tensors it loaded), and the non-persistent buffers (the
+        quantizers' per-step statistics, never saved) get their constructor's value, zero.
         """
         if isinstance(module, (TransformerVQ, GatedAttentionUnit)):
             module.reset_parameters()
@@ -104,6 +111,12 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
             cache = past_key_values if past_key_values is not None else TransformerVQCache(len(self.model.units))
             cache.set_model_state(out.state)
         return CausalLMOutputWithPast(loss=out.loss, logits=out.logits, past_key_values=cache)
+
+
+# exist_ok: registering the same classes again (e.g. after importlib.reload) is harmless
+AutoConfig.register(MODEL_TYPE, TransformerVQHFConfig, exist_ok=True)
+AutoModel.register(TransformerVQHFConfig, TransformerVQForCausalLM, exist_ok=True)
+AutoModelForCausalLM.register(TransformerVQHFConfig, TransformerVQForCausalLM, exist_ok=True)
 
 
 def shifted_targets(labels: torch.LongTensor) -> tuple[torch.LongTensor, torch.Tensor]:
