@@ -1,6 +1,5 @@
-"""Fixtures of the Hugging Face tests: a tiny library model (several blocks of context in a few dozen tokens) and
-one tiny run trained by `tvq train` for the export tests. Nothing here imports transformers: each test module skips
-itself when it is absent."""
+"""Fixtures of the Hugging Face tests: one thread, and one tiny run trained by `tvq train` for the export tests (the
+tiny library model is in hfutil.py). Nothing here imports transformers: each test module skips itself without it."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_vq import TransformerVQ, preset
 from transformer_vq.cli import main
 
 LINE = "the king shall speak to thee of love and war, my lord; good night.\n"
@@ -21,17 +19,6 @@ def _one_thread():
     torch.set_num_threads(1)  # bitwise comparisons between two code paths want one reduction order
     yield
     torch.set_num_threads(previous)
-
-
-def tiny_model(**overrides) -> TransformerVQ:
-    """The tiny preset (block_len 8) with trained-looking, non-zero position parameters, in eval mode."""
-    torch.manual_seed(0)
-    model = TransformerVQ(preset("tiny", vocab_size=64, **overrides)).eval()
-    with torch.no_grad():
-        for unit in model.units:
-            unit.u.normal_(std=0.5)
-            unit.v_r.normal_(std=0.5)
-    return model
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from conftest import tiny_model  # noqa: E402
+from hfutil import tiny_model  # noqa: E402
 from transformer_vq.hf import TransformerVQCache, TransformerVQForCausalLM  # noqa: E402
 
 BLOCK = 8  # the tiny preset's block_len: 40 new tokens cross five blocks

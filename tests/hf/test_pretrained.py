@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM  # noqa: E402
 
-from conftest import tiny_model  # noqa: E402
+from hfutil import tiny_model  # noqa: E402
 from transformer_vq import TransformerVQ, TransformerVQConfig, preset  # noqa: E402
 from transformer_vq.config import ConfigError  # noqa: E402
 from transformer_vq.hf import TransformerVQForCausalLM, TransformerVQHFConfig  # noqa: E402

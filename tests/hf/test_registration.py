@@ -33,7 +33,7 @@ def python(code: str) -> list[str]:
 def saved(tmp_path_factory) -> tuple[Path, float]:
     import torch
 
-    from conftest import tiny_model
+    from hfutil import tiny_model
     from transformer_vq.hf import TransformerVQForCausalLM
 
     path = tmp_path_factory.mktemp("hf")
