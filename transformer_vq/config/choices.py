@@ -13,3 +13,5 @@ SPLITS = ("train", "validation", "test")
 """The splits of every corpus."""
 OP_METHODS = ("vq-serial", "vq-matmul", "vq-assoc", "sdpa", "full", "flash", "flash_quad")
 """Methods of ``tvq bench op``: the VQ operator by reduction, PyTorch's SDPA (no bias), and the baselines."""
+EXPORT_FORMATS = ("hf", "safetensors")
+"""What ``tvq export`` writes: a Hugging Face ``transformers`` directory, or one model.safetensors + config.json."""
