@@ -4,6 +4,8 @@ Lingle, "Transformer-VQ: Linear-Time Transformers via Vector Quantization", ICLR
 
 The public names below are imported on first use, so that ``import transformer_vq.cli`` (the ``tvq``
 command) can set up the process (thread policy) before PyTorch is loaded.
+With ``transformers`` installed, the model is registered with its auto classes when ``transformers`` is (or was)
+imported, without importing it here (``transformer_vq.hf.hook`` says how).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ _EXPORTS = {
 }
 
 __all__ = ["__version__", *_EXPORTS]
+
+importlib.import_module("transformer_vq.hf.hook").install()
 
 
 def __getattr__(name: str):

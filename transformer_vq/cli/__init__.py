@@ -26,6 +26,7 @@ SUBCOMMANDS = {
     "train": "transformer_vq.cli.train",
     "eval": "transformer_vq.cli.eval",
     "sample": "transformer_vq.cli.sample",
+    "export": "transformer_vq.cli.export",
     "bench": "transformer_vq.cli.bench",
 }
 

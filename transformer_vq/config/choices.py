@@ -17,3 +17,5 @@ OP_METHODS = ("vq-serial", "vq-matmul", "vq-assoc", "vq-qk", "sdpa", "full", "fl
               "vq-qk-bidir", "sdpa-bidir")
 """Methods of ``tvq bench op``: the VQ operator by reduction, with quantized queries, PyTorch's SDPA (no bias), the
 baselines, and the non-causal forms (transformer_vq.bench.op_methods)."""
+EXPORT_FORMATS = ("hf", "safetensors")
+"""What ``tvq export`` writes: a Hugging Face ``transformers`` directory, or one model.safetensors + config.json."""

@@ -1,12 +1,13 @@
-"""What ``tvq eval`` and ``tvq sample`` do with a checkpoint: frozen, validated configs whose fields are the
-commands' flags and the keyword arguments of ``transformer_vq.train.evaluate`` / ``sample``."""
+"""What ``tvq eval``, ``tvq sample`` and ``tvq export`` do with a checkpoint: frozen, validated configs whose fields
+are the commands' flags and the keyword arguments of ``transformer_vq.train.evaluate`` / ``sample`` /
+``transformer_vq.hf.export.export``."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
-from transformer_vq.config.choices import DEVICES, SPLITS
+from transformer_vq.config.choices import DEVICES, EXPORT_FORMATS, SPLITS
 from transformer_vq.config.fields import check, option
 
 # Below this (but above 0) the logits divided by the temperature overflow float32 for ordinary logits, and the
@@ -86,6 +87,20 @@ class TokenizerConfig:
 
     def __post_init__(self):
         check(self, [("data_path", "is required: pass the PG-19 root directory")] if self.data_path is None else [])
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """Convert a training run's model (weights and EMA codebooks) into a directory other tools load."""
+
+    ckpt: str = option("runs/default", CKPT_HELP)
+    format: str = option("hf", "'hf' (transformers: config.json, model.safetensors, generation_config.json; needs "
+                               "`pip install transformer-vq[hf]`) or 'safetensors' (model.safetensors and the "
+                               "library's config.json).", choices=EXPORT_FORMATS)
+    out: str | None = option(None, "Directory to write (required; must not exist or be empty).")
+
+    def __post_init__(self):
+        check(self, [("out", "is required: pass the directory to write")] if self.out is None else [])
 
 
 def job_config(cls, given, **options):

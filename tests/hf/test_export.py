@@ -1,0 +1,76 @@
+"""`tvq export`: a run made by `tvq train` becomes a transformers directory or one safetensors file whose logits are
+bitwise the run's; bad inputs are one-line errors."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from transformer_vq.cli import main  # noqa: E402
+from transformer_vq.hf.export import load_safetensors  # noqa: E402
+from transformer_vq.train.build import model_from_checkpoint  # noqa: E402
+
+
+def run_logits(run_dir, x):
+    model, _, _ = model_from_checkpoint(str(run_dir), device="cpu")
+    return model(x).logits
+
+
+def error_line(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return err.strip()
+
+
+X = torch.randint(0, 256, (2, 37), generator=torch.Generator().manual_seed(0))
+
+
+def test_hf_export_gives_the_run_logits(trained_run, tmp_path, capsys):
+    out = tmp_path / "hf"
+    assert main(["export", "--format", "hf", "--ckpt", str(trained_run), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {out} (hf)"
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert torch.equal(model(X).logits, run_logits(trained_run, X))
+
+
+def test_safetensors_export_gives_the_run_logits(trained_run, tmp_path):
+    out = tmp_path / "st"
+    out.mkdir()  # an empty directory is accepted
+    assert main(["export", "--format", "safetensors", "--ckpt", str(trained_run), "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    model = load_safetensors(out)
+    reference, _, _ = model_from_checkpoint(str(trained_run), device="cpu")
+    assert model.state_dict().keys() == reference.state_dict().keys()  # weights and codebooks, nothing else
+    assert torch.equal(model(X).logits, reference(X).logits)
+
+
+def test_out_that_is_not_empty_is_refused(trained_run, tmp_path, capsys):
+    (tmp_path / "keep.txt").write_text("mine")
+    line = error_line(capsys, ["export", "--ckpt", str(trained_run), "--out", str(tmp_path)])
+    assert line == f"error: --out: {tmp_path} is a directory that is not empty; pass a new or empty directory"
+    assert (tmp_path / "keep.txt").read_text() == "mine"
+
+
+def test_missing_out_is_refused(trained_run, capsys):
+    assert error_line(capsys, ["export", "--ckpt", str(trained_run)]) == \
+        "error: --out: is required: pass the directory to write"
+
+
+def test_bad_ckpt_is_refused(tmp_path, capsys):
+    line = error_line(capsys, ["export", "--ckpt", str(tmp_path / "nothing"), "--out", str(tmp_path / "o")])
+    assert line.startswith(f"error: checkpoint path {tmp_path / 'nothing'} does not exist")
+    assert not (tmp_path / "o").exists()
+
+
+def test_hf_without_transformers_says_what_to_install(trained_run, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # what find_spec reports when it is not installed
+    line = error_line(capsys, ["export", "--format", "hf", "--ckpt", str(trained_run), "--out", str(tmp_path / "o")])
+    assert line == "error: --format hf needs transformers: pip install transformer-vq[hf]"

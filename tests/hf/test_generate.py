@@ -1,0 +1,132 @@
+"""`generate` of the transformers model against the library's own: the same logits, the same greedy tokens, the
+same sampled tokens under the same seed, and a carried state whose size does not grow with the context."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from hfutil import tiny_model  # noqa: E402
+from transformer_vq.hf import TransformerVQCache, TransformerVQForCausalLM  # noqa: E402
+
+BLOCK = 8  # the tiny preset's block_len: 40 new tokens cross five blocks
+
+
+@pytest.fixture(params=["vq", "vq-mha", "flash"])
+def pair(request):
+    overrides = {"vq": {}, "vq-mha": dict(head_type="mha", n_head=2), "flash": dict(attn_type="flash",
+                                                                                   flash_chunk_len=4)}
+    lib = tiny_model(**overrides[request.param])
+    return lib, TransformerVQForCausalLM.from_library_model(lib).eval()
+
+
+def prompt(batch: int = 2, length: int = 5) -> torch.Tensor:
+    return torch.randint(0, 64, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+def test_logits_equal_the_library(pair):
+    lib, hf = pair
+    x = prompt(length=21)
+    assert torch.equal(hf(x).logits, lib(x).logits)
+
+
+def test_greedy_generate_gives_the_library_tokens(pair):
+    lib, hf = pair
+    x = prompt()
+    ref = lib.generate(x, 40, temperature=0)
+    got = hf.generate(x, max_new_tokens=40, do_sample=False)
+    assert torch.equal(got, ref)
+    assert len(set(got[0, 5:].tolist())) > 1  # not a degenerate constant run that any model would match
+
+
+@pytest.mark.parametrize("options", [dict(temperature=1.0), dict(temperature=0.7, top_k=10),
+                                     dict(temperature=1.3, top_p=0.8)], ids=["plain", "top_k", "top_p"])
+def test_seeded_sampling_gives_the_library_tokens(options):
+    """Both draw with torch.multinomial from the default generator on the same float32 probabilities, so the same
+    seed gives the same tokens. transformers samples among the 50 most likely tokens unless told otherwise: top_k=0
+    is the library's top_k=None."""
+    lib = tiny_model()
+    hf = TransformerVQForCausalLM.from_library_model(lib).eval()
+    x = prompt()
+    torch.manual_seed(7)
+    ref = lib.generate(x, 3 * BLOCK, **options)
+    torch.manual_seed(7)
+    got = hf.generate(x, max_new_tokens=3 * BLOCK, do_sample=True, **{"top_k": 0, **options})
+    assert torch.equal(got, ref)
+    torch.manual_seed(8)
+    assert not torch.equal(lib.generate(x, 3 * BLOCK, **options), ref)  # the seed matters: the check can fail
+
+
+def test_prompt_read_once_then_one_token_per_step():
+    hf = TransformerVQForCausalLM.from_library_model(tiny_model()).eval()
+    lengths = []
+    hook = hf.model.register_forward_pre_hook(lambda module, args: lengths.append(args[0].shape[1]))
+    try:
+        hf.generate(prompt(length=11), max_new_tokens=6, do_sample=False)
+    finally:
+        hook.remove()
+    assert lengths == [11, 1, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("new_tokens", [3 * BLOCK, 5 * BLOCK, 9 * BLOCK])
+def test_cache_size_stays_bounded(new_tokens):
+    """Contexts of 3, 5 and 9 blocks hold the same number of bytes (the same phase in the block)."""
+    hf = TransformerVQForCausalLM.from_library_model(tiny_model()).eval()
+    out = hf.generate(prompt(length=BLOCK), max_new_tokens=new_tokens, do_sample=False, return_dict_in_generate=True)
+    cache = out.past_key_values
+    assert isinstance(cache, TransformerVQCache)
+    assert cache.get_seq_length() == BLOCK + new_tokens - 1  # the last token is returned, never fed back
+    # per unit (G=1, S=8, Dk=16, Dv=64): counts 8*4 + means 8*64*4 + window of 2L-1 = 15 keys (16+64)*4 + codes 15*8
+    assert cache.nbytes() == 2 * 2 * (8 * 4 + 8 * 64 * 4 + 15 * (16 + 64) * 4 + 15 * 8)
+
+
+def test_several_samples_per_prompt_repeat_the_state():
+    """num_return_sequences repeats each row of the cache (batch_repeat_interleave)."""
+    lib = tiny_model()
+    hf = TransformerVQForCausalLM.from_library_model(lib).eval()
+    x = prompt()
+    torch.manual_seed(3)
+    got = hf.generate(x, max_new_tokens=20, do_sample=True, top_k=0, num_return_sequences=2)
+    torch.manual_seed(3)
+    ref = lib.generate(x.repeat_interleave(2, dim=0), 20)
+    assert torch.equal(got, ref)
+
+
+def test_cache_continues_a_sequence():
+    """A cache passed back continues the same sequences, as the library's state does."""
+    lib = tiny_model()
+    hf = TransformerVQForCausalLM.from_library_model(lib).eval()
+    x = prompt(length=19)
+    first = hf(x[:, :12])
+    ref = lib(x[:, 12:], lib(x[:, :12]).state).logits
+    assert torch.equal(hf(x[:, 12:], past_key_values=first.past_key_values).logits, ref)
+
+
+def test_labels_give_the_library_loss():
+    lib = tiny_model()
+    hf = TransformerVQForCausalLM.from_library_model(lib).eval()
+    x = prompt(length=17)
+    labels = x.clone()
+    labels[:, :3] = -100
+    mask = torch.ones_like(x, dtype=torch.bool)
+    mask[:, :2] = False
+    mask[:, -1] = False
+    targets = torch.cat([x[:, 1:], torch.zeros_like(x[:, :1])], dim=1)
+    ref = lib(x, targets=targets, loss_mask=mask)
+    assert torch.equal(hf(x, labels=labels).loss, ref.loss)
+
+
+def test_bad_inputs_are_refused():
+    hf = TransformerVQForCausalLM.from_library_model(tiny_model()).eval()
+    x = prompt()
+    with pytest.raises(ValueError, match="attention_mask with padding is not supported"):
+        hf(x, attention_mask=torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]]))
+    with pytest.raises(ValueError, match="past_key_values must be a TransformerVQCache"):
+        from transformers import DynamicCache
+
+        hf(x, past_key_values=DynamicCache())
+    cache = hf(x).past_key_values
+    with pytest.raises(ValueError, match="cannot drop tokens"):
+        cache.crop(1)

@@ -1,0 +1,65 @@
+"""The transformers config and save_pretrained / from_pretrained: every field and every buffer comes back, and the
+logits are bitwise the same."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM  # noqa: E402
+
+from hfutil import tiny_model  # noqa: E402
+from transformer_vq import TransformerVQ, TransformerVQConfig, preset  # noqa: E402
+from transformer_vq.config import ConfigError  # noqa: E402
+from transformer_vq.hf import TransformerVQForCausalLM, TransformerVQHFConfig  # noqa: E402
+
+
+def test_config_round_trips_every_field(tmp_path):
+    cfg = preset("pg19", n_layers=2, head_type="mqa", n_head=4, attn_type="flash", dropres=0.3)
+    TransformerVQHFConfig.from_model_config(cfg).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == "transformer_vq"
+    assert {name: saved[name] for name in cfg.to_dict()} == cfg.to_dict()  # defaults written too
+    assert AutoConfig.from_pretrained(tmp_path).model_config() == cfg
+
+
+def test_config_refuses_what_the_library_refuses():
+    with pytest.raises(ConfigError, match="d_model must be even"):
+        TransformerVQHFConfig(d_model=33)
+
+
+def test_config_defaults_are_the_library_defaults():
+    assert TransformerVQHFConfig().model_config() == TransformerVQConfig()
+
+
+@pytest.mark.parametrize("auto", [AutoModelForCausalLM, AutoModel])
+def test_save_and_load_give_the_same_logits_and_buffers(tmp_path, auto):
+    lib = tiny_model(tie_embeddings=True, final_norm=True)
+    for quantizer in lib.quantizers:  # codebooks that differ from their initial value, as after training
+        quantizer.ema_sum.mul_(1.5)
+        quantizer.ema_count.add_(2.0)
+        quantizer.updates_unused.fill_(3.0)
+    TransformerVQForCausalLM.from_library_model(lib).save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    loaded = auto.from_pretrained(tmp_path)
+    assert isinstance(loaded, TransformerVQForCausalLM) and not loaded.training
+    state = loaded.model.state_dict()
+    assert state.keys() == lib.state_dict().keys()
+    assert all(torch.equal(state[name], tensor) for name, tensor in lib.state_dict().items())
+    # the quantizers' per-step statistics are not saved: they come back as built, zero
+    assert all(float(buffer.abs().sum()) == 0 for name, buffer in loaded.model.named_buffers()
+               if name.split(".")[-1] in ("acc_sum", "acc_count", "acc_recent", "acc_recent_n", "last_count"))
+    x = torch.randint(0, 64, (2, 21), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(loaded(x).logits, lib(x).logits)
+
+
+def test_fresh_model_is_the_library_initialization():
+    torch.manual_seed(5)
+    lib = TransformerVQ(preset("tiny"))
+    torch.manual_seed(5)
+    hf = TransformerVQForCausalLM(TransformerVQHFConfig.from_model_config(preset("tiny")))
+    assert all(torch.equal(hf.model.state_dict()[name], tensor) for name, tensor in lib.state_dict().items())

@@ -1,0 +1,27 @@
+"""`tvq export`: convert a training run's model into a Hugging Face ``transformers`` directory (``--format hf``,
+loaded by ``AutoModelForCausalLM.from_pretrained`` after ``import transformer_vq``) or one consolidated
+model.safetensors with the library's config.json (``--format safetensors``). The flags are the fields of
+``transformer_vq.config.jobs.ExportConfig``."""
+
+from __future__ import annotations
+
+
+def add_parser(subparsers):
+    from transformer_vq.config.flags import add_flags
+    from transformer_vq.config.jobs import ExportConfig
+
+    parser = subparsers.add_parser("export", help="convert a run's model for transformers or to safetensors",
+                                   description=__doc__)
+    add_flags(parser, ExportConfig)
+    return parser
+
+
+def run(args) -> int:
+    from transformer_vq.config.flags import given
+    from transformer_vq.config.jobs import ExportConfig
+    from transformer_vq.hf.export import export
+
+    cfg = ExportConfig(**given(args, ExportConfig))
+    out = export(cfg)
+    print(f"wrote {out} ({cfg.format})")
+    return 0

@@ -1,0 +1,54 @@
+"""The ``transformers`` configuration of a Transformer-VQ model: every field of :class:`TransformerVQConfig`,
+read from and written to ``config.json`` (model_type ``transformer_vq``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from transformers import PreTrainedConfig
+
+from transformer_vq.config import TransformerVQConfig
+
+MODEL_TYPE = "transformer_vq"
+MODEL_FIELDS = tuple(dataclasses.fields(TransformerVQConfig))
+
+
+class TransformerVQHFConfig(PreTrainedConfig):
+    """:class:`TransformerVQConfig` as a ``transformers`` config.
+
+    Its fields are the library config's fields with the same names and defaults (taken from the dataclass, so the
+    two never drift apart); :meth:`model_config` gives the validated library config back. ``config.json`` holds
+    every field, defaults included, so a saved model means the same thing whatever later versions change.
+    """
+
+    model_type = MODEL_TYPE
+    # The library's tied head is a scaled product with the embedding, not a shared parameter for transformers to tie.
+    tie_word_embeddings: bool = False
+    use_cache: bool = True
+    """Return the decoding state from forward (``generate`` needs it)."""
+
+    # One annotated field per library field: transformers' configs are dataclasses.
+    __annotations__ = {**__annotations__, **{f.name: f.type for f in MODEL_FIELDS}}
+    vars().update({f.name: f.default for f in MODEL_FIELDS})
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self.model_config()  # refuse a bad value now, with the library's message, rather than at model building
+
+    def model_config(self) -> TransformerVQConfig:
+        """The library's config of these fields (validated)."""
+        return TransformerVQConfig(**{f.name: getattr(self, f.name) for f in MODEL_FIELDS})
+
+    @classmethod
+    def from_model_config(cls, cfg: TransformerVQConfig, **kwargs) -> "TransformerVQHFConfig":
+        """The ``transformers`` config of a library config (``kwargs``: other ``transformers`` settings)."""
+        return cls(**cfg.to_dict(), **kwargs)
+
+    def to_diff_dict(self) -> dict:
+        """What ``config.json`` holds: ``transformers``' differences from the defaults, plus every model field."""
+        return {**super().to_diff_dict(), **self.model_config().to_dict()}
+
+
+# Registering with the auto classes happens in modeling (which needs this module): importing this module alone
+# registers too (transformer_vq.hf.hook explains the order).
+import transformer_vq.hf.modeling  # noqa: E402,F401

@@ -1,0 +1,70 @@
+"""Converting a training run's model into a directory other tools load (``tvq export``): a Hugging Face
+``transformers`` model directory, or one consolidated ``model.safetensors`` beside the library's ``config.json``.
+
+Both hold the model's weights and its persistent buffers (the EMA codebooks) and nothing of training (no optimizer
+state, no RNG). The run is read through ``transformer_vq.train.build.model_from_checkpoint``, whatever layout its
+checkpoints have; the directory is written atomically (complete or absent).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from transformer_vq.config import ConfigError
+from transformer_vq.config.jobs import ExportConfig
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+def export(cfg: ExportConfig) -> Path:
+    """Write the model of run ``cfg.ckpt`` to ``cfg.out`` in ``cfg.format``; returns the directory written."""
+    out = Path(cfg.out)
+    check_out(out)
+    if cfg.format == "hf" and importlib.util.find_spec("transformers") is None:
+        raise ConfigError("--format hf needs transformers: pip install transformer-vq[hf]")
+    from transformer_vq.fileio import atomic_directory
+    from transformer_vq.train.build import model_from_checkpoint
+
+    model, _, _ = model_from_checkpoint(cfg.ckpt, device="cpu")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_directory(out) as tmp:
+        if cfg.format == "hf":
+            from transformer_vq.hf.modeling import TransformerVQForCausalLM
+
+            TransformerVQForCausalLM.from_library_model(model).save_pretrained(tmp)
+        else:
+            save_safetensors(model, tmp)
+    return out
+
+
+def check_out(out: Path) -> None:
+    """Refuse an output path that is a file or a directory with something in it (nothing is ever overwritten)."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        what = "a file" if not out.is_dir() else "a directory that is not empty"
+        raise ConfigError(f"--out: {out} is {what}; pass a new or empty directory")
+
+
+def save_safetensors(model, directory: Path) -> None:
+    """``model.safetensors`` (the state dict: weights and persistent buffers) and ``config.json`` (the library's
+    :class:`~transformer_vq.config.TransformerVQConfig`) in ``directory``."""
+    from safetensors.torch import save_file
+
+    tensors = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
+    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    (directory / CONFIG_FILE).write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n")
+
+
+def load_safetensors(directory: str | Path):
+    """The :class:`~transformer_vq.TransformerVQ` of a directory written by ``tvq export --format safetensors``
+    (eval mode, on the CPU)."""
+    from safetensors.torch import load_file
+
+    from transformer_vq import TransformerVQ, TransformerVQConfig
+
+    directory = Path(directory)
+    model = TransformerVQ(TransformerVQConfig.from_dict(json.loads((directory / CONFIG_FILE).read_text())))
+    model.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))
+    return model.eval()
