@@ -19,14 +19,14 @@ from torch.profiler import ProfilerActivity, profile
 
 from transformer_vq.bench.config import OpBenchConfig
 from transformer_vq.bench.machine import load_average, machine_info, matmul_gflops
-from transformer_vq.bench.op import _method_fn, forward_flops, make_inputs
+from transformer_vq.bench.op_methods import forward_flops, make_inputs, method_fn
 
 MATMUL_OPS = {"aten::bmm", "aten::mm", "aten::addmm", "aten::baddbmm"}
 
 
 def profile_op(method: str, length: int, backward: bool, cfg: OpBenchConfig) -> dict:
     x = make_inputs(cfg, length)
-    fn = _method_fn(method, cfg, x)
+    fn = method_fn(method, cfg, x)
     if backward:
         for name in ("q", "k", "v", "bias"):
             x[name].requires_grad_()

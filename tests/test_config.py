@@ -72,4 +72,4 @@ def test_enumerations_and_training_only_fields_live_on_the_config():
                                                     ("serial", "matmul", "assoc"))
     assert used_by_checkpoints is TRAINING_ONLY_FIELDS
     assert TRAINING_ONLY_FIELDS == {"dropsin", "dropres", "droplyr", "commit_coef", "ema_rate", "dead_code_restart",
-                                    "reduction"}
+                                    "reduction", "mask_rate"}

@@ -111,8 +111,8 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["op", "--methods", "nope"], "error: --methods: must be one of vq-serial, vq-matmul, vq-assoc, sdpa, full, "
-                                  "flash, flash_quad, got 'nope'"),
+    (["op", "--methods", "nope"], "error: --methods: must be one of vq-serial, vq-matmul, vq-assoc, vq-qk, sdpa, "
+                                  "full, flash, flash_quad, vq-bidir, vq-qk-bidir, sdpa-bidir, got 'nope'"),
     (["op", "--lengths", "0"], "error: --lengths: must be a positive integer, got '0'"),
     (["op", "--lengths", "2k", "-1"], "error: --lengths: must be a positive integer, got '-1'"),
     (["op", "--budget-s", "nan"], "error: --budget-s: must be a finite number, got 'nan'"),

@@ -69,9 +69,10 @@ TRAIN = {
     "set-lr-inf": (["--set", "lr=inf"], f"--lr: {FINITE}, got 'inf'"),
     "set-empty-value": (["--set", "model.block_len="], "--block-len: must be an integer, got ''"),
     "set-model-unknown-key": (["--set", "model.nope=1"], "unknown model config key(s): nope; known keys: abs_pos, "
-                              "attn_type, block_len, commit_coef, d_k, d_model, d_v, dead_code_restart, droplyr, "
-                              "dropres, dropsin, ema_rate, final_norm, flash_chunk_len, head_type, max_wavelength, "
-                              "n_code, n_head, n_layers, reduction, tie_embeddings, vocab_size"),
+                              "attn_type, block_len, causal, commit_coef, d_k, d_model, d_v, dead_code_restart, "
+                              "droplyr, dropres, dropsin, ema_rate, final_norm, flash_chunk_len, head_type, "
+                              "mask_rate, max_wavelength, n_code, n_head, n_layers, quantize_queries, reduction, "
+                              "tie_embeddings, vocab_size"),
     "lr-underflow": (["--lr", "1e-400"], "--lr: is too small (underflows to 0), got '1e-400'"),
     "set-without-equals": (["--set", "foo"], "--set: 'foo' must look like KEY=VALUE, e.g. --set steps=100"),
     "set-unknown-section": (["--set", "unknown.key=1"], "--set: unknown config section 'unknown' in "
@@ -113,7 +114,8 @@ TOOLS = {
     "bench-budget-zero": (["bench", "op", "--budget-s", "0"], "--budget-s: must be > 0, got '0'"),
     "bench-budget-inf": (["bench", "op", "--budget-s", "inf"], f"--budget-s: {FINITE}, got 'inf'"),
     "bench-methods-unknown": (["bench", "op", "--methods", "foo"], "--methods: must be one of vq-serial, vq-matmul, "
-                                                                   "vq-assoc, sdpa, full, flash, flash_quad, got 'foo'"),
+                                                                   "vq-assoc, vq-qk, sdpa, full, flash, flash_quad, "
+                                                                   "vq-bidir, vq-qk-bidir, sdpa-bidir, got 'foo'"),
     "tokenizer-vocab-size-zero": (["tokenizer", "--data-path", ".", "--vocab-size", "0"],
                                   "--vocab-size: must be >= 300, got '0'"),
     "tokenizer-vocab-size-word": (["tokenizer", "--data-path", ".", "--vocab-size", "abc"],

@@ -63,3 +63,8 @@ def test_fresh_model_is_the_library_initialization():
     torch.manual_seed(5)
     hf = TransformerVQForCausalLM(TransformerVQHFConfig.from_model_config(preset("tiny")))
     assert all(torch.equal(hf.model.state_dict()[name], tensor) for name, tensor in lib.state_dict().items())
+
+
+def test_an_encoder_is_not_a_causal_lm():
+    with pytest.raises(ValueError, match=r"needs a causal model; this config is an encoder \(causal=False\)"):
+        TransformerVQForCausalLM(TransformerVQHFConfig.from_model_config(preset("tiny", causal=False)))

@@ -13,6 +13,8 @@ VARIANTS = {
     "mqa": dict(head_type="mqa", n_head=2, d_v=64),
     "mha": dict(head_type="mha", n_head=2, d_v=64),
     "image": dict(abs_pos=True, final_norm=True, tie_embeddings=True),
+    "qk": dict(quantize_queries=True),
+    "qk-mha": dict(quantize_queries=True, head_type="mha", n_head=2, d_v=64),
 }
 
 
@@ -68,7 +70,7 @@ def test_training_windows_match_whole_sequence_loss_and_codebook_stats():
         torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("variant", ["shga", "mha"])
+@pytest.mark.parametrize("variant", ["shga", "mha", "qk"])
 def test_greedy_generate_equals_argmax_of_full_forward(variant):
     model = tiny_model(dtype=torch.float32, **VARIANTS[variant])
     prompt = torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(4))

@@ -52,8 +52,9 @@ class OpBenchConfig(BenchConfig):
                                              "L, FLASH chunk C = flash_chunk_len.")
     lengths: tuple[int, ...] = option((2048, 8192, 32768, 131072), "Sequence lengths T.", **LENGTHS)
     methods: tuple[str, ...] = option(("vq-serial", "vq-matmul", "vq-assoc", "sdpa", "full", "flash"),
-                                      "Methods: vq-serial, vq-matmul, vq-assoc, sdpa (no bias), full, flash, "
-                                      "flash_quad.", choices=OP_METHODS)
+                                      "Methods: causal vq-serial, vq-matmul, vq-assoc, vq-qk (queries quantized "
+                                      "too), sdpa (no bias), full, flash, flash_quad; non-causal (no bias) "
+                                      "vq-bidir, vq-qk-bidir, sdpa-bidir.", choices=OP_METHODS)
     batch_size: int = option(1, "Batch size B.", min=1)
     precision: str = _OP["precision"]
     repeats: int = option(3, "Timed runs per cell, after one warm-up (median reported); cells estimated above 5 s "

@@ -6,12 +6,7 @@ executes, and reports achieved GFLOP/s next to the matmul GFLOP/s of the machine
 over SDPA, and the peak memory of the cell. The matmul GFLOP/s is measured again inside each cell, right before it
 is timed, and the fraction of peak of that cell is taken against it.
 
-Methods:
-  * ``vq-serial``, ``vq-matmul``, ``vq-assoc``: ``transformer_vq.ops.vq.vq_attention`` with each cache reduction;
-  * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` with no bias, the fastest exact
-    quadratic attention PyTorch offers (the yardstick of the speedup targets);
-  * ``full``: ``transformer_vq.ops.full.full_attention``, the project's quadratic baseline (SDPA with the window bias);
-  * ``flash``: ``transformer_vq.ops.flash.flash_attention`` (mixed chunk), ``flash_quad`` (squared ReLU, quadratic).
+The methods, their inputs and FLOP counts are in :mod:`transformer_vq.bench.op_methods`.
 
 Memory is the peak resident set size (``ru_maxrss``) of the process that ran the cell, above its size after importing
 torch: it includes the inputs and the autograd graph, and nothing of other cells (each runs in its own process).
@@ -28,93 +23,8 @@ import torch
 from transformer_vq.bench.config import OpBenchConfig
 from transformer_vq.bench.isolate import run_cell
 from transformer_vq.bench.machine import machine_info, matmul_gflops, median_seconds
+from transformer_vq.bench.op_methods import DTYPES, baselines_of, forward_flops, is_vq, make_inputs, method_fn
 from transformer_vq.bench.report import progress_note
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def forward_flops(method: str, cfg: OpBenchConfig, length: int) -> float:
-    """Matmul FLOPs the method executes in the forward pass (multiply-add = 2 FLOPs; elementwise work not counted).
-
-    * VQ, per query and head: scores against S codewords and the 2L keys of the two-block window (the current
-      block is computed whole, then masked), then the same weights times the values:
-      ``2 (S + 2L) (Dk + Dv)``. The ``matmul`` reduction adds its lower-triangular product over blocks,
-      ``2 * N (N + 1) / 2 * S * Dv`` per group; ``serial`` and ``assoc`` merge elementwise (not counted).
-    * SDPA causal: the kernel skips masked tiles, so ``2 * T^2 / 2 * (Dk + Dv)`` per head.
-    * full / flash_quad: one block of L query rows at a time against every key up to the block's end:
-      ``2 * sum_n L * (n + 1) L * (Dk + Dv)`` per head.
-    * flash: ``2 T C (Dk + Dv)`` per head inside chunks, plus ``2 T Dk Dv`` per group for the chunk sums of
-      ``k v^T`` and ``2 T Dk Dv`` per head to apply them.
-    """
-    m = cfg.model
-    b, h, g = cfg.batch_size, m.n_head, m.n_kv_head
-    d = m.d_k + m.d_v
-    L, S = m.block_len, m.n_code
-    if method.startswith("vq"):
-        flops = 2 * b * h * length * (S + 2 * L) * d
-        if method == "vq-matmul":
-            n = length // L
-            flops += 2 * b * g * n * (n + 1) / 2 * S * m.d_v
-        return float(flops)
-    if method == "sdpa":
-        return float(b * h * length * length * d)
-    if method in ("full", "flash_quad"):
-        keys = sum(min(length, (n + 1) * L) * (min(length, (n + 1) * L) - n * L) for n in range(-(-length // L)))
-        return float(2 * b * h * keys * d)
-    if method == "flash":
-        C = m.flash_chunk_len
-        padded = -(-length // C) * C
-        return float(2 * b * h * padded * C * d + 2 * (b * g + b * h) * padded * m.d_k * m.d_v)
-    raise ValueError(method)
-
-
-def make_inputs(cfg: OpBenchConfig, length: int) -> dict:
-    """Inputs as the layer makes them: RMS-normalized q, k scaled by ``Dk^-1/4``, SiLU values, a small bias."""
-    gen = torch.Generator().manual_seed(cfg.seed)
-    dtype = DTYPES[cfg.precision]
-    m = cfg.model
-    b, h, g = cfg.batch_size, m.n_head, m.n_kv_head
-
-    def unit(*shape):
-        x = torch.randn(*shape, generator=gen)
-        return x * torch.rsqrt(x.square().mean(-1, keepdim=True)) * m.d_k**-0.25
-
-    q = unit(b, h, length, m.d_k)
-    codebook = unit(g, m.n_code, m.d_k)
-    z = torch.randint(0, m.n_code, (b, g, length), generator=gen)
-    k_hat = torch.gather(codebook.unsqueeze(0).expand(b, -1, -1, -1), 2, z.unsqueeze(-1).expand(-1, -1, -1, m.d_k))
-    v = torch.nn.functional.silu(torch.randn(b, g, length, m.d_v, generator=gen))
-    bias = 0.1 * torch.randn(b, h, length, 2 * m.block_len, generator=gen)
-    return {"q": q.to(dtype), "k": k_hat.to(dtype), "z": z, "v": v.to(dtype), "codebook": codebook.to(dtype),
-            "bias": bias.to(dtype)}
-
-
-def _method_fn(method: str, cfg: OpBenchConfig, x: dict):
-    """A closure computing the method's output from the tensors in ``x``."""
-    if method.startswith("vq"):
-        from transformer_vq.ops.vq import vq_attention
-
-        reduction = method.split("-")[1]
-        return lambda: vq_attention(x["q"], x["k"], x["v"], x["bias"], block_len=cfg.model.block_len, z=x["z"],
-                                    codebook=x["codebook"], reduction=reduction)[0]
-    if method == "sdpa":
-        gqa = cfg.model.n_kv_head != cfg.model.n_head
-        return lambda: torch.nn.functional.scaled_dot_product_attention(
-            x["q"], x["k"], x["v"], is_causal=True, scale=1.0, enable_gqa=gqa)
-    if method == "full":
-        from transformer_vq.ops.full import full_attention
-
-        return lambda: full_attention(x["q"], x["k"], x["v"], x["bias"], block_len=cfg.model.block_len)[0]
-    if method == "flash":
-        from transformer_vq.ops.flash import flash_attention
-
-        return lambda: flash_attention(x["q"], x["k"], x["v"], x["bias"], block_len=cfg.model.block_len,
-                                       chunk_len=cfg.model.flash_chunk_len)[0]
-    if method == "flash_quad":
-        from transformer_vq.ops.flash import flash_quad_attention
-
-        return lambda: flash_quad_attention(x["q"], x["k"], x["v"], x["bias"], block_len=cfg.model.block_len)[0]
-    raise ValueError(method)
 
 
 def op_cell(method: str, length: int, config: dict, repeats: int, warmup: int, backward: bool) -> dict:
@@ -122,7 +32,7 @@ def op_cell(method: str, length: int, config: dict, repeats: int, warmup: int, b
     cfg = OpBenchConfig.from_dict(config)
     x = make_inputs(cfg, length)
     inputs_bytes = sum(t.nelement() * t.element_size() for t in x.values())
-    fn = _method_fn(method, cfg, x)
+    fn = method_fn(method, cfg, x)
     # The yardstick of this cell, measured in its own process right before it: on a shared machine the CPU time
     # available changes from minute to minute, so a peak measured once per run would not compare like with like.
     result = {"status": "ok", "inputs_bytes": inputs_bytes, "matmul_gflops": matmul_gflops(DTYPES[cfg.precision])}
@@ -152,7 +62,7 @@ def paired_cell(methods: list[str], length: int, config: dict, rounds: int, warm
     """
     cfg = OpBenchConfig.from_dict(config)
     x = make_inputs(cfg, length)
-    fns = {m: _method_fn(m, cfg, x) for m in methods}
+    fns = {m: method_fn(m, cfg, x) for m in methods}
     samples = {m: [] for m in methods}
     with torch.no_grad():
         if warmup:
@@ -183,8 +93,8 @@ def run_paired(cfg: OpBenchConfig, log=print) -> list[dict]:
         for method, times in samples.items():
             entry = {"T": length, "method": method, "forward_s": statistics.median(times), "samples": times,
                      "load_average_1min": result.get("load_average_1min"), "speedup": {}}
-            if method.startswith("vq"):
-                for base in ("sdpa", "full", "flash"):
+            if is_vq(method):
+                for base in baselines_of(method):
                     if base in samples:
                         entry["speedup"][base] = statistics.median(b / m for b, m in zip(samples[base], times))
             out.append(entry)
@@ -238,8 +148,9 @@ def run_op_bench(cfg: OpBenchConfig, log=print) -> dict:
             "paired": run_paired(cfg, log), "load_average_end": machine_info(measure_peak=False)["load_average_start"]}
 
 
-def speedups(rows: list[dict], baselines=("sdpa", "full")) -> list[dict]:
-    """Forward (and forward + backward) time of each baseline divided by each VQ method's, per length.
+def speedups(rows: list[dict]) -> list[dict]:
+    """Forward (and forward + backward) time of each baseline divided by each VQ method's, per length (the causal
+    baselines SDPA and ``full`` for causal methods, non-causal SDPA for non-causal ones).
 
     Where a baseline cell was skipped its estimated time is used and the entry says ``estimated``.
     """
@@ -253,9 +164,11 @@ def speedups(rows: list[dict], baselines=("sdpa", "full")) -> list[dict]:
     by_key = {(r["method"], r["T"]): r for r in rows}
     out = []
     for (method, length), row in by_key.items():
-        if not method.startswith("vq"):
+        if not is_vq(method):
             continue
-        for base in baselines:
+        for base in baselines_of(method):
+            if base == "flash":
+                continue
             other = by_key.get((base, length))
             if other is None:
                 continue

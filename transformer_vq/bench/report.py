@@ -57,16 +57,17 @@ def op_table(result: dict) -> str:
         f"### Operator: one attention layer, {cfg['precision']}, B={cfg['batch_size']} H={m['n_head']} G={groups} "
         f"Dk={m['d_k']} Dv={m['d_v']} S={m['n_code']} L={m['block_len']} (FLASH C={m['flash_chunk_len']})",
         "",
-        "| method | T | forward | GFLOP/s (% of matmul) | fwd+bwd | fwd+bwd GFLOP/s | peak RSS | fwd speedup vs sdpa "
-        "| fwd+bwd speedup vs sdpa | matmul GFLOP/s (cell) | load |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| method | T | forward | fwd tokens/s | GFLOP/s (% of matmul) | fwd+bwd | fwd+bwd GFLOP/s | peak RSS "
+        "| fwd speedup vs sdpa | fwd+bwd speedup vs sdpa | matmul GFLOP/s (cell) | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    speed = {(s["method"], s["T"]): s for s in result["speedups"] if s["baseline"] == "sdpa"}
+    # a causal method against causal SDPA, a non-causal one against non-causal SDPA
+    speed = {(s["method"], s["T"]): s for s in result["speedups"] if s["baseline"] in ("sdpa", "sdpa-bidir")}
     for row in result["rows"]:
         status = _cell_status(row)
         head = f"| {row['method']} | {row['T']} |"
         if status:
-            lines.append(f"{head} {status} | | | | | | | | |")
+            lines.append(f"{head} {status} | | | | | | | | | |")
             continue
         bwd = _seconds(row.get("fwd_bwd_s")) if "fwd_bwd_s" in row else (
             f"skipped (est. {_seconds(row['estimated_fwd_bwd_s'])})" if row.get("estimated_fwd_bwd_s") else "-")
@@ -75,17 +76,19 @@ def op_table(result: dict) -> str:
         s = speed.get((row["method"], row["T"]), {})
         sp = [f"{s[k]:.1f}x" + (" (est.)" if s[k.replace("speedup", "estimated")] else "") if k in s else "-"
               for k in ("forward_speedup", "fwd_bwd_speedup")]
-        lines.append(f"{head} {_seconds(row['forward_s'])} | {row['forward_gflops']:.0f} "
+        lines.append(f"{head} {_seconds(row['forward_s'])} | {row['T'] / row['forward_s']:,.0f} | "
+                     f"{row['forward_gflops']:.0f} "
                      f"({100 * row['forward_fraction_of_peak']:.0f}%) | {bwd} | {bwd_gf} | {rss} | {sp[0]} | {sp[1]} "
                      f"| {row['matmul_gflops']:.0f} | {row.get('load_average_1min', '-')} |")
     paired = [p for p in result.get("paired", []) if "method" in p]
     if paired:
         lines += ["", "Paired forward times (all methods on the same inputs in one process, interleaved round by round; "
                   "speedup = median of the per-round ratios):", "",
-                  "| method | T | forward | speedup vs sdpa | speedup vs full | load |", "|---|---:|---:|---:|---:|---:|"]
+                  "| method | T | forward | speedup vs sdpa | speedup vs full | speedup vs sdpa-bidir | load |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         for p in paired:
-            sp = [f"{p['speedup'][b]:.1f}x" if b in p["speedup"] else "-" for b in ("sdpa", "full")]
-            lines.append(f"| {p['method']} | {p['T']} | {_seconds(p['forward_s'])} | {sp[0]} | {sp[1]} "
+            sp = [f"{p['speedup'][b]:.1f}x" if b in p["speedup"] else "-" for b in ("sdpa", "full", "sdpa-bidir")]
+            lines.append(f"| {p['method']} | {p['T']} | {_seconds(p['forward_s'])} | {sp[0]} | {sp[1]} | {sp[2]} "
                          f"| {p.get('load_average_1min', '-')} |")
     return "\n".join(lines + [""] + _machine_lines(result))
 

@@ -31,7 +31,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"ckpt": cfg.ckpt, **result.to_dict()}))
     else:
-        print(f"{result.split}: loss {result.loss:.4f} nats/token, {result.bits_per_byte:.3f} bits per byte "
+        print(f"{result.split}: loss {result.loss:.4f} nats/token, {result.bits_per_byte:.3f} {result.unit} "
               f"over {result.tokens:,} tokens ({result.tokens_per_s:,.0f} tokens/s)"
               + (f", word-level perplexity {result.word_perplexity:.2f}" if result.word_perplexity is not None
                  else ""))

@@ -144,6 +144,7 @@ def run(args) -> int:
         words = (f", word-level perplexity {result.validation.word_perplexity:.2f}"
                  if result.validation.word_perplexity is not None else "")
         print(f"done: {result.step} steps at {result.tokens_per_s:,.0f} training tokens/s; validation "
-              f"{result.validation.bits_per_byte:.3f} bits per byte{words}.\n"
-              f"next: tvq eval --ckpt {result.run_dir}  |  tvq sample --ckpt {result.run_dir} {sample_hint}")
+              f"{result.validation.bits_per_byte:.3f} {result.validation.unit}{words}.\n"
+              f"next: tvq eval --ckpt {result.run_dir}"
+              + (f"  |  tvq sample --ckpt {result.run_dir} {sample_hint}" if cfg.model.causal else ""))
     return 0

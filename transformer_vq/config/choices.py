@@ -4,6 +4,8 @@ HEAD_TYPES = ("shga", "mqa", "mha")
 """'shga': one head (the GAU); 'mqa': query heads sharing one key/value head; 'mha': a key/value head per query head."""
 ATTN_TYPES = ("vq", "full", "flash_quad", "flash")
 """'vq': Transformer-VQ; baselines 'full' (softmax, unquantized), 'flash_quad' and 'flash' (FLASH, Hua et al. 2022)."""
+NONCAUSAL_ATTN_TYPES = ("vq", "full")
+"""The attention types that have a non-causal (encoder) form."""
 REDUCTIONS = ("serial", "matmul", "assoc")
 """How the per-code cache is accumulated across blocks (the paper's App. B and E)."""
 PRECISIONS = ("float32", "bfloat16")
@@ -11,7 +13,9 @@ OPTIMIZERS = ("adamw", "adafactor")
 DEVICES = ("auto", "cpu", "cuda")
 SPLITS = ("train", "validation", "test")
 """The splits of every corpus."""
-OP_METHODS = ("vq-serial", "vq-matmul", "vq-assoc", "sdpa", "full", "flash", "flash_quad")
-"""Methods of ``tvq bench op``: the VQ operator by reduction, PyTorch's SDPA (no bias), and the baselines."""
+OP_METHODS = ("vq-serial", "vq-matmul", "vq-assoc", "vq-qk", "sdpa", "full", "flash", "flash_quad", "vq-bidir",
+              "vq-qk-bidir", "sdpa-bidir")
+"""Methods of ``tvq bench op``: the VQ operator by reduction, with quantized queries, PyTorch's SDPA (no bias), the
+baselines, and the non-causal forms (transformer_vq.bench.op_methods)."""
 EXPORT_FORMATS = ("hf", "safetensors")
 """What ``tvq export`` writes: a Hugging Face ``transformers`` directory, or one model.safetensors + config.json."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from transformer_vq.config.choices import ATTN_TYPES, HEAD_TYPES, REDUCTIONS
+from transformer_vq.config.choices import ATTN_TYPES, HEAD_TYPES, NONCAUSAL_ATTN_TYPES, REDUCTIONS
 from transformer_vq.config.fields import ConfigError, check, fields_of, option
 
 PROBABILITY = dict(min=0.0, max=1.0, max_open=True)
@@ -56,6 +56,15 @@ class TransformerVQConfig:
     tie_embeddings: bool = option(False, "Share the output head with the token embedding (scaled down), as the "
                                          "paper's large models.")
     flash_chunk_len: int = option(256, "Chunk length of the 'flash' baseline's mixed-chunk attention.", min=1)
+    causal: bool = option(True, "Causal attention (a language model). False: an encoder, every query attends "
+                                "every key with a local bias over its own and the two neighbouring blocks; "
+                                "trained by masked-token prediction (docs/operator.md).")
+    quantize_queries: bool = option(False, "Quantize the queries too, against a codebook of their own (n_code "
+                                           "codes per head): scores come from a table of code-pair scores "
+                                           "(attn_type 'vq' only).")
+    mask_rate: float = option(0.15, "Encoders (causal false): fraction of the tokens of a window masked and "
+                                    "predicted in training.", min=0.0, max=1.0, min_open=True, max_open=True,
+                              training_only=True)
 
     def __post_init__(self):
         extra = []
@@ -66,6 +75,11 @@ class TransformerVQConfig:
                 extra.append(("d_v", f"must be divisible by n_head={self.n_head}, got {self.d_v}"))
         if isinstance(self.d_model, int) and self.d_model >= 1 and self.d_model % 2 != 0:
             extra.append(("d_model", f"must be even (sinusoid tables pair sin and cos), got {self.d_model}"))
+        if self.quantize_queries and self.attn_type != "vq":
+            extra.append(("quantize_queries", f"applies to attn_type 'vq' only, got attn_type {self.attn_type!r}"))
+        if not self.causal and self.attn_type not in NONCAUSAL_ATTN_TYPES:
+            extra.append(("causal", f"false is available for attn_type {' or '.join(map(repr, NONCAUSAL_ATTN_TYPES))}"
+                                    f", got attn_type {self.attn_type!r}"))
         check(self, extra)
 
     @property
@@ -77,6 +91,11 @@ class TransformerVQConfig:
     def d_v_head(self) -> int:
         """Value width of one head."""
         return self.d_v // self.n_head
+
+    @property
+    def mask_token_id(self) -> int | None:
+        """The id of the mask token of an encoder (one past the vocabulary); None for a causal model."""
+        return None if self.causal else self.vocab_size
 
     def replace(self, **changes) -> "TransformerVQConfig":
         """A copy with some fields changed (validated again)."""

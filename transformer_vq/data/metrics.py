@@ -33,6 +33,12 @@ def bits_per_byte(mean_nll: float, tokens_per_byte: float = 1.0) -> float:
     return mean_nll / LN2 * tokens_per_byte
 
 
+def bpb_unit(objective: str) -> str:
+    """What a bits-per-byte figure counts: 'bits per byte' for next-token prediction, 'bits per masked byte' for an
+    encoder's masked tokens (``objective`` 'masked-token')."""
+    return "bits per masked byte" if objective == "masked-token" else "bits per byte"
+
+
 def word_perplexity(mean_nll: float, tokens_per_word: float) -> float:
     """Word-level perplexity (Rae et al., 2020) from the mean next-token NLL in nats:
     ``exp(total NLL / words) = exp(mean_nll * tokens_per_word)``, inf when that overflows."""

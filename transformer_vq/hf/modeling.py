@@ -61,7 +61,11 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
 
     def __init__(self, config: TransformerVQHFConfig):
         super().__init__(config)
-        self.model = TransformerVQ(config.model_config())
+        model_config = config.model_config()
+        if not model_config.causal:
+            raise ValueError("TransformerVQForCausalLM needs a causal model; this config is an encoder (causal=False), "
+                             "which cannot generate")
+        self.model = TransformerVQ(model_config)
         self.post_init()
 
     @classmethod

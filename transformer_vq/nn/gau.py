@@ -36,9 +36,8 @@ from torch import nn
 from transformer_vq.config import TransformerVQConfig
 from transformer_vq.nn.position import sinusoids
 from transformer_vq.nn.quantizer import VectorQuantizer
-from transformer_vq.ops import KERNELS, vq_attention_naive
-
-ATTENTION_MODES = ("linear", "quadratic")
+from transformer_vq.ops.vq_qk import code_pair_table
+from transformer_vq.nn.attend import attend, shifted_codebook
 
 
 @dataclass
@@ -72,13 +71,16 @@ class GatedAttentionUnit(nn.Module):
         self.w_r = nn.Linear(Dm, H * Dk, bias=False)
         self.u = nn.Parameter(torch.zeros(H, Dk))
         self.v_r = nn.Parameter(torch.zeros(H, Dk))
-        self.quantizer = None
+        self.quantizer = self.query_quantizer = None
         if cfg.attn_type == "vq":
-            self.quantizer = VectorQuantizer(
-                G, cfg.n_code, Dk, ema_rate=cfg.ema_rate, dead_code_restart=cfg.dead_code_restart,
-                init_scale=Dk ** -0.25,  # matches the scale of the keys, whose entries are ~Dk^-1/4
-            )
+            # codewords start at the scale of the keys (and queries), whose entries are ~Dk^-1/4
+            self.quantizer = VectorQuantizer(G, cfg.n_code, Dk, ema_rate=cfg.ema_rate,
+                                             dead_code_restart=cfg.dead_code_restart, init_scale=Dk ** -0.25)
+        if cfg.quantize_queries:
+            self.query_quantizer = VectorQuantizer(H, cfg.n_code, Dk, ema_rate=cfg.ema_rate,
+                                                   dead_code_restart=cfg.dead_code_restart, init_scale=Dk ** -0.25)
         self._table_cache: tuple | None = None
+        self._code_table: tuple | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -98,8 +100,6 @@ class GatedAttentionUnit(nn.Module):
             attention: ``"linear"`` (the kernel of ``cfg.attn_type``, any ``state``) or ``"quadratic"`` (the
                 dense formula of VQ attention, whole sequences only; VQ attention only).
         """
-        if attention not in ATTENTION_MODES:
-            raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
         cfg = self.cfg
         B, T, _ = x.shape
         H, G, Dk, Dvh = self.n_head, self.n_group, self.d_k, self.d_v_head
@@ -111,24 +111,21 @@ class GatedAttentionUnit(nn.Module):
         k = rms_norm(self.w_k(x_tilde).view(B, T, G, Dk)).transpose(1, 2) * scale  # (B, G, T, Dk)
         v = F.silu(self.w_v(x_tilde)).view(B, T, G, Dvh).transpose(1, 2)  # (B, G, T, Dvh)
         gate = F.silu(self.w_g(x_tilde))  # (B, T, Dv)
-        bias = self._window_bias(q, offset)  # (B, H, T, 2L)
-        q_content = q + self.u[None, :, None, :] * scale
 
         commit_loss = x.new_zeros((), dtype=torch.float32)
-        options = {"chunk_len": cfg.flash_chunk_len} if cfg.attn_type == "flash" else {}
+        keys = queries = None
         if self.quantizer is not None:
-            quantized = self.quantizer(k, mask)
-            commit_loss = quantized.commit_loss
-            k = quantized.k_hat
-            options = {"z": quantized.z, "codebook": quantized.codebook, "reduction": cfg.reduction}
-        if attention == "quadratic":
-            if self.quantizer is None:
-                raise ValueError(f"attention='quadratic' applies to VQ attention only, not attn_type={cfg.attn_type!r}")
-            if state is not None:
-                raise ValueError("attention='quadratic' runs the dense reference on whole sequences: pass state=None")
-            out = vq_attention_naive(q_content, k, v, bias, block_len=cfg.block_len)
-        else:
-            out, state = KERNELS[cfg.attn_type](q_content, k, v, bias, block_len=cfg.block_len, state=state, **options)
+            keys = self.quantizer(k, mask)
+            commit_loss = commit_loss + keys.commit_loss
+            k = keys.k_hat
+        if self.query_quantizer is not None:
+            queries = self.query_quantizer(q, mask)
+            commit_loss = commit_loss + queries.commit_loss
+            q = queries.k_hat  # every score of the unit, the position bias's too, is then a function of q_hat
+        bias = self._window_bias(q, offset)  # (B, H, T, 2L) causal, (B, H, T, 3L) non-causal
+        shift = self.u * scale  # (H, Dk) Transformer-XL's content bias
+        out, state = attend(cfg, q + shift[None, :, None, :], k, v, bias, state=state, mask=mask, attention=attention,
+                            keys=keys, queries=queries, query_shift=shift, table=self._held_code_table(queries, shift))
 
         out = out.transpose(1, 2).reshape(B, T, H * Dvh) * gate  # (B, T, Dv)
         branch = F.dropout(self.w_o(out), p=cfg.dropres, training=self.training)
@@ -139,33 +136,63 @@ class GatedAttentionUnit(nn.Module):
             branch = branch * keep / (1 - cfg.droplyr)
         return GAUOutput(x=x + branch, state=state, commit_loss=commit_loss)
 
+    def _held_code_table(self, queries, shift: torch.Tensor) -> torch.Tensor | None:
+        """The code-pair table of quantized queries, held between calls outside training (``None`` in training, or
+        without quantized queries: the operator builds it). Decoding calls the unit once per token; rebuilding the
+        ``H x S x S x Dk`` table each time would cost more than the token's attention."""
+        if queries is None or self.training or torch.is_grad_enabled():
+            return None
+        key = tuple((t._version, t.data_ptr()) for t in (self.quantizer.ema_sum, self.quantizer.ema_count,
+                                                         self.query_quantizer.ema_sum, self.query_quantizer.ema_count,
+                                                         self.u))
+        if self._code_table is None or self._code_table[0] != key:
+            codebook_q = shifted_codebook(queries, shift)
+            self._code_table = (key, code_pair_table(codebook_q, self.quantizer.codebook.to(codebook_q.dtype)))
+        return self._code_table[1]
+
+    def _distances(self) -> torch.Tensor:
+        """The query-minus-key distances the position bias covers: ``0 .. 2L-1`` for a causal unit (its two-block
+        window holds no future key), ``-(2L-1) .. 2L-1`` for an encoder (its three-block window)."""
+        L = self.cfg.block_len
+        first = 0 if self.cfg.causal else 1 - 2 * L
+        return torch.arange(first, 2 * L, device=self.w_r.weight.device)
+
     def _relative_table(self, dtype: torch.dtype) -> torch.Tensor:
-        """``[H, 2L, Dk]``: ``R_d`` for distances ``d = 0 .. 2L-1``, scaled by ``Dk^-1/4``.
+        """``[H, P, Dk]``: ``R_d`` for the ``P`` distances of :meth:`_distances`, scaled by ``Dk^-1/4``.
 
         Outside training (no sinusoid dropout) the table is cached until the projection changes, so
         decoding does not re-project it at every token.
         """
-        L, H, Dk = self.cfg.block_len, self.n_head, self.d_k
+        H, Dk = self.n_head, self.d_k
         key = (self.w_r.weight._version, self.w_r.weight.data_ptr(), dtype)
         cacheable = not self.training and not torch.is_grad_enabled()
         if cacheable and self._table_cache is not None and self._table_cache[0] == key:
             return self._table_cache[1]
-        distances = torch.arange(2 * L, device=self.w_r.weight.device)
+        distances = self._distances()
         table = sinusoids(distances, self.cfg.d_model, self.cfg.max_wavelength).to(self.w_r.weight.dtype)
         table = F.dropout(table, p=self.cfg.dropsin, training=self.training)
-        rel = (self.w_r(table).view(2 * L, H, Dk).transpose(0, 1) * Dk ** -0.25).to(dtype)  # (H, 2L, Dk)
+        rel = (self.w_r(table).view(len(distances), H, Dk).transpose(0, 1) * Dk ** -0.25).to(dtype)  # (H, P, Dk)
         if cacheable:
             self._table_cache = (key, rel)
         return rel
 
     def _window_bias(self, q: torch.Tensor, offset: int) -> torch.Tensor:
-        """``[B, H, T, 2L]``: bias of query t (absolute position offset + t) to window column j."""
+        """``[B, H, T, W]``: bias of query t (absolute position offset + t) to window column j.
+
+        A causal unit's window is two blocks (``W = 2L``: the previous and the current one); an encoder's is three
+        (``W = 3L``: the previous, the current and the next). Column ``j`` is the key at position
+        ``(tau // L - 1) L + j`` for the query at position ``tau``, so its distance is ``tau % L + L - j``.
+        """
         B, H, T, Dk = q.shape
         L = self.cfg.block_len
-        rel = self._relative_table(q.dtype)  # (H, 2L, Dk)
-        by_distance = (q + self.v_r[None, :, None, :] * Dk ** -0.25) @ rel.transpose(-1, -2)[None]  # (B, H, T, 2L)
+        n_columns = 2 * L if self.cfg.causal else 3 * L
+        rel = self._relative_table(q.dtype)  # (H, P, Dk)
+        by_distance = (q + self.v_r[None, :, None, :] * Dk ** -0.25) @ rel.transpose(-1, -2)[None]  # (B, H, T, P)
         phase = (torch.arange(T, device=q.device) + offset) % L  # position of each query in its block
-        columns = torch.arange(2 * L, device=q.device)
-        distance = phase[:, None] + L - columns[None, :]  # (T, 2L); negative = future key (masked later)
-        bias = torch.gather(by_distance, -1, distance.clamp(0, 2 * L - 1).expand(B, H, T, 2 * L))
-        return bias.masked_fill(distance < 0, 0.0)
+        columns = torch.arange(n_columns, device=q.device)
+        distance = phase[:, None] + L - columns[None, :]  # (T, W); negative = a later key
+        first = 0 if self.cfg.causal else 1 - 2 * L
+        index = (distance - first).clamp(0, by_distance.shape[-1] - 1)
+        bias = torch.gather(by_distance, -1, index.expand(B, H, T, n_columns))
+        # a causal unit never sees a later key (the operator masks it; a zero keeps the bias finite)
+        return bias.masked_fill(distance < first, 0.0)

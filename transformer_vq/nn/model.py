@@ -56,7 +56,8 @@ class TransformerVQ(nn.Module):
     def __init__(self, cfg: TransformerVQConfig):
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        # an encoder has one more input id than output classes: the mask token (cfg.mask_token_id)
+        self.embed = nn.Embedding(cfg.vocab_size + (0 if cfg.causal else 1), cfg.d_model)
         self.abs_pos_scale = nn.Parameter(torch.zeros(())) if cfg.abs_pos else None
         self.units = nn.ModuleList(GatedAttentionUnit(cfg) for _ in range(2 * cfg.n_layers))
         self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size)
@@ -75,21 +76,35 @@ class TransformerVQ(nn.Module):
 
     @property
     def quantizers(self) -> list[VectorQuantizer]:
+        """Every EMA-trained codebook: the key quantizers, then the query quantizers (``quantize_queries``)."""
+        return self._key_quantizers + self._query_quantizers
+
+    @property
+    def _key_quantizers(self) -> list[VectorQuantizer]:
         return [unit.quantizer for unit in self.units if unit.quantizer is not None]
 
+    @property
+    def _query_quantizers(self) -> list[VectorQuantizer]:
+        return [unit.query_quantizer for unit in self.units if unit.query_quantizer is not None]
+
     def forward(self, input_ids: torch.Tensor, state: ModelState | None = None, *,
-                targets: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None,
-                attention: str = "linear") -> ModelOutput:
+                targets: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                loss_mask: torch.Tensor | None = None, attention: str = "linear") -> ModelOutput:
         """Run the model on ``input_ids`` ``[B, T]``.
 
         Args:
-            state: the state returned for the previous tokens of the same sequences, or ``None``.
-            targets: ``[B, T]`` next-token ids; when given, ``ce_loss`` and ``loss`` are computed.
-            loss_mask: ``[B, T]`` bool, True where the position counts (loss, commitment loss and codebook
-                statistics); ``None`` means every position.
+            state: the state returned for the previous tokens of the same sequences, or ``None`` (always ``None``
+                for an encoder, ``cfg.causal`` false, which reads whole sequences).
+            targets: ``[B, T]`` target ids (the next tokens; an encoder's: the original tokens); when given,
+                ``ce_loss`` and ``loss`` are computed.
+            mask: ``[B, T]`` bool, True for real tokens: padding takes no part in attention, the commitment loss
+                or the codebook statistics; ``None`` means every position is real.
+            loss_mask: ``[B, T]`` bool, the positions whose targets count in ``ce_loss`` (default: ``mask``).
             attention: ``"linear"`` (the operator) or ``"quadratic"`` (the dense reference, same parameters).
         """
-        self._check_ids(input_ids, "input_ids")
+        self._check_ids(input_ids, "input_ids", self.embed.num_embeddings)
+        if state is not None and not self.cfg.causal:
+            raise ValueError("an encoder (causal=False) reads whole sequences and carries no state: pass state=None")
         B, T = input_ids.shape
         offset = 0 if state is None else state.offset
         x = self.embed(input_ids)  # (B, T, Dm)
@@ -99,20 +114,22 @@ class TransformerVQ(nn.Module):
 
         states, commit_loss = [], x.new_zeros((), dtype=torch.float32)
         for i, unit in enumerate(self.units):
-            out = unit(x, state=None if state is None else state.layers[i], mask=loss_mask, attention=attention)
+            out = unit(x, state=None if state is None else state.layers[i], mask=mask, attention=attention)
             x, commit_loss = out.x, commit_loss + out.commit_loss
             states.append(out.state)
 
         if self.cfg.final_norm:
             x = rms_norm(x)
         if self.head is None:
-            logits = x @ self.embed.weight.t() * self.cfg.d_model ** -0.5  # tied, scaled to unit variance
+            # tied, scaled to unit variance (an encoder's mask token is an input only)
+            logits = x @ self.embed.weight[:self.cfg.vocab_size].t() * self.cfg.d_model ** -0.5
         else:
             logits = self.head(x)
-        new_state = None if attention == "quadratic" else ModelState(offset + T, states)
+        new_state = None if attention == "quadratic" or not self.cfg.causal else ModelState(offset + T, states)
         result = ModelOutput(logits=logits, state=new_state, commit_loss=commit_loss)
         if targets is not None:
-            self._check_ids(targets, "targets")
+            self._check_ids(targets, "targets", self.cfg.vocab_size)
+            loss_mask = mask if loss_mask is None else loss_mask
             logits_acc = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 at least, under autocast
             ce = F.cross_entropy(logits_acc.reshape(B * T, -1), targets.reshape(B * T), reduction="none")
             weights = torch.ones_like(ce) if loss_mask is None else loss_mask.reshape(B * T).float()
@@ -120,16 +137,16 @@ class TransformerVQ(nn.Module):
             result.loss = result.ce_loss + self.cfg.commit_coef * commit_loss
         return result
 
-    def _check_ids(self, ids: torch.Tensor, name: str) -> None:
+    def _check_ids(self, ids: torch.Tensor, name: str, n_ids: int) -> None:
         if ids.dim() != 2 or ids.dtype != torch.long:
             raise ValueError(f"{name} must be a [batch, length] int64 tensor, got {tuple(ids.shape)} {ids.dtype}")
         if ids.shape[1] < 1:
             raise ValueError(f"{name} must hold at least one token per sequence")
         low, high = int(ids.min()), int(ids.max())
-        if low < 0 or high >= self.cfg.vocab_size:
+        if low < 0 or high >= n_ids:
             bad = low if low < 0 else high
             raise ValueError(
-                f"{name} holds token id {bad}, outside the vocabulary [0, {self.cfg.vocab_size}); "
+                f"{name} holds token id {bad}, outside the vocabulary [0, {n_ids}); "
                 f"check the tokenizer or set vocab_size to cover it"
             )
 
@@ -150,11 +167,14 @@ class TransformerVQ(nn.Module):
             quantizer.reset_stats()
 
     def codebook_metrics(self) -> dict[str, float]:
-        """Code-usage perplexity and fraction of unused codes in the last update, averaged over units."""
-        per_unit = [q.metrics() for q in self.quantizers]
-        if not per_unit:
-            return {}
-        return {key: sum(m[key] for m in per_unit) / len(per_unit) for key in per_unit[0]}
+        """Code-usage perplexity and fraction of unused codes in the last update, averaged over units (the query
+        codebooks' under names starting with ``query_``)."""
+        metrics = {}
+        for prefix, quantizers in (("", self._key_quantizers), ("query_", self._query_quantizers)):
+            per_unit = [q.metrics() for q in quantizers]
+            if per_unit:
+                metrics.update({prefix + key: sum(m[key] for m in per_unit) / len(per_unit) for key in per_unit[0]})
+        return metrics
 
     # ------------------------------------------------------------------ sampling
 
@@ -169,6 +189,8 @@ class TransformerVQ(nn.Module):
         """
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if not self.cfg.causal:
+            raise ValueError("sampling needs a causal model; this one is an encoder (causal=False)")
         was_training = self.training
         self.eval()
         try:

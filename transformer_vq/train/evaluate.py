@@ -12,6 +12,10 @@ model with uniform logits over 256 bytes scores exactly 8 bits per byte. For tok
 (PG-19) ``n_bytes`` is the UTF-8 byte count of the original text (``corpus.split_bytes``), so the
 number is comparable across tokenizers.
 
+An encoder (``causal=False``) is evaluated by its training objective instead (:mod:`transformer_vq.train.objective`):
+the split is cut into independent windows, a fixed seeded ``mask_rate`` of each window's tokens is masked, and the
+loss is the mean cross-entropy of the masked tokens (bits per masked byte).
+
 Word-level perplexity (PG-19, Rae et al. 2020), when the corpus counts the whitespace-separated
 words of the original split text (``corpus.metadata["split_words"]``):
 ``exp(total NLL nats / n_words) = exp(mean_nll * n_tokens / n_words)``; a model with uniform
@@ -32,9 +36,10 @@ import torch.nn.functional as F
 from transformer_vq.config import EvalConfig
 from transformer_vq.config.jobs import job_config
 from transformer_vq.data.batches import check_vocab
-from transformer_vq.data.metrics import (bits_per_byte, corpus_tokens_per_byte, corpus_tokens_per_word,
+from transformer_vq.data.metrics import (bits_per_byte, bpb_unit, corpus_tokens_per_byte, corpus_tokens_per_word,
                                          word_perplexity)
 from transformer_vq.train.inference import evaluating
+from transformer_vq.train.objective import mask_generator, mask_tokens
 
 
 @dataclass
@@ -43,14 +48,21 @@ class EvalResult:
 
     split: str
     loss: float
-    """Mean next-token cross-entropy in nats."""
+    """Mean next-token cross-entropy in nats (an encoder's: of the masked tokens)."""
     bits_per_byte: float
     tokens: int
-    """Number of predicted tokens."""
+    """Number of predicted tokens (an encoder's: masked tokens)."""
     seconds: float
     tokens_per_s: float
     word_perplexity: float | None = None
     """Word-level perplexity, for corpora that count the words of their original text (PG-19); else None."""
+    objective: str = "next-token"
+    """What was predicted: 'next-token' (causal models) or 'masked-token' (encoders)."""
+
+    @property
+    def unit(self) -> str:
+        """What ``bits_per_byte`` counts, for messages: 'bits per byte' or 'bits per masked byte'."""
+        return bpb_unit(self.objective)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -80,15 +92,20 @@ def evaluate_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: i
     if n_pred < 1:
         raise ValueError(f"the {split} split has {len(tokens)} tokens; evaluation needs at least 2")
     device = next(model.parameters()).device
-    rows, mask = _streams(tokens, n_pred, max(1, min(streams, n_pred)), device)
+    encoder = getattr(model, "cfg", None) is not None and not model.cfg.causal
     begin = time.perf_counter()
     with evaluating(model):
-        total_nll = _total_nll(model, rows, mask, window_len, precision, _progress(split, progress))
+        if encoder:
+            total_nll, n_pred = _masked_nll(model, tokens, window_len, streams, precision, _progress(split, progress))
+        else:
+            rows, mask = _streams(tokens, n_pred, max(1, min(streams, n_pred)), device)
+            total_nll = _total_nll(model, rows, mask, window_len, precision, _progress(split, progress))
     seconds = time.perf_counter() - begin
     loss = total_nll / n_pred
     return EvalResult(split=split, loss=loss, bits_per_byte=bits_per_byte(loss, tokens_per_byte), tokens=n_pred,
                       seconds=seconds, tokens_per_s=n_pred / max(seconds, 1e-9),
-                      word_perplexity=None if tokens_per_word is None else word_perplexity(loss, tokens_per_word))
+                      word_perplexity=None if tokens_per_word is None else word_perplexity(loss, tokens_per_word),
+                      objective="masked-token" if encoder else "next-token")
 
 
 def _streams(tokens: np.ndarray, n_pred: int, streams: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,6 +149,31 @@ def _total_nll(model: torch.nn.Module, rows: torch.Tensor, mask: torch.Tensor, w
         nll = F.cross_entropy(out.logits.float().transpose(1, 2), rows[:, start + 1:end + 1], reduction="none")
         total_nll += nll[mask[:, start:end]].sum(dtype=torch.float64)
     return total_nll.item()
+
+
+def _masked_nll(model: torch.nn.Module, tokens: np.ndarray, window_len: int, streams: int, precision: str,
+                progress) -> tuple[float, int]:
+    """An encoder's summed NLL in nats of its masked tokens, and their number: independent windows of
+    ``window_len`` tokens, ``streams`` of them per forward call, each masked by a generator seeded by its index."""
+    device = next(model.parameters()).device
+    n_windows = math.ceil(len(tokens) / window_len)
+    rows = np.zeros((n_windows, window_len), dtype=np.int64)
+    real = np.zeros((n_windows, window_len), dtype=bool)
+    flat = np.asarray(tokens, dtype=np.int64)
+    rows.reshape(-1)[:len(flat)], real.reshape(-1)[:len(flat)] = flat, True
+    rows_t, real_t = torch.from_numpy(rows), torch.from_numpy(real)
+    total_nll, n_masked = torch.zeros((), dtype=torch.float64), 0
+    batch = max(1, streams)
+    for start in progress(range(0, n_windows, batch)):
+        ids, is_real = rows_t[start:start + batch], real_t[start:start + batch]
+        inputs, masked = mask_tokens(ids, mask_rate=model.cfg.mask_rate, mask_token_id=model.cfg.mask_token_id,
+                                     generator=mask_generator(0, start), real=is_real)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
+            out = model(inputs.to(device), mask=is_real.to(device))
+        nll = F.cross_entropy(out.logits.float().transpose(1, 2), ids.to(device), reduction="none")
+        total_nll += nll[masked.to(device)].sum(dtype=torch.float64).cpu()
+        n_masked += int(masked.sum())
+    return total_nll.item(), n_masked
 
 
 def evaluate(ckpt: str | EvalConfig, **options) -> EvalResult:

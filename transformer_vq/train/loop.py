@@ -42,6 +42,7 @@ from transformer_vq.train.distributed import Distributed, setup_distributed, tea
 from transformer_vq.train.evaluate import EvalResult, evaluate_tokens
 from transformer_vq.train.metrics import MetricsLogger
 from transformer_vq.train.optim import build_optimizer, build_scheduler
+from transformer_vq.train.objective import masked_window
 from transformer_vq.train.rng import rng_state, set_rng_state
 from transformer_vq.train.rundir import hold_run_dir, writing
 from transformer_vq.train.sample import stream_text
@@ -212,9 +213,13 @@ class _Trainer:
         """One optimizer step on the next window; returns its metrics (identical on every worker)."""
         tc = self.tc
         inputs, targets = self._next_window()  # (B_local, update_len) each
+        loss_mask = None
+        if not self.cfg.model.causal:  # an encoder predicts masked tokens of its window instead
+            inputs, targets, loss_mask = masked_window(inputs, cfg=self.cfg.model, seed=tc.seed, step=self.step,
+                                                       rank=self.dist.rank)
         begin = time.perf_counter()
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=tc.precision == "bfloat16"):
-            out = self.forward(inputs, state=self.carry, targets=targets)
+            out = self.forward(inputs, state=self.carry, targets=targets, loss_mask=loss_mask)
         out.loss.backward()
         max_norm = tc.grad_clip if tc.optimizer == "adamw" and tc.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
@@ -234,7 +239,7 @@ class _Trainer:
         self._update(lr) if self.skip_reason is None else self._skip()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        self.carry = out.state.detach()
+        self.carry = None if out.state is None else out.state.detach()
         self.step += 1
         seconds = time.perf_counter() - begin
         metrics = {
@@ -372,7 +377,8 @@ class _Trainer:
         """The end-of-training validation and sample (main process)."""
         validation = self.evaluate(self.tc.eval_tokens)
         self._log_eval(logger, validation)
-        return validation, self._sample(logger) if self.tc.sample_tokens else None
+        sample = self.tc.sample_tokens and self.cfg.model.causal  # an encoder cannot sample
+        return validation, self._sample(logger) if sample else None
 
     def _sample(self, logger: MetricsLogger) -> str:
         prompt = self.tc.sample_prompt

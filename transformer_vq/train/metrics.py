@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from transformer_vq.data.metrics import bpb_unit
+
 
 class MetricsLogger:
     """Writes one JSON line and one set of TensorBoard scalars per step; only the main process
@@ -72,7 +74,8 @@ class MetricsLogger:
             self.tensorboard.add_scalar(f"{split}/{key}", result[key], step)
         words = (f", word-level perplexity {result['word_perplexity']:.2f}"
                  if result.get("word_perplexity") is not None else "")
-        self.print(f"step {step}: {split} loss {result['loss']:.4f}, {result['bits_per_byte']:.4f} bits per byte{words}")
+        unit = bpb_unit(result.get("objective", "next-token"))
+        self.print(f"step {step}: {split} loss {result['loss']:.4f}, {result['bits_per_byte']:.4f} {unit}{words}")
 
     def print(self, message: str) -> None:
         """Print without breaking the progress bar."""

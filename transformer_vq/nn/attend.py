@@ -1,0 +1,76 @@
+"""Which operator a gated attention unit calls, and with what: the one place that maps a model config to a kernel.
+
+* causal, ``attn_type`` 'vq': :func:`~transformer_vq.ops.vq.vq_attention` (keys quantized), or with
+  ``quantize_queries`` :func:`~transformer_vq.ops.vq_qk.vq_qk_attention` (queries too, scores from the code-pair
+  table); the baselines through :data:`~transformer_vq.ops.KERNELS`;
+* non-causal (``causal=False``, an encoder): :func:`~transformer_vq.ops.vq_bidir.vq_bidir_attention` (with the
+  table's scores when queries are quantized), or :func:`~transformer_vq.ops.full.bidir.full_bidir_attention`;
+* ``attention="quadratic"``: the dense formula of the same attention, for tests and the ``tvq demo`` comparison.
+
+The unit's content query is ``q + u`` (Transformer-XL's content bias). With quantized queries that is ``q_hat + u``,
+the codeword shifted by ``u``: the table is built from the shifted query codebook ``C_Q + u``, so its rows are
+exactly the scores of the query the unit attends with.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from transformer_vq.config import TransformerVQConfig
+from transformer_vq.nn.quantizer import QuantizerOutput
+from transformer_vq.ops import KERNELS, vq_attention_naive
+from transformer_vq.ops.full.bidir import full_bidir_attention
+from transformer_vq.ops.vq_bidir import vq_bidir_attention, vq_bidir_attention_naive
+from transformer_vq.ops.vq_qk import code_pair_table, lookup_code_scores, vq_qk_attention
+
+ATTENTION_MODES = ("linear", "quadratic")
+
+
+def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *,
+           state, mask: torch.Tensor | None, attention: str, keys: QuantizerOutput | None = None,
+           queries: QuantizerOutput | None = None, query_shift: torch.Tensor | None = None,
+           table: torch.Tensor | None = None):
+    """``(out [B, H, T, Dv], state)`` of the unit's attention.
+
+    Args:
+        q: ``[B, H, T, Dk]`` content queries (``q + u``; ``q_hat + u`` with quantized queries).
+        k: ``[B, G, T, Dk]`` keys (``k_hat`` when quantized). v: ``[B, G, T, Dv]``.
+        bias: ``[B, H, T, 2L]`` (causal) or ``[B, H, T, 3L]`` (non-causal) window bias.
+        keys: the key quantizer's output (``None``: unquantized keys). queries: the query quantizer's output.
+        query_shift: ``[H, Dk]`` the content bias ``u`` (scaled) added to the query codewords.
+        table: the code-pair table of these codebooks when the caller holds it (decoding); ``None``: computed here.
+    """
+    if attention not in ATTENTION_MODES:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
+    if attention == "quadratic" and state is not None:
+        raise ValueError("attention='quadratic' runs the dense reference on whole sequences: pass state=None")
+    L = cfg.block_len
+    if not cfg.causal:
+        if keys is None:  # the quadratic baseline is its own dense formula
+            return full_bidir_attention(q, k, v, bias, block_len=L, state=state, mask=mask)
+        if attention == "quadratic":
+            return vq_bidir_attention_naive(q, k, v, bias, block_len=L, mask=mask), None
+        code_scores = None
+        if queries is not None:
+            if table is None:
+                table = code_pair_table(shifted_codebook(queries, query_shift), keys.codebook)
+            code_scores = lookup_code_scores(q, queries.z, table, keys.codebook)
+        return vq_bidir_attention(q, k, v, bias, block_len=L, state=state, z=keys.z, codebook=keys.codebook,
+                                  mask=mask, code_scores=code_scores)
+    if attention == "quadratic":
+        if keys is None:
+            raise ValueError(f"attention='quadratic' applies to VQ attention only, not attn_type={cfg.attn_type!r}")
+        return vq_attention_naive(q, k, v, bias, block_len=L), None
+    if queries is not None:
+        return vq_qk_attention(q, k, v, bias, block_len=L, state=state, z_q=queries.z,
+                               codebook_q=shifted_codebook(queries, query_shift), z=keys.z, codebook=keys.codebook,
+                               reduction=cfg.reduction, table=table)
+    options = {"chunk_len": cfg.flash_chunk_len} if cfg.attn_type == "flash" else {}
+    if keys is not None:
+        options = {"z": keys.z, "codebook": keys.codebook, "reduction": cfg.reduction}
+    return KERNELS[cfg.attn_type](q, k, v, bias, block_len=L, state=state, **options)
+
+
+def shifted_codebook(queries: QuantizerOutput, query_shift: torch.Tensor) -> torch.Tensor:
+    """``[H, S_q, Dk]``: the query codewords plus the content bias ``u`` of their head (a constant to the table)."""
+    return queries.codebook + query_shift.detach()[:, None, :].to(queries.codebook.dtype)

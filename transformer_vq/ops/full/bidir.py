@@ -1,0 +1,49 @@
+"""The non-causal quadratic baseline: softmax attention of every query over every real key, unquantized keys.
+
+    out[t] = sum_{p real} softmax_p( q[t] . k[p] + beta[t, p] ) v[p]          (zero at padding queries)
+
+with ``beta`` the three-block local bias of the non-causal VQ operator (docs/operator.md, "Non-causal VQ attention":
+the window of a query in block ``n`` is ``[(n - 1) L, (n + 2) L)``, key ``p`` takes column ``p - (n - 1) L``). This is
+``attn_type="full"`` with ``causal=False``: the encoder the non-causal VQ operator is compared with. Its scores are
+built whole (``T x T`` per head), as a baseline's may be; its oracle is the position-by-position formula
+:func:`transformer_vq.ops.vq_bidir.vq_bidir_attention_naive` on unquantized keys.
+
+Letters: B batch, H query heads, G key/value groups (G divides H), T positions, L block length.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from transformer_vq.ops.full.naive import per_head
+from transformer_vq.ops.protocol import check_qkv
+
+
+def full_bidir_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None, *,
+                         block_len: int, state: None = None,
+                         mask: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
+    """Exact non-causal softmax attention; ``bias`` ``None`` or ``[B, H, T, 3L]``, ``mask [B, T]`` (True: real).
+
+    Returns ``(out [B, H, T, Dv], None)``: a non-causal call reads whole sequences and carries no state.
+    """
+    check_qkv(q, k, v, block_len, key_name="k")
+    if state is not None:
+        raise ValueError("non-causal attention reads whole sequences and carries no state: pass state=None")
+    B, H, T, _ = q.shape
+    scores = q @ per_head(k, H).transpose(-1, -2)  # (B, H, T, T)
+    if bias is not None:
+        if bias.shape != (B, H, T, 3 * block_len):
+            raise ValueError(f"bias must be [B, H, T, 3L] = [{B}, {H}, {T}, {3 * block_len}], got {list(bias.shape)}")
+        positions = torch.arange(T, device=q.device)
+        column = positions[None, :] - (positions[:, None] // block_len - 1) * block_len  # (T, T)
+        in_window = (column >= 0) & (column < 3 * block_len)
+        beta = torch.gather(bias, -1, column.clamp(0, 3 * block_len - 1).expand(B, H, T, T))
+        scores = scores + beta.masked_fill(~in_window, 0.0)
+    if mask is not None:
+        # a sequence with no real key attends its padding (its outputs are zeroed): no row is all -inf
+        keys_real = mask | ~mask.any(dim=-1, keepdim=True)
+        scores = scores.masked_fill(~keys_real[:, None, None, :], float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ per_head(v, H)
+    if mask is not None:
+        out = out.masked_fill(~mask[:, None, :, None], 0.0)
+    return out, None
