@@ -11,6 +11,12 @@ and sampling are left out: the figure is what training itself needs. The windows
 activations are small next to weights, gradients and Adam state (the part FSDP shards). Results go
 to a JSON file with the machine, commit and versions, and the per-worker estimate of
 docs/distributed.md for comparison. A memory measurement: machine load does not change it.
+
+Each is run twice: with glibc's default allocator settings, and with ``MALLOC_MMAP_THRESHOLD_`` fixed
+at 1 MiB. By default glibc raises its mmap threshold after large frees, so FSDP's per-unit gather
+buffers (tens of MB, freed after every unit) come from the heap, fragment it, and stay counted in
+the RSS although no tensor holds them; with the threshold fixed they are returned to the system at
+once and the RSS tracks the live tensors (see docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ def worker(args) -> None:
     figures = {"rank": info.rank, "rss_peak_mib_before_build": round(baseline, 1),
                "rss_peak_mib_after_build": round(built, 1), "rss_peak_mib_after_steps": round(rss_peak_mib(), 1),
                "losses": losses, "parameters": sum(p.numel() for p in trainer.model.parameters())}
-    Path(args.report, f"{args.parallel}-{info.rank}.json").write_text(json.dumps(figures))
+    Path(args.report, f"{args.variant}-{info.rank}.json").write_text(json.dumps(figures))
     del trainer  # DDP's reducer must go before its process group, or the exit hangs
     gc.collect()
     teardown_distributed(info)
@@ -88,6 +94,7 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--parallel", default="ddp", help=argparse.SUPPRESS)
     parser.add_argument("--corpus", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--report", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -98,18 +105,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp, "text.txt")
         corpus.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(4000)))
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
         workers = {}
-        for parallel in ("ddp", "fsdp"):
-            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                       __file__, "--worker", "--parallel", parallel, "--corpus", str(corpus), "--report", tmp,
-                       *(f"--{k}={getattr(args, k)}" for k in ("preset", "layers", "window", "batch", "steps"))]
-            subprocess.run(command, check=True, env=env, cwd=REPO)
-            workers[parallel] = [json.loads(Path(tmp, f"{parallel}-{r}.json").read_text()) for r in range(2)]
+        for allocator, extra_env in (("", {}), ("+mmap1m", {"MALLOC_MMAP_THRESHOLD_": str(MIB)})):
+            env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **extra_env}
+            for parallel in ("ddp", "fsdp"):
+                variant = parallel + allocator
+                command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           __file__, "--worker", "--parallel", parallel, "--variant", variant, "--corpus",
+                           str(corpus), "--report", tmp,
+                           *(f"--{k}={getattr(args, k)}" for k in ("preset", "layers", "window", "batch", "steps"))]
+                subprocess.run(command, check=True, env=env, cwd=REPO)
+                workers[variant] = [json.loads(Path(tmp, f"{variant}-{r}.json").read_text()) for r in range(2)]
     parameters = workers["ddp"][0]["parameters"]
     result = {
         "benchmark": "fsdp-memory",
         "config": {k: getattr(args, k) for k in ("preset", "layers", "window", "batch", "steps")} | {"workers": 2},
+        "variants": {"ddp/fsdp": "glibc defaults", "ddp+mmap1m/fsdp+mmap1m": "MALLOC_MMAP_THRESHOLD_=1048576"},
         "parameters": parameters,
         "workers": workers,
         "estimate_mib_per_worker": {p: round(estimate_mib(parameters, p, 2), 1) for p in ("ddp", "fsdp")},

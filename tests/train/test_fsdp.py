@@ -4,14 +4,18 @@ FSDP process is bit for bit the plain process, and an FSDP run's sharded checkpo
 
 from __future__ import annotations
 
+import os
+import pickle
 import shutil
 
 import pytest
 import torch
 
 from trainutil import cli_args, final_weights, read_metrics, tiny_config, torchrun
+from transformer_vq import fileio
 from transformer_vq.train import CheckpointError, evaluate, train
 from transformer_vq.train.checkpoint import latest_checkpoint
+from transformer_vq.train.fsdp import mixed_precision
 
 EXTRA = ("steps=6", "ckpt_every=3", "batch_size=4")
 
@@ -82,3 +86,32 @@ def test_parallel_mismatch_is_refused(plain, fsdp_one, corpus_file, tmp_path):
             train(cfg, resume="auto")
         assert f"was saved by --parallel {saved} training and this run asks for --parallel {parallel}; resume " \
                f"it with --parallel {saved} (with any number of workers)" in str(err.value)
+
+
+def test_bfloat16_gathers_bfloat16_and_keeps_float32_masters(corpus_file, tmp_path):
+    policy = mixed_precision("bfloat16")
+    assert (policy.param_dtype, policy.reduce_dtype, policy.cast_forward_inputs) == (torch.bfloat16, torch.float32,
+                                                                                     False)
+    assert mixed_precision("float32") is None
+    run_dir = tmp_path / "bf16"
+    train(tiny_config(corpus_file, run_dir, "steps=2", "parallel=fsdp", "precision=bfloat16"))
+    assert all(r["loss"] is not None and not r["skipped"] for r in read_metrics(run_dir))
+    assert {t.dtype for t in final_weights(run_dir).values()} == {torch.float32}
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.getpid, ())
+
+
+def test_tampered_index_is_refused_before_running_code(fsdp_one, tmp_path):
+    """DCP would unpickle .metadata with plain pickle; ours allows only DCP's metadata classes, even when
+    the manifest was rewritten to match the tampered file."""
+    run_dir = tmp_path / "tampered"
+    shutil.copytree(fsdp_one, run_dir)
+    ckpt = latest_checkpoint(run_dir / "checkpoints").path
+    (ckpt / ".metadata").write_bytes(pickle.dumps(_RunsCode()))
+    fileio.write_dir_manifest(ckpt, [p.name for p in ckpt.iterdir() if p.name != fileio.DIR_MANIFEST])
+    with pytest.raises(CheckpointError) as err:
+        evaluate(str(run_dir), max_tokens=64)
+    assert f"refusing to load {ckpt}: its .metadata names posix.getpid, which a DCP index never holds" in str(err.value)

@@ -132,14 +132,15 @@ def load_consolidated(path: Path, model: torch.nn.Module) -> None:
 def _load(path: Path, tensors: dict, *, no_dist: bool) -> None:
     from transformer_vq.train.checkpoint import CheckpointError
 
+    reader = SafeReader(path)
+    try:  # checked here first: DCP would wrap the refusal into a generic "metadata is None" error
+        reader.read_metadata()
+    except (UnsafeCheckpoint, pickle.UnpicklingError, EOFError, AttributeError, ValueError) as err:
+        raise CheckpointError(f"refusing to load {path}: {_first_line(err)}; checkpoints written by transformer-vq "
+                              f"never do that, only load files from sources you trust") from None
     try:
-        dcp.load(tensors, storage_reader=SafeReader(path), no_dist=no_dist)
-    except UnsafeCheckpoint as err:
-        raise CheckpointError(f"refusing to load {path}: {err}; checkpoints written by transformer-vq never "
-                              f"hold it, only load files from sources you trust") from None
+        dcp.load(tensors, storage_reader=reader, no_dist=no_dist)
     except Exception as err:  # DCP reports a key or shape that does not fit in its own exception types
-        if "UnsafeCheckpoint" in str(err):
-            raise CheckpointError(f"refusing to load {path}: {_first_line(err)}") from None
         raise CheckpointError(f"checkpoint {path} does not fit this model: {_first_line(err)}") from None
 
 

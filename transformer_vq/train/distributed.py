@@ -76,6 +76,20 @@ def setup_distributed(device_type: str, parallel: str = "ddp") -> Distributed:
     return Distributed(rank=rank, world_size=world_size, local_rank=local_rank, fsdp=fsdp)
 
 
+def data_parallel(model: torch.nn.Module, info: Distributed, device: torch.device, *,
+                  find_unused: bool) -> torch.nn.Module:
+    """The module a training step calls: DDP's wrapper of ``model`` when several DDP workers share it,
+    else ``model`` itself (one process, or FSDP, which shards the model in place)."""
+    if not info.enabled or info.fsdp:
+        return model
+    # codebooks stay identical without broadcasting buffers: every worker applies the same
+    # update from all-reduced statistics
+    return torch.nn.parallel.DistributedDataParallel(
+        model, broadcast_buffers=False, find_unused_parameters=find_unused,
+        device_ids=[device.index] if device.type == "cuda" else None,
+    )
+
+
 def teardown_distributed(info: Distributed) -> None:
     if (info.enabled or info.fsdp) and dist.is_initialized():
         dist.destroy_process_group()

@@ -38,7 +38,7 @@ from transformer_vq.train.build import build_model, load_corpus_for, resolve_dev
 from transformer_vq.train.carry import from_plain, to_plain
 from transformer_vq.train.checkpoint import (find_checkpoint, latest_checkpoint, list_checkpoints, nonfinite_names,
                                              save_checkpoint, save_sharded_checkpoint, step_name)
-from transformer_vq.train.distributed import Distributed, setup_distributed, teardown_distributed
+from transformer_vq.train.distributed import Distributed, data_parallel, setup_distributed, teardown_distributed
 from transformer_vq.train.evaluate import EvalResult, evaluate_tokens
 from transformer_vq.train.fsdp import nonfinite_shards, shard_model, to_float
 from transformer_vq.train.metrics import MetricsLogger
@@ -131,14 +131,7 @@ class _Trainer:
         self.scheduler = build_scheduler(self.optimizer, tc)
         # dropout differs between workers, as their data does
         torch.manual_seed(tc.seed * 1_000_003 + 1 + dist_info.rank)
-        self.forward = self.model
-        if dist_info.enabled and not dist_info.fsdp:
-            # codebooks stay identical without broadcasting buffers: every worker applies the same
-            # update from all-reduced statistics
-            self.forward = torch.nn.parallel.DistributedDataParallel(
-                self.model, broadcast_buffers=False, find_unused_parameters=cfg.model.droplyr > 0,
-                device_ids=[device.index] if device.type == "cuda" else None,
-            )
+        self.forward = data_parallel(self.model, dist_info, device, find_unused=cfg.model.droplyr > 0)
         self.step = 0
         self.batch = None  # (B_local, seq_len + 1) the current batch of sequences
         self.batch_pos = self.batches.state_dict()  # data position before the current batch
