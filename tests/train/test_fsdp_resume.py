@@ -4,17 +4,14 @@ the weights and the Adam moments and only the summation order of the gradients c
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import time
 
 import pytest
 import torch
 
-from trainutil import cli_args, final_weights, read_metrics, rewind, tiny_config, torchrun, tvq_process
+from trainutil import (cli_args, final_weights, kill_after_checkpoint, read_metrics, rewind, tiny_config, torchrun,
+                       tvq_process)
 from transformer_vq.train import train
-from transformer_vq.train.checkpoint import latest_checkpoint
 
 # checkpoints at steps 3 (the middle of a batch of 2 windows), 6 (a batch boundary) and 8
 EXTRA = ("steps=8", "ckpt_every=3", "keep_ckpts=5", "batch_size=4", "parallel=fsdp")
@@ -94,17 +91,7 @@ def test_sigkill_then_resume_is_bitwise(corpus_file, tmp_path):
     train(tiny_config(corpus_file, reference, *KILL_EXTRA))
     run_dir = tmp_path / "killed"
     proc = tvq_process(cli_args(corpus_file, run_dir, *KILL_EXTRA))
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        ckpt = latest_checkpoint(run_dir / "checkpoints", log=lambda msg: None) \
-            if (run_dir / "checkpoints").is_dir() else None
-        if ckpt is not None and ckpt.step >= 21:
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.communicate()[1]}"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    resumed_from = latest_checkpoint(run_dir / "checkpoints").step
+    resumed_from = kill_after_checkpoint(proc, run_dir, 21)
     assert 21 <= resumed_from < 60
 
     proc = tvq_process(["train", "--resume", "auto", "--run-dir", str(run_dir)])

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from transformer_vq.train import load_config
@@ -92,3 +94,22 @@ def final_weights(run_dir: Path) -> dict:
 
     model, _, _ = model_from_checkpoint(str(run_dir), device="cpu")
     return {name: tensor.clone() for name, tensor in model.state_dict().items()}
+
+
+def kill_after_checkpoint(proc: subprocess.Popen, run_dir: Path, step: int) -> int:
+    """SIGKILL a training process once its run holds a complete checkpoint at ``step`` or later;
+    returns the step of the checkpoint a resume would start from."""
+    from transformer_vq.train.checkpoint import latest_checkpoint
+
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        ckpt = latest_checkpoint(run_dir / "checkpoints", log=lambda msg: None) \
+            if (run_dir / "checkpoints").is_dir() else None
+        if ckpt is not None and ckpt.step >= step:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.communicate()[1]}"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    return latest_checkpoint(run_dir / "checkpoints").step
