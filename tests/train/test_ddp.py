@@ -3,29 +3,16 @@ global batch (gradients averaged, codebook statistics summed, each worker readin
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 
 import torch
 from safetensors.torch import load_file
 
-from trainutil import REPO, cli_args, read_metrics, tiny_config
+from trainutil import cli_args, read_metrics, tiny_config, torchrun
 from transformer_vq.train import train
 from transformer_vq.train.checkpoint import latest_checkpoint
 
 EXTRA = ("steps=6", "ckpt_every=100", "batch_size=4")
-
-
-def torchrun(args: list[str]) -> subprocess.CompletedProcess:
-    """`torchrun --nproc_per_node 2 -m transformer_vq ARGS` on CPU (gloo), one thread per worker."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "-m", "transformer_vq", *args]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
 
 
 def test_two_workers_match_one_process(corpus_file, tmp_path):

@@ -9,16 +9,14 @@ must see different losses.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainutil import cli_args, read_metrics, tiny_config, tvq_process
+from trainutil import cli_args, kill_after_checkpoint, read_metrics, tiny_config, tvq_process
 from transformer_vq.train import train
 from transformer_vq.train.checkpoint import latest_checkpoint
 
@@ -52,17 +50,7 @@ def killed(corpus_file, tmp_path_factory):
     """A run SIGKILLed after its third checkpoint, copied before anything resumes it."""
     run_dir = tmp_path_factory.mktemp("killed") / "run"
     proc = tvq_process(cli_args(corpus_file, run_dir, *EXTRA))
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        ckpt = latest_checkpoint(run_dir / "checkpoints", log=lambda msg: None) if (run_dir / "checkpoints").is_dir() \
-            else None
-        if ckpt is not None and ckpt.step >= 21:
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.communicate()[1]}"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    kill_after_checkpoint(proc, run_dir, 21)
     snapshot = tmp_path_factory.mktemp("killed_copy") / "run"
     shutil.copytree(run_dir, snapshot)
     return run_dir, snapshot

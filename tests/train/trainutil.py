@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from transformer_vq.train import load_config
@@ -55,6 +58,16 @@ def tvq_process(args: list[str], *, one_thread: bool = True) -> subprocess.Popen
                             stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
 
 
+def torchrun(args: list[str], nproc: int = 2) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node NPROC -m transformer_vq ARGS` on CPU (gloo), one thread per worker."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+               "-m", "transformer_vq", *args]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     """The training-step records of metrics.jsonl (evaluation records left out)."""
     path = run_dir / "metrics.jsonl"
@@ -62,3 +75,41 @@ def read_metrics(run_dir: Path) -> list[dict]:
         return []
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [r for r in records if "eval" not in r]
+
+
+def rewind(run_dir: Path, step: int) -> None:
+    """Make checkpoint ``step`` the run's newest (later ones deleted) and empty its metrics, as if the
+    run had stopped there."""
+    checkpoints = run_dir / "checkpoints"
+    for later in checkpoints.glob("step_*"):
+        if int(later.name.split("_")[1]) > step:
+            shutil.rmtree(later)
+    (checkpoints / "latest").write_text(f"step_{step:08d}\n")
+    (run_dir / "metrics.jsonl").write_text("")
+
+
+def final_weights(run_dir: Path) -> dict:
+    """The weights and buffers of a run's newest checkpoint in one plain model (FSDP shards joined)."""
+    from transformer_vq.train.build import model_from_checkpoint
+
+    model, _, _ = model_from_checkpoint(str(run_dir), device="cpu")
+    return {name: tensor.clone() for name, tensor in model.state_dict().items()}
+
+
+def kill_after_checkpoint(proc: subprocess.Popen, run_dir: Path, step: int) -> int:
+    """SIGKILL a training process once its run holds a complete checkpoint at ``step`` or later;
+    returns the step of the checkpoint a resume would start from."""
+    from transformer_vq.train.checkpoint import latest_checkpoint
+
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        ckpt = latest_checkpoint(run_dir / "checkpoints", log=lambda msg: None) \
+            if (run_dir / "checkpoints").is_dir() else None
+        if ckpt is not None and ckpt.step >= step:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.communicate()[1]}"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    return latest_checkpoint(run_dir / "checkpoints").step

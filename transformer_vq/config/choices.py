@@ -11,6 +11,8 @@ REDUCTIONS = ("serial", "matmul", "assoc")
 PRECISIONS = ("float32", "bfloat16")
 OPTIMIZERS = ("adamw", "adafactor")
 DEVICES = ("auto", "cpu", "cuda")
+PARALLELS = ("ddp", "fsdp")
+"""How workers share a model: 'ddp' replicates it, 'fsdp' shards it (FSDP2); see docs/distributed.md."""
 SPLITS = ("train", "validation", "test")
 """The splits of every corpus."""
 OP_METHODS = ("vq-serial", "vq-matmul", "vq-assoc", "vq-qk", "sdpa", "full", "flash", "flash_quad", "vq-bidir",

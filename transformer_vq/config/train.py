@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformer_vq.config.choices import DEVICES, OPTIMIZERS, PRECISIONS
+from transformer_vq.config.choices import DEVICES, OPTIMIZERS, PARALLELS, PRECISIONS
 from transformer_vq.config.jobs import eval_tokens_problem
 from transformer_vq.config.fields import ConfigError, check, option
 from transformer_vq.config.model import PRESETS, TransformerVQConfig
@@ -63,6 +63,9 @@ class TrainConfig:
     precision: str = option("float32", "'float32' or 'bfloat16' (autocast of the computation, parameters stay "
                                        "float32).", choices=PRECISIONS)
     device: str = option("auto", "'auto' (cuda when available), 'cpu' or 'cuda'.", choices=DEVICES)
+    parallel: str = option("ddp", "How torchrun workers share the model: 'ddp' (a full copy each) or 'fsdp' (weights, "
+                                  "gradients and optimizer state sharded; also one process without torchrun); see "
+                                  "docs/distributed.md.", choices=PARALLELS)
     threads: int = option(0, "CPU threads for PyTorch (0 = PyTorch's default, one per core); see "
                              "docs/training.md on shared CPUs.", min=0)
     log_every: int = option(10, "Print a line every this many steps when not on a terminal (metrics.jsonl gets "

@@ -17,7 +17,8 @@ them. A crash at any moment leaves either the previous set of checkpoints or the
 half-written or half-deleted checkpoint under a ``step_*`` name (the hidden debris it may leave is
 removed at the next save); a checkpoint damaged later (truncated copy, bad disk) fails its checksum
 and :func:`latest_checkpoint` falls back to the previous complete one. Weights or optimizer state
-holding NaN or infinity are never saved.
+holding NaN or infinity are never saved. FSDP runs write their weights and optimizer state sharded
+instead of ``model.safetensors`` (see dcp.py); everything else about a checkpoint is the same.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import torch
 
 from transformer_vq import fileio
 from transformer_vq.config import TRAINING_ONLY_FIELDS, TransformerVQConfig
+from transformer_vq.train import dcp
 
 FILES = ("model.safetensors", "state.pt", "config.json")
 STEP_DIR = re.compile(r"^step_(\d{8,})$")
@@ -52,14 +54,20 @@ class Checkpoint:
     """The run config as saved (``RunConfig.to_dict()`` form)."""
     state: dict
     """Everything but the weights: step, optimizer, scheduler, data position, RNG states, ..."""
+    sharded: bool = False
+    """Written by FSDP training: weights and optimizer state in DCP shards (see dcp.py)."""
 
     @property
     def step(self) -> int:
         return int(self.state["step"])
 
     def load_weights(self, model: torch.nn.Module) -> None:
-        """Copy the saved weights and buffers into ``model`` after checking it has the same architecture."""
+        """Copy the saved weights and buffers into ``model`` (a plain, unsharded one) after checking it
+        has the same architecture; the shards of an FSDP checkpoint are joined."""
         check_architecture(self.config["model"], model_config_of(model), self.path)
+        if self.sharded:
+            dcp.load_consolidated(self.path, model)
+            return
         try:
             missing, unexpected = safetensors.torch.load_model(model, self.path / "model.safetensors", strict=False)
         except RuntimeError as err:
@@ -69,6 +77,25 @@ class Checkpoint:
                 f"checkpoint {self.path} does not fit this model: missing {sorted(missing)}, "
                 f"unexpected {sorted(unexpected)}; it was saved by a different version of the model code"
             )
+
+
+    def load_training_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, sharded: bool) -> None:
+        """Restore the weights, buffers and optimizer state of a training: ``sharded`` for a model
+        sharded by FSDP (a collective, resliced for this number of workers), else a replicated one.
+        A checkpoint of the other kind is refused (DDP and FSDP store the optimizer state differently)."""
+        if self.sharded != sharded:
+            saved, asked = ("fsdp", "ddp") if self.sharded else ("ddp", "fsdp")
+            raise CheckpointError(
+                f"checkpoint {self.path} was saved by --parallel {saved} training and this run asks for --parallel "
+                f"{asked}; resume it with --parallel {saved} (with any number of workers), or start a new run with "
+                f"another --run-dir"
+            )
+        if not sharded:
+            self.load_weights(model)
+            optimizer.load_state_dict(self.state["optimizer"])
+            return
+        check_architecture(self.config["model"], model_config_of(model), self.path)
+        dcp.load_shards(self.path, model, optimizer, self.state["optimizer_groups"])
 
 
 def model_config_of(model: torch.nn.Module) -> TransformerVQConfig | None:
@@ -115,9 +142,44 @@ def save_checkpoint(root: Path, *, step: int, model: torch.nn.Module, config: di
         torch.save({**state, "step": step}, tmp / "state.pt")
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         fileio.write_dir_manifest(tmp, FILES)
+    _publish(root, final, keep)
+    return final
+
+
+def _publish(root: Path, final: Path, keep: int) -> None:
+    """Point ``latest`` at the checkpoint just renamed into place and prune all but the newest ``keep``."""
     fileio.atomic_write_text(root / "latest", final.name + "\n")
     for old in list_checkpoints(root)[:-keep]:
         fileio.remove_tree(old)  # renamed out of the step_* names first: never half-deleted under its name
+
+
+def save_sharded_checkpoint(root: Path, *, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                            config: dict, state: dict, keep: int, dist_info) -> Path | None:
+    """Write checkpoint ``step`` of an FSDP run: every worker calls it with its own shards (a
+    collective), rank 0 (which must hold the run directory's lock) writes the rest; atomic like
+    :func:`save_checkpoint`. Returns the checkpoint's path on rank 0, None elsewhere."""
+    from transformer_vq.train.fsdp import nonfinite_shards
+
+    tensors, param_groups = dcp.sharded_state(model, optimizer)
+    device = next(iter(model.parameters())).device
+    bad = nonfinite_shards(_tensors(tensors, ""), dist_info, device)
+    if bad:  # every worker raises: the list is the same on all of them
+        _refuse(step, [name.replace("model.", "", 1) for name in bad])
+    root = Path(root)
+    final = root / step_name(step)
+    if dist_info.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        fileio.clean_debris(root)
+    with dcp.shared_directory(final, dist_info) as tmp:
+        dcp.save_shards(tmp, tensors)  # returns on rank 0 once every worker's file and the index are written
+        if dist_info.is_main:
+            torch.save({**state, "optimizer_groups": param_groups, "step": step}, tmp / "state.pt")
+            (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+            written = sorted(p.name for p in tmp.iterdir() if dcp.SHARD_FILE.match(p.name))
+            fileio.write_dir_manifest(tmp, (*FILES[1:], dcp.METADATA, *written))
+    if not dist_info.is_main:
+        return None
+    _publish(root, final, keep)
     return final
 
 
@@ -147,11 +209,16 @@ def refuse_nonfinite(step: int, model: torch.nn.Module, state: dict) -> None:
     bad = nonfinite_names(_tensors(dict(model.state_dict()), "")) + nonfinite_names(
         _tensors(state.get("optimizer", {}), "optimizer"))
     if bad:
-        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-        raise CheckpointError(
-            f"refusing to save checkpoint {step_name(step)}: {', '.join(bad[:3])}{more} hold NaN or infinity, "
-            f"and training could not resume from it; lower the learning rate, or resume from an earlier checkpoint"
-        )
+        _refuse(step, bad)
+
+
+def _refuse(step: int, bad: list[str]) -> None:
+    """Raise the :class:`CheckpointError` of a checkpoint whose tensors ``bad`` are not finite."""
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    raise CheckpointError(
+        f"refusing to save checkpoint {step_name(step)}: {', '.join(bad[:3])}{more} hold NaN or infinity, "
+        f"and training could not resume from it; lower the learning rate, or resume from an earlier checkpoint"
+    )
 
 
 def list_checkpoints(root: Path) -> list[Path]:
@@ -175,12 +242,15 @@ def read_checkpoint(path: Path) -> Checkpoint:
     """Read and verify one checkpoint directory. Raises :class:`CheckpointError` when it is
     incomplete, damaged, or holds anything but tensors and plain data."""
     path = Path(path)
-    problem = fileio.check_dir_manifest(path, FILES)
+    manifest = fileio.read_json(path / fileio.DIR_MANIFEST)
+    sharded = manifest is not None and dcp.is_sharded(manifest)
+    names = (*FILES[1:], *dcp.sharded_files(manifest)) if sharded else FILES
+    problem = fileio.check_dir_manifest(path, names)
     if problem is not None:
         raise CheckpointError(_MANIFEST_PROBLEMS[problem.kind].format(path=path, name=problem.name))
     config = json.loads((path / "config.json").read_text())
     state = safe_torch_load(path / "state.pt")
-    return Checkpoint(path=path, config=config, state=state)
+    return Checkpoint(path=path, config=config, state=state, sharded=sharded)
 
 
 def safe_torch_load(path: Path):

@@ -6,7 +6,7 @@ Per batch of ``[B, seq_len + 1]`` token windows::
     state = None                                   # reset at every new batch of sequences
     for each window w of update_len tokens:        # seq_len / update_len optimizer steps
         out = model(x_w, state, targets=y_w)       # loss = CE + beta * commit loss
-        backward; (DDP averages gradients); clip
+        backward; (DDP or FSDP averages gradients); clip
         if loss and gradient are finite:
             optimizer.step(); all-reduce codebook statistics; model.update_codebooks()
         else:
@@ -37,9 +37,10 @@ from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte, c
 from transformer_vq.train.build import build_model, load_corpus_for, resolve_device, save_run_tokenizer
 from transformer_vq.train.carry import from_plain, to_plain
 from transformer_vq.train.checkpoint import (find_checkpoint, latest_checkpoint, list_checkpoints, nonfinite_names,
-                                             save_checkpoint, step_name)
-from transformer_vq.train.distributed import Distributed, setup_distributed, teardown_distributed
+                                             save_checkpoint, save_sharded_checkpoint, step_name)
+from transformer_vq.train.distributed import Distributed, data_parallel, setup_distributed, teardown_distributed
 from transformer_vq.train.evaluate import EvalResult, evaluate_tokens
+from transformer_vq.train.fsdp import nonfinite_shards, shard_model, to_float
 from transformer_vq.train.metrics import MetricsLogger
 from transformer_vq.train.optim import build_optimizer, build_scheduler
 from transformer_vq.train.objective import masked_window
@@ -92,7 +93,7 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     device = resolve_device(cfg.train.device)
-    dist_info = setup_distributed(device.type)
+    dist_info = setup_distributed(device.type, cfg.train.parallel)
     if device.type == "cuda":
         device = torch.device("cuda", dist_info.local_rank)
     try:
@@ -124,18 +125,13 @@ class _Trainer:
         torch.manual_seed(tc.seed)  # identical initial weights on every worker
         self.model = (model if model is not None else build_model(cfg)).to(device)
         self.model.train()
+        if dist_info.fsdp:
+            shard_model(self.model, tc.precision)  # before the optimizer: its parameters become the shards
         self.optimizer = build_optimizer(self.model, tc)
         self.scheduler = build_scheduler(self.optimizer, tc)
         # dropout differs between workers, as their data does
         torch.manual_seed(tc.seed * 1_000_003 + 1 + dist_info.rank)
-        self.forward = self.model
-        if dist_info.enabled:
-            # codebooks stay identical without broadcasting buffers: every worker applies the same
-            # update from all-reduced statistics
-            self.forward = torch.nn.parallel.DistributedDataParallel(
-                self.model, broadcast_buffers=False, find_unused_parameters=cfg.model.droplyr > 0,
-                device_ids=[device.index] if device.type == "cuda" else None,
-            )
+        self.forward = data_parallel(self.model, dist_info, device, find_unused=cfg.model.droplyr > 0)
         self.step = 0
         self.batch = None  # (B_local, seq_len + 1) the current batch of sequences
         self.batch_pos = self.batches.state_dict()  # data position before the current batch
@@ -149,7 +145,7 @@ class _Trainer:
     def _checkpoint_state(self) -> dict:
         mid_batch = self.step % self.tc.windows_per_batch != 0
         return {
-            "optimizer": self.optimizer.state_dict(),
+            **({} if self.dist.fsdp else {"optimizer": self.optimizer.state_dict()}),  # FSDP: in the shards
             "scheduler": self.scheduler.state_dict(),
             # mid-batch: where the current batch starts (the carried states are saved beside it)
             "data": self.batch_pos if mid_batch else self.batches.state_dict(),
@@ -162,11 +158,13 @@ class _Trainer:
         mid_batch = self.step % self.tc.windows_per_batch != 0
         rngs = self.dist.all_gather_object(rng_state())
         carries = self.dist.all_gather_object(to_plain(self.carry) if mid_batch else None)
-        if self.dist.is_main:
+        if self.dist.is_main or self.dist.fsdp:  # FSDP: every worker writes its shards
             state = {**self._checkpoint_state(), "rng": rngs, "carry": carries}
             with writing(self.run_dir, f"save checkpoint {step_name(self.step)}"):
-                path = save_checkpoint(self.ckpt_root, step=self.step, model=self.model,
-                                       config=self.cfg.to_dict(), state=state, keep=self.tc.keep_ckpts)
+                common = {"step": self.step, "model": self.model, "config": self.cfg.to_dict(), "state": state,
+                          "keep": self.tc.keep_ckpts}
+                path = save_sharded_checkpoint(self.ckpt_root, optimizer=self.optimizer, dist_info=self.dist,
+                                               **common) if self.dist.fsdp else save_checkpoint(self.ckpt_root, **common)
             self.log(f"saved checkpoint {path}", flush=True)
         self.dist.barrier()
 
@@ -178,9 +176,8 @@ class _Trainer:
                 return
         else:
             ckpt = find_checkpoint(resume)
-        ckpt.load_weights(self.model)
         state = ckpt.state
-        self.optimizer.load_state_dict(state["optimizer"])
+        ckpt.load_training_state(self.model, self.optimizer, sharded=self.dist.fsdp)
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = ckpt.step
         self.nonfinite_run = int(state["nonfinite_run"])
@@ -222,7 +219,8 @@ class _Trainer:
             out = self.forward(inputs, state=self.carry, targets=targets, loss_mask=loss_mask)
         out.loss.backward()
         max_norm = tc.grad_clip if tc.optimizer == "adamw" and tc.grad_clip > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
+        # over FSDP's sharded gradients the norm is a DTensor reduced over every worker: the global norm
+        grad_norm = to_float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         # one collective for the logged losses and the flags every worker must agree on
         shared = torch.tensor([out.loss.item(), out.ce_loss.item(), out.commit_loss.item(),
                                float(not math.isfinite(out.loss.item())), float(stop.signum is not None)],
@@ -266,7 +264,8 @@ class _Trainer:
     def _update(self, lr: float) -> None:
         """Apply the step: weights, then the codebooks from every worker's statistics."""
         self.optimizer.step()
-        bad = nonfinite_names(self.model.named_parameters())
+        bad = nonfinite_shards(self.model.named_parameters(), self.dist, self.device) if self.dist.fsdp \
+            else nonfinite_names(self.model.named_parameters())
         if bad:  # identical weights on every worker: all of them stop here
             raise TrainingError(
                 f"step {self.step + 1} made the weights non-finite ({', '.join(bad[:3])}) although its loss and "
@@ -303,8 +302,10 @@ class _Trainer:
         validation = sample_text = None
         try:
             exit_code = self._loop(logger)
-            if exit_code == 0 and self.dist.is_main:
+            if exit_code == 0 and self.evaluates:
                 validation, sample_text = self._finish(logger)
+                if not self.dist.is_main:  # the result of a run is rank 0's, as under DDP
+                    validation = sample_text = None
         finally:
             if logger:
                 logger.close()
@@ -357,7 +358,7 @@ class _Trainer:
                 if self.step % tc.ckpt_every == 0 or self.step == tc.steps:
                     self.save()
                 if tc.eval_every and self.step % tc.eval_every == 0 and self.step < tc.steps:
-                    if logger:
+                    if self.evaluates:
                         self._log_eval(logger, self.evaluate(tc.eval_tokens))
                     self.dist.barrier()
         return 0
@@ -369,21 +370,31 @@ class _Trainer:
             logger.print(f"step {self.step}: non-finite {self.skip_reason}, step skipped "
                          f"({self.nonfinite_run} in a row)")
 
-    def _log_eval(self, logger: MetricsLogger, result: EvalResult) -> None:
+    @property
+    def evaluates(self) -> bool:
+        """Whether this worker evaluates and samples: rank 0, or under FSDP every worker (each forward
+        gathers the shards of all of them; they compute the same result, rank 0 logs it)."""
+        return self.dist.is_main or self.dist.fsdp
+
+    def _log_eval(self, logger: MetricsLogger | None, result: EvalResult) -> None:
+        if logger is None:
+            return
         with writing(self.run_dir, "write metrics.jsonl"):
             logger.log_eval(self.step, "validation", result.to_dict())
 
-    def _finish(self, logger: MetricsLogger) -> tuple[EvalResult, str | None]:
-        """The end-of-training validation and sample (main process)."""
+    def _finish(self, logger: MetricsLogger | None) -> tuple[EvalResult, str | None]:
+        """The end-of-training validation and sample (see :attr:`evaluates`)."""
         validation = self.evaluate(self.tc.eval_tokens)
         self._log_eval(logger, validation)
         sample = self.tc.sample_tokens and self.cfg.model.causal  # an encoder cannot sample
         return validation, self._sample(logger) if sample else None
 
-    def _sample(self, logger: MetricsLogger) -> str:
+    def _sample(self, logger: MetricsLogger | None) -> str:
         prompt = self.tc.sample_prompt
         pieces = stream_text(self.model, self.corpus.encode(prompt), self.corpus.decode,
                              max_new_tokens=self.tc.sample_tokens, seed=self.tc.seed)
         text = "".join(pieces)
-        logger.print(f"sample ({self.tc.sample_tokens} tokens, prompt {json.dumps(prompt)}):\n{prompt}{text}")
+        if logger:
+            logger.print(f"sample ({self.tc.sample_tokens} tokens, prompt {json.dumps(prompt)}):\n"
+                         f"{prompt}{text}")
         return text
