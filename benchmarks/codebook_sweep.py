@@ -27,6 +27,7 @@ BASELINES = ("sdpa", "sdpa-bidir")
 
 def sweep(length: int, sizes: list[int], repeats: int, budget_s: float, log=print) -> dict:
     """Every cell of the sweep: ``{"rows": [...], "machine": ..., "config": ...}``."""
+    machine = machine_info()
     rows = []
     for i, n_code in enumerate(sizes):
         model = PRESETS["enwik8"].replace(d_k=512, d_v=512, n_code=n_code, block_len=512)
@@ -36,8 +37,9 @@ def sweep(length: int, sizes: list[int], repeats: int, budget_s: float, log=prin
         log(f"S = {n_code}")
         for row in run_op_bench(cfg, log=log)["rows"]:
             rows.append({"S": n_code, **row})
-    return {"benchmark": "codebook-sweep", "length": length, "sizes": sizes, "rows": rows, "machine": machine_info(),
-            "config": {"d_k": 512, "d_v": 512, "block_len": 512, "batch_size": 1, "precision": "float32"}}
+    return {"benchmark": "codebook-sweep", "length": length, "sizes": sizes, "rows": rows, "machine": machine,
+            "config": {"d_k": 512, "d_v": 512, "block_len": 512, "batch_size": 1, "precision": "float32"},
+            "load_average_end": machine_info(measure_peak=False)["load_average_start"]}
 
 
 def sweep_table(result: dict) -> str:
