@@ -14,10 +14,11 @@ from transformer_vq.hf import TransformerVQCache, TransformerVQForCausalLM  # no
 BLOCK = 8  # the tiny preset's block_len: 40 new tokens cross five blocks
 
 
-@pytest.fixture(params=["vq", "vq-mha", "flash"])
+@pytest.fixture(params=["vq", "vq-mha", "flash", "vq-qk"])
 def pair(request):
     overrides = {"vq": {}, "vq-mha": dict(head_type="mha", n_head=2), "flash": dict(attn_type="flash",
-                                                                                   flash_chunk_len=4)}
+                                                                                   flash_chunk_len=4),
+                 "vq-qk": dict(quantize_queries=True)}
     lib = tiny_model(**overrides[request.param])
     return lib, TransformerVQForCausalLM.from_library_model(lib).eval()
 
