@@ -71,6 +71,37 @@ def test_windows_with_carried_state_equal_the_whole_sequence(norm):
     assert state.offset == 41
 
 
+def test_training_windows_match_the_whole_sequence_loss_and_codebook_stats():
+    """Truncated-backprop windows see the numbers of one pass (dropout off, layer norm: no batch statistics)."""
+    model = language_model().train()
+    ids = ids_of((2, 33), 12)
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    whole = model(inputs, targets=targets)
+    whole_stats = [t.clone() for t in model.codebook_stats()]
+    model.reset_codebook_stats()
+    state, total = None, 0.0
+    for a, b in [(0, 8), (8, 13), (13, 32)]:
+        out = model(inputs[:, a:b], state, targets=targets[:, a:b])
+        state = out.state.detach()
+        total = total + out.ce_loss * (b - a) / 32
+    torch.testing.assert_close(total, whole.ce_loss, **TOL)
+    for got, want in zip(model.codebook_stats(), whole_stats):
+        torch.testing.assert_close(got, want, **TOL)
+    assert whole_stats[1].sum() == 2 * 32  # one key per token counted
+
+
+def test_loss_mask_selects_the_positions_of_the_cross_entropy():
+    model = language_model()
+    ids, targets = ids_of((2, 9), 13), ids_of((2, 9), 14)
+    loss_mask = torch.zeros(2, 9, dtype=torch.bool)
+    loss_mask[0, 2] = loss_mask[1, 7] = True
+    out = model(ids, targets=targets, loss_mask=loss_mask)
+    logits = out.logits[loss_mask]
+    torch.testing.assert_close(out.ce_loss, torch.nn.functional.cross_entropy(logits, targets[loss_mask]), **TOL)
+    with pytest.raises(ValueError, match=r"targets holds token id 300, outside the vocabulary \[0, 256\)"):
+        model(ids, targets=torch.full((2, 9), 300))
+
+
 def test_decoding_state_size_depends_on_the_place_in_the_block_only():
     model = language_model()  # block_len 4
     ids = ids_of((1, 40), 4)

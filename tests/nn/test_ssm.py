@@ -99,6 +99,18 @@ def test_long_sequence_fft_stays_accurate_in_float32():
         torch.testing.assert_close(ema_conv(x, coef)[0], ema_recurrence(x, coef)[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_autocast_does_not_lower_the_precision(bidirectional):
+    module = ssm(bidirectional=bidirectional).float()
+    x = inputs(50).float()
+    with torch.no_grad():
+        plain, _ = module(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            cast, _ = module(x)
+    assert cast.dtype == torch.float32
+    torch.testing.assert_close(cast, plain, rtol=0, atol=0)
+
+
 def test_bidirectional_refuses_a_state():
     module = ssm(bidirectional=True)
     with pytest.raises(ValueError, match="a bidirectional SSM reads whole sequences and carries no state"):

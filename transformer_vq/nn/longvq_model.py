@@ -78,16 +78,19 @@ class LongVQLM(Codebooks, nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size)
 
     def forward(self, ids: torch.Tensor, state: ModelState | None = None, *, targets: torch.Tensor | None = None,
-                attention: str = "linear") -> ModelOutput:
-        """Next-token logits ``[B, T, V]`` of ``ids [B, T]``; with ``targets [B, T]``, the loss of eq. 23."""
+                loss_mask: torch.Tensor | None = None, attention: str = "linear") -> ModelOutput:
+        """Next-token logits ``[B, T, V]`` of ``ids [B, T]``; with ``targets [B, T]``, the loss of eq. 23, its
+        cross-entropy averaged over the positions where ``loss_mask [B, T]`` is True (``None``: all)."""
         x, new_state, commit_loss = self.backbone(ids, state=state, attention=attention)
         logits = self.head(x)
         result = ModelOutput(logits=logits, state=new_state, commit_loss=commit_loss)
         if targets is not None:
-            check_inputs(targets, None, self.cfg.vocab_size)
+            check_inputs(targets, loss_mask, self.cfg.vocab_size, name="targets")
             ce = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)).flatten(0, 1),
-                                 targets.flatten())
-            result.ce_loss, result.loss = ce, ce + self.cfg.commit_coef * commit_loss
+                                 targets.flatten(), reduction="none")
+            weights = torch.ones_like(ce) if loss_mask is None else loss_mask.flatten().to(ce.dtype)
+            result.ce_loss = (ce * weights).sum() / weights.sum().clamp(min=1.0)
+            result.loss = result.ce_loss + self.cfg.commit_coef * commit_loss
         return result
 
     # Sampling is the same loop over ``forward`` with a carried state as Transformer-VQ's.

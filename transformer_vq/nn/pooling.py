@@ -36,16 +36,16 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return (x * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
 
 
-def check_inputs(ids: torch.Tensor, mask: torch.Tensor | None, vocab_size: int) -> None:
+def check_inputs(ids: torch.Tensor, mask: torch.Tensor | None, vocab_size: int, name: str = "ids") -> None:
     """Raise ``ValueError`` unless ``ids`` is int64 ``[B, T]`` inside the vocabulary and ``mask`` bool ``[B, T]``."""
     if ids.dim() != 2 or ids.dtype != torch.long or ids.shape[1] < 1:
-        raise ValueError(f"ids must be a [batch, length] int64 tensor with length >= 1, got {tuple(ids.shape)} "
+        raise ValueError(f"{name} must be a [batch, length] int64 tensor with length >= 1, got {tuple(ids.shape)} "
                          f"{ids.dtype}")
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
-        raise ValueError(f"ids holds token id {low if low < 0 else high}, outside the vocabulary [0, {vocab_size})")
+        raise ValueError(f"{name} holds token id {low if low < 0 else high}, outside the vocabulary [0, {vocab_size})")
     if mask is not None and (mask.dtype != torch.bool or mask.shape != ids.shape):
-        raise ValueError(f"mask must be a bool tensor of the shape of ids {list(ids.shape)}, got {mask.dtype} "
+        raise ValueError(f"mask must be a bool tensor of the shape of {name} {list(ids.shape)}, got {mask.dtype} "
                          f"{list(mask.shape)}")
 
 

@@ -184,11 +184,18 @@ class DampedEMA(nn.Module):
         """``(SSM(x) [B, T, D], state)``; a causal call continues ``state`` (``None``: the start of the sequences).
 
         A causal call of one token takes the recurrence (decoding); longer calls the FFT convolution. ``naive``
-        computes the definition instead (tests and the dense reference of the model).
+        computes the definition instead (tests and the dense reference of the model). The SSM runs in float32 at
+        least, outside autocast: the powers ``q^t`` of a long sequence and the carried state need the precision.
         """
+        if self.bidirectional and state is not None:
+            raise ValueError("a bidirectional SSM reads whole sequences and carries no state: pass state=None")
+        with torch.autocast(x.device.type, enabled=False):
+            y, h_last = self._filter(x.to(torch.promote_types(x.dtype, torch.float32)), state, naive)
+        return y.to(x.dtype), None if h_last is None else EMAState(h_last)
+
+    def _filter(self, x: torch.Tensor, state: EMAState | None, naive: bool):
+        """``(y, h_last)`` of :meth:`forward` (``h_last`` None when bidirectional)."""
         if self.bidirectional:
-            if state is not None:
-                raise ValueError("a bidirectional SSM reads whole sequences and carries no state: pass state=None")
             form = ema_bidir_naive if naive else ema_bidir_conv
             return form(x, self.coefficients(0), self.coefficients(1)) + self.omega * x, None
         coef = self.coefficients(0)
@@ -199,7 +206,7 @@ class DampedEMA(nn.Module):
             y, h_last = ema_recurrence(x, coef, h)
         else:
             y, h_last = ema_conv(x, coef, h)
-        return y + self.omega * x, EMAState(h_last)
+        return y + self.omega * x, h_last
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, ema_dim={self.ema_dim}, bidirectional={self.bidirectional}"
