@@ -227,6 +227,19 @@ def test_config_errors(overrides, message):
         LongVQConfig(**overrides)
 
 
+def test_config_round_trips_and_presets():
+    cfg = longvq_preset("tiny", n_classes=4, causal=False, scoring="relu2", norm="batch")
+    assert LongVQConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.replace(n_layers=3).n_layers == 3 and cfg.n_layers == 2
+    with pytest.raises(ConfigError, match="unknown model config key"):
+        LongVQConfig.from_dict({"n_head": 2})
+    with pytest.raises(ConfigError, match="unknown LongVQ preset 'lra'; available: enwik8, tiny"):
+        longvq_preset("lra")
+    enwik8 = longvq_preset("enwik8")  # Table 8
+    assert (enwik8.d_model, enwik8.d_ffn, enwik8.d_qk, enwik8.d_v, enwik8.ema_dim, enwik8.n_layers,
+            enwik8.n_code, enwik8.dropout) == (512, 1024, 128, 1024, 16, 12, 512, 0.1)
+
+
 def test_model_input_errors():
     model = classifier()
     with pytest.raises(ValueError, match=r"ids holds token id 256, outside the vocabulary \[0, 256\)"):
