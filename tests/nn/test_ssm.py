@@ -1,0 +1,123 @@
+"""The damped-EMA SSM of LongVQ: FFT convolution == recurrence == naive double sum, pieces with a carried state ==
+the whole sequence, the bidirectional form == its definition."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transformer_vq.nn.ssm import DampedEMA, EMAState, ema_conv, ema_naive, ema_recurrence
+
+# float64: every form is exact math, so they agree to rounding
+TOL = dict(rtol=1e-10, atol=1e-10)
+
+
+def ssm(bidirectional=False, dim=3, ema_dim=4, seed=0):
+    torch.manual_seed(seed)
+    module = DampedEMA(dim, ema_dim, bidirectional=bidirectional).double()
+    with torch.no_grad():  # spread the decays over (0, 1) so short and long memories both take part
+        module.alpha.normal_(std=1.5)
+        module.delta.normal_(std=1.5)
+    return module
+
+
+def inputs(length, dim=3, batch=2, seed=1):
+    return torch.randn(batch, length, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("length", [1, 7, 33])
+@pytest.mark.parametrize("with_state", [False, True], ids=["from-zero", "from-state"])
+def test_fft_equals_recurrence_equals_naive(length, with_state):
+    coef = ssm().coefficients()
+    x = inputs(length)
+    h = torch.randn(2, 3, 4, dtype=torch.float64) if with_state else None
+    y_fft, h_fft = ema_conv(x, coef, h)
+    y_rec, h_rec = ema_recurrence(x, coef, h)
+    torch.testing.assert_close(y_fft, y_rec, **TOL)
+    torch.testing.assert_close(y_fft, ema_naive(x, coef, h), **TOL)
+    torch.testing.assert_close(h_fft, h_rec, **TOL)
+
+
+def test_kernel_first_terms_are_the_definition():
+    coef = ssm().coefficients()
+    x = torch.zeros(1, 3, 3, dtype=torch.float64)
+    x[0, 0] = 1.0  # an impulse: the output is the kernel
+    y, _ = ema_conv(x, coef)
+    for t in range(3):
+        expected = (coef.weight_out * coef.weight_in * coef.decay ** t).sum(-1)
+        torch.testing.assert_close(y[0, t], expected, **TOL)
+
+
+@pytest.mark.parametrize("split", range(1, 20))
+def test_split_at_any_point_with_the_carried_state_gives_the_whole(split):
+    module = ssm()
+    x = inputs(20)
+    whole, whole_state = module(x)
+    first, state = module(x[:, :split])
+    second, state = module(x[:, split:], state)
+    torch.testing.assert_close(torch.cat([first, second], dim=1), whole, **TOL)
+    torch.testing.assert_close(state.h, whole_state.h, **TOL)
+
+
+def test_token_by_token_decoding_gives_the_whole_and_a_constant_state():
+    module = ssm()
+    x = inputs(12)
+    whole, _ = module(x)
+    state, pieces, sizes = None, [], set()
+    for t in range(12):
+        y, state = module(x[:, t:t + 1], state)
+        pieces.append(y)
+        sizes.add(state.nbytes())
+    torch.testing.assert_close(torch.cat(pieces, dim=1), whole, **TOL)
+    assert sizes == {2 * 3 * 4 * 8}  # [B, D, N] float64, whatever the number of tokens consumed
+
+
+@pytest.mark.parametrize("length", [1, 9, 30])
+def test_bidirectional_equals_its_definition(length):
+    module = ssm(bidirectional=True)
+    x = inputs(length)
+    fast, state = module(x)
+    naive, _ = module(x, naive=True)
+    assert state is None
+    torch.testing.assert_close(fast, naive, **TOL)
+
+
+def test_bidirectional_output_depends_on_later_inputs_and_causal_does_not():
+    x = inputs(10)
+    changed = x.clone()
+    changed[:, 9] += 1.0
+    causal, bidirectional = ssm(), ssm(bidirectional=True)
+    torch.testing.assert_close(causal(x)[0][:, :9], causal(changed)[0][:, :9], **TOL)
+    assert (bidirectional(x)[0][:, 0] - bidirectional(changed)[0][:, 0]).abs().max() > 1e-6
+
+
+def test_long_sequence_fft_stays_accurate_in_float32():
+    module = ssm().float()
+    x = inputs(2000).float()
+    coef = module.coefficients()
+    with torch.no_grad():
+        torch.testing.assert_close(ema_conv(x, coef)[0], ema_recurrence(x, coef)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_autocast_does_not_lower_the_precision(bidirectional):
+    module = ssm(bidirectional=bidirectional).float()
+    x = inputs(50).float()
+    with torch.no_grad():
+        plain, _ = module(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            cast, _ = module(x)
+    assert cast.dtype == torch.float32
+    torch.testing.assert_close(cast, plain, rtol=0, atol=0)
+
+
+def test_bidirectional_refuses_a_state():
+    module = ssm(bidirectional=True)
+    with pytest.raises(ValueError, match="a bidirectional SSM reads whole sequences and carries no state"):
+        module(inputs(4), EMAState(torch.zeros(2, 3, 4, dtype=torch.float64)))
+
+
+def test_gradients_reach_every_parameter():
+    module = ssm(bidirectional=True)
+    module(inputs(8))[0].square().sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())

@@ -1,0 +1,76 @@
+"""LongVQ configuration (Liu et al. 2024): a frozen, validated dataclass and its presets (docs/longvq.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformer_vq.config.fields import ConfigError, check, option
+from transformer_vq.config.model import PROBABILITY, TransformerVQConfig
+
+LONGVQ_SCORINGS = ("softmax", "relu2")
+"""LongVQ's attention functions (its eq. 16 and Sec. 9.2); the causal operator computes softmax only."""
+NORMS = ("layer", "batch", "scale")
+"""The normalizations of LongVQ's Table 7: layer norm (LN), batch norm (BN), scale norm (SN)."""
+
+
+@dataclass(frozen=True)
+class LongVQConfig:
+    """Hyperparameters of a LongVQ model: a classifier (``n_classes > 0``) or a causal language model (``0``).
+
+    Each of the ``n_layers`` blocks is a LongVQ layer (SSM, gated VQ attention, output gate: eqs. 9-20) followed by
+    a norm, a position-wise FFN and a norm (eqs. 21-22). Fields marked ``training_only`` change training but not
+    what the weights mean.
+    """
+
+    vocab_size: int = option(256, "Number of token ids.", min=1)
+    d_model: int = option(512, "Model width d (Table 8: 'Model size').", min=1)
+    d_qk: int = option(128, "Query/key width (Table 8: 'Shared Repr. size (z)').", min=1)
+    d_v: int = option(1024, "Value and attention-gate width (Table 8: 'Value Seq. size (v)').", min=1)
+    d_ffn: int = option(1024, "Hidden width of the position-wise FFN (Table 8: 'FFN Hidden size').", min=1)
+    n_layers: int = option(12, "Number of LongVQ blocks.", min=1)
+    ema_dim: int = option(16, "State size of the SSM per channel: the damped EMA's dimension h (Table 8).", min=1)
+    n_code: int = option(512, "Codebook size S of each layer's key quantizer (Sec. 5: 512).", min=1)
+    block_len: int = option(512, "Block length L of the local-bias window (the paper leaves it open).", min=1)
+    scoring: str = option("softmax", "Attention function: 'softmax' or 'relu2' (eq. 16; causal models: softmax).",
+                          choices=LONGVQ_SCORINGS)
+    norm: str = option("layer", "Normalization of eqs. 21-22: 'layer', 'batch' or 'scale' (Table 7).", choices=NORMS)
+    dropout: float = option(0.1, "Dropout on the attention branch and in the FFN.", **PROBABILITY,
+                            training_only=True)
+    n_classes: int = option(0, "Number of classes of a classifier (mean pooling, linear head); 0: a language "
+                               "model.", min=0)
+    causal: bool = option(True, "Causal SSM and attention (a language model must be causal). False: an encoder, "
+                                "a backward SSM too and attention over every real token.")
+    commit_coef: float = option(1e-4, "Commitment loss coefficient gamma (eq. 23; Sec. 5: 1e-4).", min=0.0,
+                                training_only=True)
+    ema_rate: float = option(0.99, "Codebook EMA rate (Sec. 5: 0.99).", min=0.0, max=1.0, min_open=True,
+                             max_open=True, training_only=True)
+
+    def __post_init__(self):
+        extra = []
+        if self.scoring == "relu2" and self.causal is True:
+            extra.append(("scoring", "'relu2' needs causal false (the causal operator computes softmax)"))
+        if self.n_classes == 0 and self.causal is False:
+            extra.append(("causal", "false needs n_classes > 0: a language model (n_classes 0) is causal"))
+        check(self, extra)
+
+    # The generic dataclass helpers of the Transformer-VQ config serve this one unchanged.
+    replace = TransformerVQConfig.replace
+    to_dict = TransformerVQConfig.to_dict
+    from_dict = TransformerVQConfig.__dict__["from_dict"]
+
+
+LONGVQ_PRESETS: dict[str, LongVQConfig] = {
+    # Table 8, enwik8 (47M parameters in the paper). The block length is not given there: ours.
+    "enwik8": LongVQConfig(vocab_size=256, d_model=512, d_qk=128, d_v=1024, d_ffn=1024, n_layers=12, ema_dim=16,
+                           n_code=512, block_len=512, dropout=0.1),
+    # The test-suite model (a language model; tests set n_classes and causal for a classifier).
+    "tiny": LongVQConfig(vocab_size=256, d_model=32, d_qk=16, d_v=64, d_ffn=64, n_layers=2, ema_dim=4, n_code=8,
+                         block_len=8, dropout=0.0),
+}
+
+
+def longvq_preset(name: str, **overrides) -> LongVQConfig:
+    """The LongVQ preset ``name`` with ``overrides`` applied (e.g. ``longvq_preset("tiny", n_classes=10)``)."""
+    if name not in LONGVQ_PRESETS:
+        raise ConfigError(f"unknown LongVQ preset {name!r}; available: {', '.join(LONGVQ_PRESETS)}")
+    return LONGVQ_PRESETS[name].replace(**overrides)

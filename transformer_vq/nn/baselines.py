@@ -1,0 +1,97 @@
+"""The two classifiers LongVQ is compared with, built from the same :class:`LongVQConfig` (same vocabulary, width
+``d_model``, depth ``n_layers``, classes, pooling head): docs/longvq.md, "Classifiers".
+
+* :class:`TransformerClassifier`: a pre-norm Transformer encoder with full softmax attention over every real token
+  (:func:`~transformer_vq.ops.full.bidir.full_bidir_attention`, quadratic), heads of width ``d_qk``, a GELU FFN of
+  width ``d_ffn`` and sinusoid absolute positions (LRA's Transformer).
+* :class:`TransformerVQEncoderClassifier`: the library's :class:`~transformer_vq.nn.model.TransformerVQ` with
+  ``causal=False`` (``n_layers`` layers of two gated attention units, ``d_k = d_qk``, ``d_v``, the same codebook
+  size and block length), its units' output pooled.
+
+Letters: B batch, T positions, D width, H heads, Dh head width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_vq.config import LongVQConfig, TransformerVQConfig
+from transformer_vq.nn.model import TransformerVQ
+from transformer_vq.nn.pooling import ClassifierOutput, Codebooks, PoolingHead, check_inputs
+from transformer_vq.nn.position import sinusoids
+from transformer_vq.ops.full.bidir import full_bidir_attention
+
+
+class TransformerEncoderLayer(nn.Module):
+    """``x + Attn(LN(x))``, then ``x + FFN(LN(x))``: multi-head softmax attention over every real token."""
+
+    def __init__(self, cfg: LongVQConfig):
+        super().__init__()
+        self.cfg, self.n_head = cfg, cfg.d_model // cfg.d_qk
+        self.norm_attn, self.norm_ffn = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+        self.w_qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.w_o = nn.Linear(cfg.d_model, cfg.d_model)
+        self.ffn_in, self.ffn_out = nn.Linear(cfg.d_model, cfg.d_ffn), nn.Linear(cfg.d_ffn, cfg.d_model)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """``[B, T, D]`` -> ``[B, T, D]``."""
+        B, T, D = x.shape
+        H, p = self.n_head, self.cfg.dropout
+        q, k, v = (t.view(B, T, H, D // H).transpose(1, 2) for t in self.w_qkv(self.norm_attn(x)).chunk(3, dim=-1))
+        out, _ = full_bidir_attention(q * (D // H) ** -0.5, k, v, block_len=self.cfg.block_len, mask=mask)
+        x = x + F.dropout(self.w_o(out.transpose(1, 2).reshape(B, T, D)), p=p, training=self.training)
+        hidden = F.dropout(F.gelu(self.ffn_in(self.norm_ffn(x))), p=p, training=self.training)
+        return x + F.dropout(self.ffn_out(hidden), p=p, training=self.training)
+
+
+class TransformerClassifier(Codebooks, nn.Module):
+    """The quadratic baseline: ``model(ids, mask=..., labels=...)`` -> :class:`ClassifierOutput` (no codebooks)."""
+
+    def __init__(self, cfg: LongVQConfig):
+        super().__init__()
+        self.head = PoolingHead(cfg.d_model, cfg.n_classes, cfg.commit_coef)
+        if cfg.d_model % cfg.d_qk != 0 or cfg.d_model % 2 != 0:
+            raise ValueError(f"the Transformer baseline splits d_model into heads of width d_qk and adds sinusoids: "
+                             f"d_model must be even and divisible by d_qk, got d_model={cfg.d_model}, "
+                             f"d_qk={cfg.d_qk}")
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(TransformerEncoderLayer(cfg) for _ in range(cfg.n_layers))
+        self.norm = nn.LayerNorm(cfg.d_model)
+
+    def forward(self, ids: torch.Tensor, *, mask: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None) -> ClassifierOutput:
+        """Classify ``ids [B, T]``; ``mask [B, T]`` True for real tokens; ``labels [B]``."""
+        check_inputs(ids, mask, self.cfg.vocab_size)
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        x = self.embed(ids) + sinusoids(positions, self.cfg.d_model).to(self.embed.weight.dtype)  # (B, T, D)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.head(self.norm(x), mask, x.new_zeros((), dtype=torch.float32), labels)
+
+
+class TransformerVQEncoderClassifier(Codebooks, nn.Module):
+    """Transformer-VQ as an encoder classifier: ``model(ids, mask=..., labels=...)`` -> :class:`ClassifierOutput`."""
+
+    def __init__(self, cfg: LongVQConfig):
+        super().__init__()
+        self.head = PoolingHead(cfg.d_model, cfg.n_classes, cfg.commit_coef)
+        self.cfg = cfg
+        # tied embeddings: the encoder's output head (token logits) is not used here, so it holds no parameters
+        self.encoder = TransformerVQ(TransformerVQConfig(
+            vocab_size=cfg.vocab_size, d_model=cfg.d_model, d_k=cfg.d_qk, d_v=cfg.d_v, n_layers=cfg.n_layers,
+            n_code=cfg.n_code, block_len=cfg.block_len, causal=False, tie_embeddings=True, dropres=cfg.dropout,
+            commit_coef=cfg.commit_coef, ema_rate=cfg.ema_rate))
+
+    def forward(self, ids: torch.Tensor, *, mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                attention: str = "linear") -> ClassifierOutput:
+        """Classify ``ids [B, T]``; ``mask [B, T]`` True for real tokens; ``labels [B]``."""
+        check_inputs(ids, mask, self.cfg.vocab_size)
+        x = self.encoder.embed(ids)  # (B, T, D)
+        commit_loss = x.new_zeros((), dtype=torch.float32)
+        for unit in self.encoder.units:
+            out = unit(x, mask=mask, attention=attention)
+            x, commit_loss = out.x, commit_loss + out.commit_loss
+        return self.head(x, mask, commit_loss, labels)

@@ -1,0 +1,205 @@
+"""The LongVQ layer and block (Liu et al. 2024, eqs. 9-22); the choices the paper leaves open are in docs/longvq.md.
+
+Tensor letters: B batch, T positions, D model width, Dqk query/key width, Dv value width, L block length.
+
+    Z   = SiLU(SSM(X))                                         (eq. 9; SSM: transformer_vq.nn.ssm)
+    G_a = SiLU(Z W_g)     Q = Dqk^-1/4 RMSNorm(Z W_q)     K = Dqk^-1/4 RMSNorm(Z W_k)        (eqs. 10-12)
+    V   = SiLU(X W_v)                                                                       (eq. 13)
+    K^  = STVQ(K; C)                                                                        (eq. 15)
+    O_a = (G_a * phi(Q K^T + B) V) W_o                                        (eqs. 14, 16-18)
+    G_o = sigmoid(X W_go)        O = G_o * O_a + (1 - G_o) * X                              (eqs. 19-20)
+    Y   = Norm(O)                Y' = Norm(Y + FFN(Y))                                      (eqs. 21-22)
+
+``phi`` is softmax or ``relu^2`` (normalized by the number of real keys), computed in linear time by the library's
+operators: :func:`~transformer_vq.ops.vq_bidir.vq_bidir_attention` for an encoder (every real key, a local bias over
+the query's own and the two neighbouring blocks), :func:`~transformer_vq.ops.vq.vq_attention` for a causal layer
+(softmax over every past key, a bias over the current and the previous block, a state carried between calls).
+``attention="quadratic"`` takes the dense formula of the same attention and the naive SSM instead.
+
+The local bias ``B`` is a learned scalar per query-key distance (zero at initialization): ``2L`` distances for a
+causal layer, ``4L - 1`` for an encoder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_vq.config import LongVQConfig
+from transformer_vq.nn.attend import ATTENTION_MODES
+from transformer_vq.nn.gau import rms_norm
+from transformer_vq.nn.quantizer import VectorQuantizer
+from transformer_vq.nn.ssm import DampedEMA, EMAState
+from transformer_vq.ops import vq_attention, vq_attention_naive
+from transformer_vq.ops.vq.state import VQAttentionState
+from transformer_vq.ops.vq_bidir import vq_bidir_attention, vq_bidir_attention_naive
+
+
+@dataclass
+class LongVQLayerState:
+    """What a causal LongVQ layer carries between calls: the SSM's EMA and the VQ attention state (both bounded)."""
+
+    ssm: EMAState
+    attn: VQAttentionState
+
+    @property
+    def offset(self) -> int:
+        """Number of tokens consumed so far."""
+        return self.attn.offset
+
+    def detach(self) -> "LongVQLayerState":
+        """A copy cut from the autograd graph (truncated backprop between training windows)."""
+        return LongVQLayerState(self.ssm.detach(), self.attn.detach())
+
+    def nbytes(self) -> int:
+        """Bytes held by the state's tensors."""
+        return self.ssm.nbytes() + self.attn.nbytes()
+
+
+@dataclass
+class LongVQLayerOutput:
+    x: torch.Tensor
+    """``[B, T, D]`` the layer's (or block's) output."""
+    state: LongVQLayerState | None
+    """The state to continue these sequences with (``None`` for an encoder or the dense reference)."""
+    commit_loss: torch.Tensor
+    """Scalar commitment loss of the layer's quantizer (eq. 24)."""
+
+
+class SequenceNorm(nn.Module):
+    """One of the normalizations of Table 7 over the channels of ``[B, T, D]``.
+
+    ``"layer"``: LayerNorm. ``"scale"``: ScaleNorm, ``g x / ||x||`` with one learned ``g`` (initialized to
+    ``sqrt(D)``). ``"batch"``: BatchNorm over the real tokens of the batch only (padding neither enters the statistics
+    nor is normalized; it comes out zero).
+    """
+
+    def __init__(self, kind: str, dim: int):
+        super().__init__()
+        self.kind = kind
+        if kind == "layer":
+            self.norm = nn.LayerNorm(dim)
+        elif kind == "batch":
+            self.norm = nn.BatchNorm1d(dim)
+        elif kind == "scale":
+            self.gain = nn.Parameter(torch.tensor(float(dim) ** 0.5))
+        else:
+            raise ValueError(f"norm must be one of layer, batch, scale, got {kind!r}")
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Normalize ``x [B, T, D]``; ``mask [B, T]`` (True: real) matters to batch norm only."""
+        if self.kind == "layer":
+            return self.norm(x)
+        if self.kind == "scale":
+            return x * (self.gain / x.norm(dim=-1, keepdim=True).clamp(min=1e-5))
+        if mask is None:
+            return self.norm(x.reshape(-1, x.shape[-1])).view_as(x)
+        out = x.new_zeros(x.shape)
+        out[mask] = self.norm(x[mask])  # (real tokens, D)
+        return out
+
+
+class LongVQLayer(nn.Module):
+    """The gated SSM-VQ-attention layer of eqs. 9-20 (its own gated residual, no other)."""
+
+    def __init__(self, cfg: LongVQConfig):
+        super().__init__()
+        self.cfg = cfg
+        D, Dqk, Dv, L = cfg.d_model, cfg.d_qk, cfg.d_v, cfg.block_len
+        self.ssm = DampedEMA(D, cfg.ema_dim, bidirectional=not cfg.causal)
+        self.w_z = nn.Linear(D, 2 * Dqk + Dv)  # Q, K and G_a from Z (eqs. 10-12)
+        self.w_x = nn.Linear(D, Dv + D)  # V and G_o from X (eqs. 13, 19)
+        self.w_o = nn.Linear(Dv, D)
+        # one bias per query-minus-key distance of the window: 0 .. 2L-1 (causal), -(2L-1) .. 2L-1 (encoder)
+        self.first_distance = 0 if cfg.causal else 1 - 2 * L
+        self.local_bias = nn.Parameter(torch.zeros(2 * L - self.first_distance))
+        # codewords start at the scale of the normalized keys, whose entries are ~Dqk^-1/4
+        self.quantizer = VectorQuantizer(1, cfg.n_code, Dqk, ema_rate=cfg.ema_rate, init_scale=Dqk ** -0.25)
+
+    def forward(self, x: torch.Tensor, *, state: LongVQLayerState | None = None, mask: torch.Tensor | None = None,
+                attention: str = "linear") -> LongVQLayerOutput:
+        """Apply the layer to ``x [B, T, D]``.
+
+        Args:
+            state: the previous call's state for the same sequences (causal layers), ``None`` at their start.
+            mask: ``[B, T]`` True for real tokens: padding enters neither the SSM (zeroed) nor attention nor the
+                codebook statistics. A causal layer takes trailing padding only (it never reaches earlier tokens).
+            attention: ``"linear"`` (the operators, the FFT SSM) or ``"quadratic"`` (dense attention, naive SSM).
+        """
+        cfg = self.cfg
+        if attention not in ATTENTION_MODES:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
+        if attention == "quadratic" and state is not None:
+            raise ValueError("attention='quadratic' runs the dense reference on whole sequences: pass state=None")
+        B, T, _ = x.shape
+        Dqk, Dv = cfg.d_qk, cfg.d_v
+        if mask is not None:
+            x = x.masked_fill(~mask[..., None], 0.0)  # padding adds nothing to any convolution
+        ssm_out, ssm_state = self.ssm(x, None if state is None else state.ssm, naive=attention == "quadratic")
+        z = F.silu(ssm_out)  # (B, T, D) eq. 9
+        q, k, gate_a = self.w_z(z).split([Dqk, Dqk, Dv], dim=-1)
+        q = rms_norm(q)[:, None] * Dqk ** -0.25  # (B, 1, T, Dqk): one head
+        k = rms_norm(k)[:, None] * Dqk ** -0.25
+        v, gate_o = self.w_x(x).split([Dv, cfg.d_model], dim=-1)
+        v = F.silu(v)[:, None]  # (B, 1, T, Dv)
+
+        keys = self.quantizer(k, mask)
+        offset = 0 if state is None else state.offset
+        bias = self.window_bias(T, offset).to(q.dtype).expand(B, 1, -1, -1)  # (B, 1, T, W)
+        out, attn_state = self._attend(q, keys, v, bias, None if state is None else state.attn, mask, attention)
+        o_a = self.w_o(out[:, 0] * F.silu(gate_a))  # (B, T, D) eq. 14
+        o_a = F.dropout(o_a, p=cfg.dropout, training=self.training)
+        gate_o = torch.sigmoid(gate_o)
+        new_state = None if attn_state is None else LongVQLayerState(ssm_state, attn_state)
+        return LongVQLayerOutput(x=gate_o * o_a + (1 - gate_o) * x, state=new_state, commit_loss=keys.commit_loss)
+
+    def _attend(self, q, keys, v, bias, attn_state, mask, attention):
+        """``(out [B, 1, T, Dv], state)`` from the library's operators (or their dense formulas)."""
+        cfg, L = self.cfg, self.cfg.block_len
+        if not cfg.causal:
+            if attention == "quadratic":
+                return vq_bidir_attention_naive(q, keys.k_hat, v, bias, block_len=L, mask=mask,
+                                                scoring=cfg.scoring), None
+            return vq_bidir_attention(q, keys.k_hat, v, bias, block_len=L, z=keys.z, codebook=keys.codebook,
+                                      mask=mask, scoring=cfg.scoring)
+        if attention == "quadratic":
+            return vq_attention_naive(q, keys.k_hat, v, bias, block_len=L), None
+        return vq_attention(q, keys.k_hat, v, bias, block_len=L, state=attn_state, z=keys.z, codebook=keys.codebook)
+
+    def window_bias(self, length: int, offset: int) -> torch.Tensor:
+        """``[T, W]``: the learned bias of each query (absolute position ``offset + t``) to window column ``j``.
+
+        Column ``j`` is the key at ``(tau // L - 1) L + j`` for the query at ``tau``, so their distance is
+        ``tau % L + L - j``; ``W = 2L`` (causal: later columns are masked by the operator and get 0) or ``3L``.
+        """
+        L = self.cfg.block_len
+        columns = torch.arange((2 if self.cfg.causal else 3) * L, device=self.local_bias.device)
+        phase = (torch.arange(length, device=columns.device) + offset) % L
+        distance = phase[:, None] + L - columns[None, :]  # (T, W)
+        index = (distance - self.first_distance).clamp(0, self.local_bias.numel() - 1)
+        return self.local_bias[index].masked_fill(distance < self.first_distance, 0.0)
+
+
+class LongVQBlock(nn.Module):
+    """A LongVQ block (eqs. 21-22): the layer, a norm, a position-wise FFN with its residual, a norm."""
+
+    def __init__(self, cfg: LongVQConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.layer = LongVQLayer(cfg)
+        self.norm_attn = SequenceNorm(cfg.norm, cfg.d_model)
+        self.ffn_in = nn.Linear(cfg.d_model, cfg.d_ffn)
+        self.ffn_out = nn.Linear(cfg.d_ffn, cfg.d_model)
+        self.norm_ffn = SequenceNorm(cfg.norm, cfg.d_model)
+
+    def forward(self, x: torch.Tensor, *, state: LongVQLayerState | None = None, mask: torch.Tensor | None = None,
+                attention: str = "linear") -> LongVQLayerOutput:
+        """Apply the block to ``x [B, T, D]`` (arguments as :meth:`LongVQLayer.forward`)."""
+        out = self.layer(x, state=state, mask=mask, attention=attention)
+        y = self.norm_attn(out.x, mask)  # eq. 21: the layer's gated residual replaces the usual one
+        hidden = F.dropout(F.silu(self.ffn_in(y)), p=self.cfg.dropout, training=self.training)
+        ffn = F.dropout(self.ffn_out(hidden), p=self.cfg.dropout, training=self.training)
+        return LongVQLayerOutput(x=self.norm_ffn(y + ffn, mask), state=out.state, commit_loss=out.commit_loss)

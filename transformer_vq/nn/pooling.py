@@ -1,0 +1,103 @@
+"""What every sequence classifier of the library shares: mean pooling over real tokens, a linear head, the loss, the
+codebook interface a training loop calls (docs/longvq.md, "Classifiers").
+
+Letters: B batch, T positions, D width, C classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_vq.nn.model import TransformerVQ
+from transformer_vq.nn.quantizer import VectorQuantizer
+
+
+@dataclass
+class ClassifierOutput:
+    logits: torch.Tensor
+    """``[B, C]`` class logits."""
+    commit_loss: torch.Tensor
+    """Scalar: commitment loss summed over the model's quantizers (0 without any), before the coefficient."""
+    ce_loss: torch.Tensor | None = None
+    """Mean cross-entropy in nats over the batch, when labels are given."""
+    loss: torch.Tensor | None = None
+    """``ce_loss + commit_coef * commit_loss`` (LongVQ's eq. 23), when labels are given."""
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``[B, D]``: the mean of ``x [B, T, D]`` over the real tokens (``mask [B, T]`` True; ``None``: all)."""
+    if mask is None:
+        return x.mean(dim=1)
+    weights = mask.to(x.dtype).unsqueeze(-1)  # (B, T, 1)
+    return (x * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+
+
+def check_inputs(ids: torch.Tensor, mask: torch.Tensor | None, vocab_size: int, name: str = "ids") -> None:
+    """Raise ``ValueError`` unless ``ids`` is int64 ``[B, T]`` inside the vocabulary and ``mask`` bool ``[B, T]``."""
+    if ids.dim() != 2 or ids.dtype != torch.long or ids.shape[1] < 1:
+        raise ValueError(f"{name} must be a [batch, length] int64 tensor with length >= 1, got {tuple(ids.shape)} "
+                         f"{ids.dtype}")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"{name} holds token id {low if low < 0 else high}, outside the vocabulary [0, {vocab_size})")
+    if mask is not None and (mask.dtype != torch.bool or mask.shape != ids.shape):
+        raise ValueError(f"mask must be a bool tensor of the shape of {name} {list(ids.shape)}, got {mask.dtype} "
+                         f"{list(mask.shape)}")
+
+
+class PoolingHead(nn.Module):
+    """Mean pooling over the real tokens, then a linear classifier; with labels, the loss of eq. 23."""
+
+    def __init__(self, dim: int, n_classes: int, commit_coef: float):
+        super().__init__()
+        if n_classes < 1:
+            raise ValueError(f"a classifier needs n_classes >= 1, got {n_classes} (n_classes 0 is a language model: "
+                             f"LongVQLM)")
+        self.linear = nn.Linear(dim, n_classes)
+        self.commit_coef = commit_coef
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, commit_loss: torch.Tensor,
+                labels: torch.Tensor | None = None) -> ClassifierOutput:
+        """``x [B, T, D]`` features, ``labels [B]`` int64 class ids (optional)."""
+        logits = self.linear(masked_mean(x, mask))  # (B, C)
+        result = ClassifierOutput(logits=logits, commit_loss=commit_loss)
+        if labels is not None:
+            n_classes = logits.shape[-1]
+            if labels.shape != logits.shape[:1] or labels.dtype != torch.long:
+                raise ValueError(f"labels must be a [batch] int64 tensor, got {tuple(labels.shape)} {labels.dtype}")
+            if int(labels.min()) < 0 or int(labels.max()) >= n_classes:
+                raise ValueError(f"labels must be class ids in [0, {n_classes})")
+            result.ce_loss = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), labels)
+            result.loss = result.ce_loss + self.commit_coef * commit_loss
+        return result
+
+
+class Codebooks:
+    """The codebook interface of a model whose quantizers are listed by ``quantizers``: the same methods, with the
+    same meaning, as :class:`~transformer_vq.nn.model.TransformerVQ` (whose implementations serve here unchanged).
+
+    A training loop calls ``codebook_stats()`` (all-reduce them across workers), then ``update_codebooks()`` after
+    the optimizer step (``reset_codebook_stats()`` for a skipped step), and logs ``codebook_metrics()``.
+    """
+
+    @property
+    def quantizers(self) -> list[VectorQuantizer]:
+        """Every EMA-trained codebook of the model."""
+        return [m for m in self.modules() if isinstance(m, VectorQuantizer)]
+
+    @property
+    def _key_quantizers(self) -> list[VectorQuantizer]:
+        return self.quantizers
+
+    @property
+    def _query_quantizers(self) -> list[VectorQuantizer]:
+        return []
+
+    codebook_stats = TransformerVQ.codebook_stats
+    update_codebooks = TransformerVQ.update_codebooks
+    reset_codebook_stats = TransformerVQ.reset_codebook_stats
+    codebook_metrics = TransformerVQ.codebook_metrics
