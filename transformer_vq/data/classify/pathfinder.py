@@ -71,21 +71,27 @@ def contour(rng: np.random.Generator, side: int, dashes: int, scale: float, curv
     return np.concatenate(strokes), start, end
 
 
-def draw_image(rng: np.random.Generator, side: int, dashes: int, distractors: int, curvature: float,
-               ) -> tuple[np.ndarray, int]:
-    """One ``[side, side]`` ``uint8`` Pathfinder-style image and its label (1: the dots are connected)."""
+def layout(rng: np.random.Generator, side: int, dashes: int, distractors: int, curvature: float,
+           ) -> tuple[int, list[np.ndarray], np.ndarray]:
+    """``(label, strokes, dots)`` of one image: the points of every contour (the two main ones first)
+    and the ``[2, 2]`` dot centres; label 1 when both dots end the first contour."""
     scale = side / 32
-    canvas = np.zeros((side, side), dtype=np.uint8)
     label = int(rng.integers(2))
     first, first_start, first_end = contour(rng, side, dashes, scale, curvature)
     second, second_start, _ = contour(rng, side, dashes, scale, curvature)
-    for _ in range(distractors):
-        stamp(canvas, contour(rng, side, max(1, dashes // 3), scale, curvature)[0], 0.5 * scale)
-    stamp(canvas, first, 0.5 * scale)
-    stamp(canvas, second, 0.5 * scale)
-    dots = [first_start, first_end] if label else [first_start, second_start]
-    stamp(canvas, np.array(dots), 1.5 * scale)
-    return canvas, label
+    others = [contour(rng, side, max(1, dashes // 3), scale, curvature)[0] for _ in range(distractors)]
+    dots = np.array([first_start, first_end] if label else [first_start, second_start])
+    return label, [first, second] + others, dots
+
+
+def render(side: int, strokes: list[np.ndarray], dots: np.ndarray) -> np.ndarray:
+    """The ``[side, side]`` ``uint8`` image of a :func:`layout`: 1-pixel strokes and 3-pixel dots at side 32."""
+    scale = side / 32
+    canvas = np.zeros((side, side), dtype=np.uint8)
+    for points in strokes:
+        stamp(canvas, points, 0.5 * scale)
+    stamp(canvas, dots, 1.5 * scale)
+    return canvas
 
 
 def generate(n: int, *, seed: int, split: str, side: int = 32, dashes: int = 8, distractors: int = 4,
@@ -95,9 +101,9 @@ def generate(n: int, *, seed: int, split: str, side: int = 32, dashes: int = 8, 
     images = np.zeros((n, side * side), dtype=np.uint8)
     labels = np.zeros(n, dtype=np.int64)
     for i in range(n):
-        image, labels[i] = draw_image(np.random.default_rng([seed, split_id, i]), side, dashes, distractors,
-                                      curvature)
-        images[i] = image.reshape(-1)
+        labels[i], strokes, dots = layout(np.random.default_rng([seed, split_id, i]), side, dashes, distractors,
+                                          curvature)
+        images[i] = render(side, strokes, dots).reshape(-1)
     return Examples.fixed(images, labels)
 
 
