@@ -34,9 +34,10 @@ GET_IT = ("pass --data-path with the directory of LRA's release holding new_aan_
 
 def encode_pair(first: str, second: str, max_doc_len: int) -> np.ndarray:
     """The pair as one ``uint16`` sequence: first text's bytes, separator, second text's bytes (each truncated)."""
-    return np.concatenate([np.frombuffer(first.encode("utf-8")[:max_doc_len], dtype=np.uint8),
-                           [SEPARATOR_ID],
-                           np.frombuffer(second.encode("utf-8")[:max_doc_len], dtype=np.uint8)]).astype(np.uint16)
+    # surrogateescape gives back the file's exact bytes where they were not valid UTF-8
+    first_bytes, second_bytes = (text.encode("utf-8", "surrogateescape")[:max_doc_len] for text in (first, second))
+    return np.concatenate([np.frombuffer(first_bytes, dtype=np.uint8), [SEPARATOR_ID],
+                           np.frombuffer(second_bytes, dtype=np.uint8)]).astype(np.uint16)
 
 
 def read_tsv(path: Path, max_doc_len: int) -> Examples:
