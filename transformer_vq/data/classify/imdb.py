@@ -45,7 +45,8 @@ def reviews(source: Path) -> Iterator[tuple[str, int, int, bytes]]:
                 if match and member.isfile():
                     yield match.group(1), LABELS[match.group(2)], int(match.group(3)), \
                         archive.extractfile(member).read()
-    except (tarfile.TarError, OSError, EOFError) as exc:
+    # tarfile's stream reader raises TypeError on some corrupt gzip headers
+    except (tarfile.TarError, OSError, EOFError, TypeError) as exc:
         raise DataError(f"cannot read {source} as a tar archive ({exc}); {GET_IT}") from exc
 
 

@@ -18,6 +18,8 @@ instead (:mod:`transformer_vq.data.classify.pathfinder_release`).
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 
 import numpy as np
@@ -30,8 +32,12 @@ from transformer_vq.data.errors import DataError
 INK = 255
 CLASS_NAMES = ("disconnected", "connected")
 MAX_SIDE = 256
+CLEARANCE = 4.0  # pixels (at side 32) between separate contours: twice a gap, so no gap looks like a crossing
+TRIES = 20
+DISTRACTOR_TRIES = 5  # distractors are optional: give up on one early rather than slow every image down
 
 
+@functools.lru_cache(maxsize=16)
 def disk_offsets(radius: float) -> np.ndarray:
     """``[K, 2]`` integer offsets (dy, dx) of the pixels within ``radius`` of a pixel centre."""
     reach = int(np.ceil(radius))
@@ -41,7 +47,8 @@ def disk_offsets(radius: float) -> np.ndarray:
 
 
 def stamp(canvas: np.ndarray, points: np.ndarray, radius: float) -> None:
-    """Ink every pixel within ``radius`` of one of ``points`` (``[P, 2]`` float (y, x))."""
+    """Ink (set to :data:`INK`, or ``True``) every pixel within ``radius`` of one of ``points``
+    (``[P, 2]`` float (y, x), rounded to pixel centres)."""
     centres = np.rint(points).astype(np.int64)
     pixels = (centres[:, None, :] + disk_offsets(radius)[None]).reshape(-1, 2)  # (P * K, 2)
     side = canvas.shape[0]
@@ -52,36 +59,62 @@ def stamp(canvas: np.ndarray, points: np.ndarray, radius: float) -> None:
 def contour(rng: np.random.Generator, side: int, dashes: int, scale: float, curvature: float,
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(points of the dashes [P, 2], start, end)`` of one dashed contour with a random start and heading."""
-    dash, gap, margin = 3.0 * scale, 2.0 * scale, 2.0 * scale
-    position = rng.uniform(margin, side - 1 - margin, size=2)
-    heading = rng.uniform(0, 2 * np.pi)
-    start, strokes = position.copy(), []
-    for _ in range(dashes):
-        step = np.array([np.sin(heading), np.cos(heading)])
-        for axis in range(2):  # reflect off a border the dash and its gap would cross
-            reach = position[axis] + step[axis] * (dash + gap)
-            if reach < margin or reach > side - 1 - margin:
-                step[axis] = -step[axis]
-        heading = np.arctan2(step[0], step[1])
-        t = np.linspace(0.0, dash, max(2, int(np.ceil(dash * 2)) + 1))[:, None]
-        strokes.append(position + t * step)
-        end = position + dash * step
-        position = np.clip(end + gap * step, margin, side - 1 - margin)
-        heading += rng.normal(0.0, curvature)
-    return np.concatenate(strokes), start, end
+    dash, gap, low = 3.0 * scale, 2.0 * scale, 2.0 * scale
+    high = side - 1 - low
+    y, x = rng.uniform(low, high, size=2)
+    heading = rng.uniform(0, 2 * math.pi)
+    turns = rng.normal(0.0, curvature, size=dashes)
+    origins, steps = [], []
+    for turn in turns:  # plain floats: this loop runs for every dash of every contour tried
+        dy, dx = math.sin(heading), math.cos(heading)
+        # reflect off a border the dash and its gap would cross
+        dy = -dy if not low <= y + dy * (dash + gap) <= high else dy
+        dx = -dx if not low <= x + dx * (dash + gap) <= high else dx
+        origins.append((y, x))
+        steps.append((dy, dx))
+        y, x = min(max(y + dy * (dash + gap), low), high), min(max(x + dx * (dash + gap), low), high)
+        heading = math.atan2(dy, dx) + turn
+    origins, steps = np.array(origins), np.array(steps)
+    t = np.linspace(0.0, dash, max(2, math.ceil(dash * 2) + 1))
+    points = origins[:, None, :] + t[None, :, None] * steps[:, None, :]  # (dashes, points per dash, 2)
+    return points.reshape(-1, 2), origins[0], points[-1, -1]
+
+
+def placed_contour(rng: np.random.Generator, side: int, dashes: int, curvature: float, taken: np.ndarray,
+                   tries: int = TRIES) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """A contour none of whose points falls on ``taken`` (``[side, side]`` bool: the pixels within
+    :data:`CLEARANCE` of the contours already drawn), or ``None`` after ``tries`` draws."""
+    for _ in range(tries):
+        drawn = contour(rng, side, dashes, side / 32, curvature)
+        centres = np.rint(drawn[0]).astype(np.int64)
+        if not taken[centres[:, 0], centres[:, 1]].any():
+            stamp(taken, drawn[0], CLEARANCE * side / 32)
+            return drawn
+    return None
 
 
 def layout(rng: np.random.Generator, side: int, dashes: int, distractors: int, curvature: float,
            ) -> tuple[int, list[np.ndarray], np.ndarray]:
     """``(label, strokes, dots)`` of one image: the points of every contour (the two main ones first)
     and the ``[2, 2]`` dot centres; label 1 when both dots end the first contour."""
-    scale = side / 32
     label = int(rng.integers(2))
-    first, first_start, first_end = contour(rng, side, dashes, scale, curvature)
-    second, second_start, _ = contour(rng, side, dashes, scale, curvature)
-    others = [contour(rng, side, max(1, dashes // 3), scale, curvature)[0] for _ in range(distractors)]
+    for _ in range(TRIES):
+        taken = np.zeros((side, side), dtype=bool)
+        first, first_start, first_end = placed_contour(rng, side, dashes, curvature, taken)
+        placed = placed_contour(rng, side, dashes, curvature, taken)
+        if placed is not None:
+            break
+    else:
+        raise DataError(f"pathfinder: no room for two separate contours of {dashes} dashes on a {side}x{side} "
+                        f"image; lower dashes or raise side")
+    second, second_start, _ = placed
+    strokes = [first, second]
+    for _ in range(distractors):  # a distractor that finds no room is left out
+        distractor = placed_contour(rng, side, max(1, dashes // 3), curvature, taken, DISTRACTOR_TRIES)
+        if distractor is not None:
+            strokes.append(distractor[0])
     dots = np.array([first_start, first_end] if label else [first_start, second_start])
-    return label, [first, second] + others, dots
+    return label, strokes, dots
 
 
 def render(side: int, strokes: list[np.ndarray], dots: np.ndarray) -> np.ndarray:
