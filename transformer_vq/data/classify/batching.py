@@ -16,6 +16,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
+from transformer_vq.data.batches import check_resume, epoch_order
 from transformer_vq.data.classify.examples import Examples
 
 
@@ -39,12 +40,6 @@ def pad_batch(examples: Examples, indices: Sequence[int], *, pad_id: int = 0, le
         mask[row, :len(tokens)] = True
     labels = np.asarray(examples.labels[np.asarray(indices, dtype=np.int64)], dtype=np.int64)
     return torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(labels)
-
-
-def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
-    """The permutation of ``n`` examples for ``epoch`` (a function of ``seed`` and ``epoch`` only)."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.randperm(n, generator=generator).numpy()
 
 
 class ClassBatches:
@@ -100,11 +95,7 @@ class ClassBatches:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a position saved by :meth:`state_dict` with the same settings and data."""
-        for key in ("seed", "batch_size", "n_examples"):
-            if int(state[key]) != getattr(self, key):
-                raise ValueError(
-                    f"cannot resume the data position: it was saved with {key}={int(state[key])} but this run has "
-                    f"{key}={getattr(self, key)}; resume with the same data and batch settings or start a new run")
+        check_resume(state, self, ("seed", "batch_size", "n_examples"))
         self.epoch = int(state["epoch"])
         self.index = int(state["index"])
 

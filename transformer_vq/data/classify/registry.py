@@ -9,11 +9,11 @@ docs/datasets.md describes every dataset.
 from __future__ import annotations
 
 import importlib
-import inspect
 import os
 
 from transformer_vq.data.classify.examples import ClassificationData
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.registry import call_loader
 
 PACKAGE = "transformer_vq.data.classify"
 # name -> (module, loader function, one-line description)
@@ -61,10 +61,4 @@ def load_classification(name: str, *, data_path: str | os.PathLike | None = None
     Raises:
         DataError: with a message naming the problem and the fix.
     """
-    function = classification_loader(name)
-    accepted = [p for p in inspect.signature(function).parameters if p not in ("data_path", "cache_dir")]
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        raise DataError(f"dataset {name!r} has no option {', '.join(map(repr, unknown))}; "
-                        f"its options are: {', '.join(accepted) or 'none'}")
-    return function(data_path, cache_dir=cache_dir, **options)
+    return call_loader(name, classification_loader(name), data_path, cache_dir, options)
