@@ -69,8 +69,10 @@ def write_aan(root, rows=None):
     return root
 
 
-def test_aan_pairs_are_one_sequence_with_a_separator(tmp_path):
+def test_aan_pairs_are_one_sequence_with_a_separator(tmp_path, cache_dir):
     data = load_classification("aan", data_path=write_aan(tmp_path / "tsv_data"), max_doc_len=8)
+    stored = list((cache_dir / "aan").iterdir())
+    assert len(stored) == 1 and not stored[0].name.startswith(".")  # the streaming scratch files are gone
     assert (data.vocab_size, data.n_classes, data.max_len, data.metadata["separator_id"]) == (257, 2, 17, 256)
     tokens, label = data.splits["train"][0]
     assert np.asarray(tokens).tolist() == list(b"Attentio") + [256] + list(b"We cite ") and label == 1

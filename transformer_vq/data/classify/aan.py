@@ -21,7 +21,7 @@ import numpy as np
 from transformer_vq.config.choices import SPLITS
 from transformer_vq.data.classify.examples import ClassificationData, Examples
 from transformer_vq.data.classify.release import file_key, find_release_files
-from transformer_vq.data.classify.store import cached_splits
+from transformer_vq.data.classify.store import ExamplesWriter, cached_splits
 from transformer_vq.data.errors import DataError
 
 SEPARATOR_ID = 256
@@ -40,11 +40,12 @@ def encode_pair(first: str, second: str, max_doc_len: int) -> np.ndarray:
                            np.frombuffer(second_bytes, dtype=np.uint8)]).astype(np.uint16)
 
 
-def read_tsv(path: Path, max_doc_len: int) -> Examples:
-    """The pairs and labels of one released TSV file (``DataError`` naming file and line)."""
-    sequences, labels = [], []
+def read_tsv(path: Path, max_doc_len: int, scratch: Path) -> Examples:
+    """The pairs and labels of one released TSV file, streamed through a token file at ``scratch``
+    (``DataError`` naming file and line)."""
     try:
-        with open(path, encoding="utf-8", errors="surrogateescape", newline="\n") as handle:
+        with open(path, encoding="utf-8", errors="surrogateescape", newline="\n") as handle, \
+                ExamplesWriter(scratch, np.uint16) as out:
             for number, line in enumerate(handle, start=1):
                 fields = line.rstrip("\r\n").split("\t")
                 if len(fields) != 5:
@@ -52,13 +53,12 @@ def read_tsv(path: Path, max_doc_len: int) -> Examples:
                                     f"text2), got {len(fields)}; {GET_IT}")
                 if fields[0] not in LABELS:
                     raise DataError(f"{path}:{number}: the label {fields[0][:20]!r} is not 0 or 1; {GET_IT}")
-                labels.append(LABELS[fields[0]])
-                sequences.append(encode_pair(fields[3], fields[4], max_doc_len))
+                out.append(encode_pair(fields[3], fields[4], max_doc_len), LABELS[fields[0]])
     except OSError as exc:
         raise DataError(f"cannot read {path} ({exc}); {GET_IT}") from exc
-    if not sequences:
+    if not len(out):
         raise DataError(f"{path} holds no pairs; {GET_IT}")
-    return Examples.ragged(sequences, labels, dtype=np.uint16)
+    return out.finish()
 
 
 def load_aan(data_path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
@@ -68,7 +68,7 @@ def load_aan(data_path: str | os.PathLike | None = None, *, cache_dir: str | os.
         raise DataError(f"aan: max_doc_len must be positive, got {max_doc_len}")
     files = find_release_files(data_path, RELEASE_FILES, what="aan", get_it=GET_IT)
     key = {"files": file_key(files.values()), "max_doc_len": max_doc_len, "format": 1}
-    splits = cached_splits("aan", key, lambda: {s: read_tsv(files[s], max_doc_len) for s in SPLITS}, cache_dir)
+    splits = cached_splits("aan", key, lambda scratch: {s: read_tsv(files[s], max_doc_len, scratch / s) for s in SPLITS}, cache_dir)
     return ClassificationData("aan", splits, vocab_size=SEPARATOR_ID + 1, n_classes=2, max_len=2 * max_doc_len + 1,
                               class_names=("not linked", "linked"),
                               metadata={"source": str(Path(data_path)), "tokenization": "bytes",

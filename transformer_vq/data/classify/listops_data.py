@@ -19,7 +19,7 @@ from transformer_vq.config.choices import SPLITS
 from transformer_vq.data.classify import listops
 from transformer_vq.data.classify.examples import ClassificationData, Examples
 from transformer_vq.data.classify.release import file_key, find_release_files
-from transformer_vq.data.classify.store import cached_splits
+from transformer_vq.data.classify.store import ExamplesWriter, cached_splits
 from transformer_vq.data.errors import DataError
 
 RELEASE_FILES = {"train": "basic_train.tsv", "validation": "basic_val.tsv", "test": "basic_test.tsv"}
@@ -28,11 +28,11 @@ GET_IT = ("pass --data-path with the directory of LRA's listops-1000 release (ba
           "basic_test.tsv), or leave --data-path out to generate ListOps")
 
 
-def read_tsv(path: Path) -> Examples:
-    """The expressions and labels of one released TSV file (``DataError`` naming file and line)."""
-    sequences, labels = [], []
+def read_tsv(path: Path, scratch: Path) -> Examples:
+    """The expressions and labels of one released TSV file, streamed through a token file at
+    ``scratch`` (``DataError`` naming file and line)."""
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle, ExamplesWriter(scratch, np.uint8) as out:
             header = handle.readline().rstrip("\r\n")
             if header != HEADER:
                 raise DataError(f"{path}: the first line is {header[:40]!r}, expected the header "
@@ -47,13 +47,12 @@ def read_tsv(path: Path) -> Examples:
                     raise DataError(f"{path}:{number}: unknown ListOps token {exc.args[0]!r}; {GET_IT}") from None
                 if not fields[1].strip().isdigit() or int(fields[1]) >= listops.N_CLASSES:
                     raise DataError(f"{path}:{number}: the target {fields[1][:20]!r} is not a digit 0-9; {GET_IT}")
-                sequences.append(tokens)
-                labels.append(int(fields[1]))
+                out.append(tokens, int(fields[1]))
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"cannot read {path} ({exc}); {GET_IT}") from exc
-    if not sequences:
+    if not len(out):
         raise DataError(f"{path} holds no examples; {GET_IT}")
-    return Examples.ragged(sequences, labels, dtype=np.uint8)
+    return out.finish()
 
 
 def load_listops(data_path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
@@ -68,7 +67,7 @@ def load_listops(data_path: str | os.PathLike | None = None, *, cache_dir: str |
     if data_path is not None:
         files = find_release_files(data_path, RELEASE_FILES, what="ListOps", get_it=GET_IT)
         key = {"files": file_key(files.values())}
-        splits = cached_splits("listops", key, lambda: {s: read_tsv(files[s]) for s in SPLITS}, cache_dir)
+        splits = cached_splits("listops", key, lambda scratch: {s: read_tsv(files[s], scratch / s) for s in SPLITS}, cache_dir)
         max_len = max(int(e.lengths.max()) for e in splits.values())
         metadata = {"source": str(Path(data_path)), "generated": False}
     else:
@@ -78,7 +77,7 @@ def load_listops(data_path: str | os.PathLike | None = None, *, cache_dir: str |
         options = dict(seed=seed, max_depth=max_depth, max_args=max_args, min_length=min_length,
                        max_length=max_length)
         key = {"generator": "lra-listops-1", "sizes": sizes, **options}
-        splits = cached_splits("listops", key, lambda: generated_splits(sizes, options), cache_dir)
+        splits = cached_splits("listops", key, lambda _: generated_splits(sizes, options), cache_dir)
         max_len = max_length - 1
         metadata = {"generated": True, **key}
     return ClassificationData("listops", splits, vocab_size=len(listops.VOCAB), n_classes=listops.N_CLASSES,

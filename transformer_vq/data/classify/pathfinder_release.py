@@ -97,7 +97,7 @@ def load_release(data_path: str | os.PathLike, *, cache_dir: str | os.PathLike |
     metadata_files = sorted((folder / "metadata").glob("*.npy"))
     key = {"folder": str(folder.resolve()), "format": 1,
            "metadata": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in metadata_files]}
-    splits = cached_splits("pathfinder", key, lambda: convert(entries), cache_dir)
+    splits = cached_splits("pathfinder", key, lambda _: convert(entries), cache_dir)
     side = int(round(np.sqrt(splits["train"].lengths[0])))
     return ClassificationData("pathfinder", splits, vocab_size=256, n_classes=2, max_len=side * side,
                               class_names=CLASS_NAMES,

@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
+from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
@@ -30,18 +32,58 @@ def store_key(key: Mapping) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def cached_splits(name: str, key: Mapping, build: Callable[[], Mapping[str, Examples]],
+class ExamplesWriter:
+    """Labelled sequences appended one by one to a raw token file, so that a split larger than memory
+    (LRA's AAN pairs: gigabytes) is built while its source file is read line by line.
+
+    Use as a context manager (the file is closed however the block ends), then :meth:`finish`.
+    """
+
+    def __init__(self, path: Path, dtype):
+        self.path = Path(path)
+        self.dtype = np.dtype(dtype)
+        self.handle = open(self.path, "wb")
+        self.offsets = [0]
+        self.labels: list[int] = []
+
+    def __enter__(self) -> "ExamplesWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.handle.close()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def append(self, tokens, label: int) -> None:
+        """Add one sequence and its label."""
+        data = np.asarray(tokens, dtype=self.dtype)
+        self.handle.write(data.tobytes())
+        self.offsets.append(self.offsets[-1] + len(data))
+        self.labels.append(int(label))
+
+    def finish(self) -> Examples:
+        """The examples written, their tokens memory-mapped from the file."""
+        self.handle.close()
+        tokens = np.memmap(self.path, dtype=self.dtype, mode="r") if self.offsets[-1] else np.zeros(0, self.dtype)
+        return Examples(tokens, np.array(self.offsets, dtype=np.int64), np.array(self.labels, dtype=np.int64))
+
+
+def cached_splits(name: str, key: Mapping, build: Callable[[Path], Mapping[str, Examples]],
                   cache_dir: str | os.PathLike | None = None, splits: tuple[str, ...] = SPLITS,
                   ) -> dict[str, Examples]:
-    """The ``splits`` of ``name`` built by ``build()`` for options ``key``: from the cache when
-    present and intact, else built, saved and then memory-mapped."""
-    directory = cache.dataset_dir(name, cache_dir) / store_key(key)
+    """The ``splits`` of ``name`` built by ``build(scratch)`` for options ``key``: from the cache
+    when present and intact, else built, saved and then memory-mapped. ``scratch`` is a directory
+    for :class:`ExamplesWriter` files, removed once the splits are saved."""
+    root = cache.dataset_dir(name, cache_dir)
+    directory = root / store_key(key)
     names = [f"{split}.{part}.npy" for split in splits for part in PARTS]
     if not directory.is_dir() or fileio.check_dir_manifest(directory, names) is not None:
-        built = build()
-        with fileio.atomic_directory(directory) as tmp:
+        with tempfile.TemporaryDirectory(prefix=".scratch-", dir=root) as scratch, \
+                fileio.atomic_directory(directory) as tmp:
+            built = build(Path(scratch))
             for split in splits:
-                for part in PARTS:
+                for part in PARTS:  # np.save writes a memory map through, without loading it
                     np.save(tmp / f"{split}.{part}.npy", getattr(built[split], part))
             (tmp / "key.json").write_text(json.dumps(key, sort_keys=True, default=str, indent=2))
             fileio.write_dir_manifest(tmp, names)
