@@ -147,7 +147,8 @@ def test_cifar10_malformed_batches(tmp_path, kwargs, message):
 def test_cifar10_refuses_code_and_missing_files(tmp_path):
     write_cifar(tmp_path)
     (tmp_path / "test_batch").write_bytes(b"cos\nsystem\n(S'echo pwned'\ntR.")
-    with pytest.raises(DataError, match=r"refusing to load global os.system"):
+    with pytest.raises(DataError, match=r"refusing to load global os.system: only numpy arrays are allowed\); it was "
+                                        r"not loaded\. The release's batches hold only arrays and lists: download"):
         load_classification("cifar10", data_path=tmp_path, validation_size=1)
     (tmp_path / "test_batch").unlink()
     with pytest.raises(DataError, match=r"no test_batch under .*; download cifar-10-python.tar.gz"):

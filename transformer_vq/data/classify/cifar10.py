@@ -53,7 +53,7 @@ def to_raster(planar: np.ndarray) -> np.ndarray:
 
 def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """``(data [N, 3072] uint8, labels [N] int64)`` of one release batch file, checked."""
-    batch = load_array_pickle(path)
+    batch = load_array_pickle(path, instead=f"The release's batches hold only arrays and lists: {GET_IT}")
     if isinstance(batch, dict):
         # Python 2 pickles (the release) have str keys once decoded; Python 3 ones may have bytes keys.
         batch = {key.decode("latin1") if isinstance(key, bytes) else key: value for key, value in batch.items()}
