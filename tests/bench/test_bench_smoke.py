@@ -50,6 +50,18 @@ def test_op_bench_figures(tmp_path):
     assert "| vq-serial | 64 |" in paths["md"].read_text() and "Paired forward times" in paths["md"].read_text()
 
 
+def test_op_bench_quantized_query_and_noncausal_methods():
+    """The methods of the VQ-QK comparison: every cell runs forward and backward, and each VQ method's speedup is taken
+    against SDPA of its own causality."""
+    methods = ("vq-qk", "sdpa", "vq-bidir", "vq-qk-bidir", "sdpa-bidir")
+    result = run_op_bench(OpBenchConfig(methods=methods, paired=(64,), **TINY_OP), log=lambda line: None)
+    assert all(row["status"] == "ok" and row["fwd_bwd_s"] > 0 for row in result["rows"])
+    pairs = {(s["method"], s["baseline"]) for s in result["speedups"]}
+    assert pairs == {("vq-qk", "sdpa"), ("vq-bidir", "sdpa-bidir"), ("vq-qk-bidir", "sdpa-bidir")}
+    assert set(next(p for p in result["paired"] if p["method"] == "vq-bidir")["speedup"]) == {"sdpa-bidir"}
+    assert "| vq-qk-bidir | 64 |" in table(result)
+
+
 def test_op_bench_skips_cells_over_budget_and_isolates():
     # The second length is estimated from the first; a budget of 1 ns skips it with its estimate.
     cfg = OpBenchConfig(**{**TINY_OP, "isolate": True, "budget_s": 1e-9, "backward": False}, methods=("sdpa",))
