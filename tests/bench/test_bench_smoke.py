@@ -186,14 +186,13 @@ def test_longvq_bench_figures(tmp_path):
 
 
 def test_longvq_bench_isolated_cells_report_memory_and_skip_over_budget():
-    cfg = LongVQBenchConfig(**{**TINY_LONGVQ, "isolate": True, "budget_s": 1e-9, "backward": False})
+    cfg = LongVQBenchConfig(**{**TINY_LONGVQ, "isolate": True, "budget_s": 1e-9, "backward": False},
+                            layers=("longvq", "transformer"))
     result = run_longvq_bench(cfg, log=lambda line: None)
     rows = {(r["layer"], r["T"]): r for r in result["rows"]}
     assert rows["longvq", 16]["peak_rss_bytes"] > 0 and "fwd_bwd_s" not in rows["longvq", 16]
     assert rows["transformer", 32]["status"] == "skipped"
-    # the transformer's time grows as T^2, LongVQ's as T
-    assert rows["transformer", 32]["estimated_forward_s"] == pytest.approx(4 * rows["transformer", 16]["forward_s"],
-                                                                           abs=0.01)
+    assert rows["transformer", 32]["estimated_forward_s"] >= 0
     ratio = next(r for r in result["ratios"] if (r["layer"], r["T"]) == ("longvq", 16))
     assert ratio["memory_fraction"] == pytest.approx(rows["longvq", 16]["peak_rss_bytes"]
                                                      / rows["transformer", 16]["peak_rss_bytes"])
@@ -225,3 +224,11 @@ def test_cli_longvq_rejects_bad_input(tmp_path, capsys, args, message):
     assert exit_code(["bench", "longvq", *args, "--no-isolate", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == message
     assert list(tmp_path.iterdir()) == []
+
+
+def test_longvq_bench_estimates_transformer_quadratic_longvq_linear():
+    from transformer_vq.bench.longvq import _estimate
+
+    assert _estimate("transformer", (1024, 1.0, 2.0), 4096) == (16.0, 32.0)
+    assert _estimate("longvq-relu2", (1024, 1.0, None), 4096) == (4.0, 12.0)  # no backward yet: 3x the forward
+    assert _estimate("longvq", None, 4096) == (None, None)

@@ -24,7 +24,7 @@ from dataclasses import asdict
 import torch
 
 from transformer_vq.bench.config import LongVQBenchConfig
-from transformer_vq.bench.isolate import run_cell
+from transformer_vq.bench.isolate import budget_plan, run_cell
 from transformer_vq.bench.machine import machine_info, median_seconds
 from transformer_vq.bench.report import progress_note
 # imported with this module, so that their import is part of a cell's baseline memory, not of its peak
@@ -94,16 +94,11 @@ def _run_kind(kind: str, cfg: LongVQBenchConfig, log) -> list[dict]:
     for length in cfg.lengths:
         row = {"layer": kind, "T": length}
         est_fwd, est_bwd = _estimate(kind, last, length)
-        backward = cfg.backward
-        if est_fwd is not None and est_fwd > cfg.budget_s:
-            row.update(status="skipped", estimated_forward_s=round(est_fwd, 2),
-                       estimated_fwd_bwd_s=round(est_bwd, 2) if backward else None)
+        backward = budget_plan(row, est_fwd, est_bwd, cfg.budget_s, cfg.backward)
+        if backward is None:
             rows.append(row)
             log(_line(row))
             continue
-        if backward and est_bwd is not None and est_bwd > cfg.budget_s:
-            backward = False
-            row["estimated_fwd_bwd_s"] = round(est_bwd, 2)
         repeats, warmup = (1, 0) if est_fwd is not None and est_fwd > 5 else (cfg.repeats, 1)
         expected = ((est_fwd or 0) + (est_bwd or 0 if backward else 0)) * (repeats + warmup)
         row.update(run_cell("transformer_vq.bench.longvq:longvq_cell",
