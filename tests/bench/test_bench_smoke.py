@@ -10,8 +10,10 @@ import json
 
 import pytest
 
-from transformer_vq.bench.config import DecodeBenchConfig, OpBenchConfig, TrainBenchConfig
+from transformer_vq.bench.config import (LONGVQ_BENCH_PRESETS, DecodeBenchConfig, LongVQBenchConfig, OpBenchConfig,
+                                         TrainBenchConfig)
 from transformer_vq.bench.decode import run_decode_bench
+from transformer_vq.bench.longvq import run_longvq_bench
 from transformer_vq.bench.op import forward_flops, run_op_bench
 from transformer_vq.bench.report import table, write_report
 from transformer_vq.bench.train import run_train_bench
@@ -165,3 +167,80 @@ def test_cli_nests_the_model_config():
     assert cfg.model == PRESETS["tiny"].replace(n_layers=2)
     assert DecodeBenchConfig().model.to_dict() == {**PRESETS["small"].to_dict(), "n_layers": 1, "n_code": 128,
                                                    "block_len": 128, "flash_chunk_len": 128, "dropsin": 0.0}
+
+
+TINY_LONGVQ = dict(model=LONGVQ_BENCH_PRESETS["tiny"], lengths=(16, 32), repeats=1, isolate=False)
+
+
+def test_longvq_bench_figures(tmp_path):
+    result = run_longvq_bench(LongVQBenchConfig(**TINY_LONGVQ), log=lambda line: None)
+    assert [(r["layer"], r["T"]) for r in result["rows"]] == [
+        (k, t) for k in ("longvq", "longvq-relu2", "transformer") for t in (16, 32)]
+    for row in result["rows"]:
+        assert row["status"] == "ok", row
+        for key in ("forward_s", "fwd_bwd_s", "forward_tokens_per_s", "fwd_bwd_tokens_per_s", "parameters"):
+            assert row[key] > 0, key
+        assert row["forward_tokens_per_s"] == pytest.approx(row["T"] / row["forward_s"])
+    rows = {(r["layer"], r["T"]): r for r in result["rows"]}
+    # LongVQ's block at d_model 32, d_qk 16, d_v 64, d_ffn 64; the transformer's: qkv, output, FFN and two norms
+    assert rows["transformer", 16]["parameters"] == 32 * 96 + 96 + 32 * 32 + 32 + 32 * 64 + 64 + 64 * 32 + 32 + 4 * 32
+    ratios = {(r["layer"], r["T"]): r for r in result["ratios"]}
+    assert set(ratios) == {(k, t) for k in ("longvq", "longvq-relu2") for t in (16, 32)}
+    base, mine = rows["transformer", 32], rows["longvq", 32]
+    assert ratios["longvq", 32]["forward_speedup"] == pytest.approx(base["forward_s"] / mine["forward_s"])
+    assert ratios["longvq", 32]["fwd_bwd_speedup"] == pytest.approx(base["fwd_bwd_s"] / mine["fwd_bwd_s"])
+    assert "memory_fraction" not in ratios["longvq", 32]  # in-process cells have no peak memory of their own
+    text = table(result)
+    assert "| fwd speedup vs transformer | fwd+bwd speedup vs transformer | memory vs transformer |" in text
+    assert "| longvq-relu2 | 32 |" in text and "| transformer | 16 |" in text
+    paths = write_report(result, tmp_path, "lvq")
+    assert paths["png"].read_bytes()[:4] == b"\x89PNG" and paths["md"].read_text() == text + "\n"
+
+
+def test_longvq_bench_isolated_cells_report_memory_and_skip_over_budget():
+    cfg = LongVQBenchConfig(**{**TINY_LONGVQ, "isolate": True, "budget_s": 1e-9, "backward": False},
+                            layers=("longvq", "transformer"))
+    result = run_longvq_bench(cfg, log=lambda line: None)
+    rows = {(r["layer"], r["T"]): r for r in result["rows"]}
+    assert rows["longvq", 16]["peak_rss_bytes"] > 0 and "fwd_bwd_s" not in rows["longvq", 16]
+    assert rows["transformer", 32]["status"] == "skipped"
+    assert rows["transformer", 32]["estimated_forward_s"] >= 0
+    ratio = next(r for r in result["ratios"] if (r["layer"], r["T"]) == ("longvq", 16))
+    assert ratio["memory_fraction"] == pytest.approx(rows["longvq", 16]["peak_rss_bytes"]
+                                                     / rows["transformer", 16]["peak_rss_bytes"])
+    assert "| transformer | 32 | skipped (est." in table(result)
+
+
+def test_cli_longvq_nests_a_longvq_config():
+    from transformer_vq.cli import build_parser
+    from transformer_vq.cli.bench import bench_config
+
+    cfg = bench_config(build_parser().parse_args(["bench", "longvq", "--preset", "tiny", "--d-model", "64",
+                                                  "--scoring", "relu2", "--layers", "longvq", "--lengths", "4k"]))
+    assert cfg.model == LONGVQ_BENCH_PRESETS["tiny"].replace(d_model=64, scoring="relu2")
+    assert (cfg.model.n_layers, cfg.model.causal, cfg.layers, cfg.lengths) == (1, False, ("longvq",), (4096,))
+    default = LongVQBenchConfig()
+    assert (default.model.d_model, default.model.d_qk, default.model.d_v, default.lengths) == (
+        512, 128, 1024, (1024, 2048, 4096, 8192))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--preset", "small"], "error: --preset: must be one of enwik8, tiny, got 'small'"),
+    (["--layers", "mega"], "error: --layers: must be one of longvq, longvq-relu2, transformer, got 'mega'"),
+    (["--causal"], "error: invalid LongVQBenchConfig: the LongVQ block must be an encoder (--no-causal), as the transformer block it is "
+                   "compared with"),
+    (["--d-qk", "96"], "error: invalid LongVQBenchConfig: the transformer block splits d_model into heads of width "
+                       "d_qk: d_model must be divisible by d_qk, got d_model=512, d_qk=96"),
+])
+def test_cli_longvq_rejects_bad_input(tmp_path, capsys, args, message):
+    assert exit_code(["bench", "longvq", *args, "--no-isolate", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_longvq_bench_estimates_transformer_quadratic_longvq_linear():
+    from transformer_vq.bench.longvq import _estimate
+
+    assert _estimate("transformer", (1024, 1.0, 2.0), 4096) == (16.0, 32.0)
+    assert _estimate("longvq-relu2", (1024, 1.0, None), 4096) == (4.0, 12.0)  # no backward yet: 3x the forward
+    assert _estimate("longvq", None, 4096) == (None, None)

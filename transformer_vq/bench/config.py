@@ -1,31 +1,44 @@
 """The sizes of each benchmark: one frozen dataclass per benchmark, whose fields are the ``tvq bench`` flags.
 
-Each nests the model it measures (a :class:`~transformer_vq.config.TransformerVQConfig`: a preset plus overrides,
-whose fields are flags too: ``--block-len``, ``--flash-chunk-len``). Kept free of torch so that ``tvq --help``
-stays fast.
+Each nests the model it measures (a :class:`~transformer_vq.config.TransformerVQConfig`, or a
+:class:`~transformer_vq.config.LongVQConfig` for ``tvq bench longvq``: a preset plus overrides, whose fields are flags
+too: ``--block-len``, ``--flash-chunk-len``). Kept free of torch so that ``tvq --help`` stays fast.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from transformer_vq.config import ATTN_TYPES, HEAD_TYPES, OP_METHODS, PRECISIONS, PRESETS, TransformerVQConfig
-from transformer_vq.config.fields import check, option
+from transformer_vq.config import (ATTN_TYPES, HEAD_TYPES, LONGVQ_PRESETS, OP_METHODS, PRECISIONS, PRESETS,
+                                   LongVQConfig, TransformerVQConfig, longvq_preset)
+from transformer_vq.config.fields import check, kinds, option
 
 # The small model of the training and decoding benchmarks (minutes on a CPU); its dropouts are off.
 BENCH_MODEL = PRESETS["small"].replace(n_layers=1, n_code=128, block_len=128, flash_chunk_len=128, dropsin=0.0)
+# The LongVQ presets as the one encoder block that ``tvq bench longvq`` times (dropout off). Its default is the
+# widths of LongVQ's Table 8 (enwik8): the paper's copy here gives no widths for LRA Text (Table 7 is empty), so its
+# speed/memory setting is matched in length (4k), not in width.
+LONGVQ_BENCH_PRESETS = {name: longvq_preset(name, n_layers=1, n_classes=2, causal=False, dropout=0.0)
+                        for name in LONGVQ_PRESETS}
 LENGTHS = dict(min=1, k_suffix=True)
+# each model class a benchmark may nest -> its presets (``--preset``)
+MODEL_PRESETS = {TransformerVQConfig: PRESETS, LongVQConfig: LONGVQ_BENCH_PRESETS}
 
 
 class BenchConfig:
     """What every benchmark config shares: its nested model, rebuilt from JSON by :meth:`from_dict`."""
 
     @classmethod
+    def model_class(cls) -> type:
+        """The class of the nested model: the declared type of the ``model`` field."""
+        return kinds(cls)["model"].base
+
+    @classmethod
     def from_dict(cls, values: dict):
         """Rebuild from ``dataclasses.asdict`` output (the ``config`` of a result, or of a cell's process)."""
         from transformer_vq.config.load import build
 
-        return build(cls, {**values, "model": TransformerVQConfig.from_dict(values["model"])}, "bench")
+        return build(cls, {**values, "model": cls.model_class().from_dict(values["model"])}, "bench")
 
 
 def _common(seed_help: str, budget_s: float, isolate_help: str):
@@ -130,3 +143,39 @@ class DecodeBenchConfig(BenchConfig):
 
     def __post_init__(self):
         check(self)
+
+
+_LONGVQ = _common("Seed of the weights and the embeddings.", 120.0, "Run each cell in its own process (peak memory "
+                                                                   "per cell; out-of-memory reported, not fatal).")
+LONGVQ_LAYERS = ("longvq", "longvq-relu2", "transformer")
+
+
+@dataclass(frozen=True)
+class LongVQBenchConfig(BenchConfig):
+    """Sizes of ``tvq bench longvq``: one LongVQ block against one full-attention block of the same widths."""
+
+    model: LongVQConfig = option(factory=lambda: LONGVQ_BENCH_PRESETS["enwik8"],
+                                 help="The block's widths (default: LongVQ enwik8 widths, one encoder block); the "
+                                      "transformer block takes d_model, d_qk (head width) and d_ffn from it.")
+    lengths: tuple[int, ...] = option((1024, 2048, 4096, 8192), "Sequence lengths T.", **LENGTHS)
+    layers: tuple[str, ...] = option(LONGVQ_LAYERS, "Blocks: longvq (softmax), longvq-relu2, transformer (full "
+                                                    "softmax attention).", choices=LONGVQ_LAYERS)
+    batch_size: int = option(1, "Batch size B.", min=1)
+    precision: str = _LONGVQ["precision"]
+    repeats: int = option(3, "Timed runs per cell, after one warm-up (median reported); cells estimated above 5 s "
+                             "run once.", min=1)
+    backward: bool = option(True, "Also time forward + backward (gradients of the weights and the input).")
+    budget_s: float = _LONGVQ["budget_s"]
+    isolate: bool = _LONGVQ["isolate"]
+    mem_limit_gib: float = _LONGVQ["mem_limit_gib"]
+    seed: int = _LONGVQ["seed"]
+
+    def __post_init__(self):
+        m = self.model
+        problems = [
+            "the LongVQ block must be an encoder (--no-causal), as the transformer block it is compared with"
+            if m.causal else None,
+            f"the transformer block splits d_model into heads of width d_qk: d_model must be divisible by d_qk, "
+            f"got d_model={m.d_model}, d_qk={m.d_qk}" if "transformer" in self.layers and m.d_model % m.d_qk else None,
+        ]
+        check(self, [(None, text) for text in problems if text])

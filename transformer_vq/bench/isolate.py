@@ -56,6 +56,21 @@ def _child() -> None:
     print("\n@@RESULT@@" + json.dumps(result))
 
 
+def budget_plan(row: dict, est_fwd: float | None, est_bwd: float | None, budget_s: float,
+                backward: bool) -> bool | None:
+    """Whether a cell estimated at ``est_fwd`` / ``est_bwd`` seconds (None: not known yet) times its backward pass
+    (False when only the backward is over ``budget_s``, with its estimate in ``row``), or None: the whole cell is over
+    budget and ``row`` is marked skipped with its estimates."""
+    if est_fwd is not None and est_fwd > budget_s:
+        row.update(status="skipped", estimated_forward_s=round(est_fwd, 1),
+                   estimated_fwd_bwd_s=round(est_bwd, 1) if backward else None)
+        return None
+    if backward and est_bwd is not None and est_bwd > budget_s:
+        row["estimated_fwd_bwd_s"] = round(est_bwd, 1)
+        return False
+    return backward
+
+
 def run_cell(target: str, kwargs: dict, *, isolate: bool = True, timeout_s: float | None = None,
              mem_limit_gib: float | None = None) -> dict:
     """Run ``target(**kwargs)``; in a child process when ``isolate`` (then with ``peak_rss_bytes``).

@@ -21,7 +21,7 @@ from dataclasses import asdict
 import torch
 
 from transformer_vq.bench.config import OpBenchConfig
-from transformer_vq.bench.isolate import run_cell
+from transformer_vq.bench.isolate import budget_plan, run_cell
 from transformer_vq.bench.machine import machine_info, matmul_gflops, median_seconds
 from transformer_vq.bench.op_methods import DTYPES, baselines_of, forward_flops, is_vq, make_inputs, method_fn
 from transformer_vq.bench.report import progress_note
@@ -117,16 +117,11 @@ def run_op_bench(cfg: OpBenchConfig, log=print) -> dict:
                 scale = flops / forward_flops(method, cfg, last[0])
                 est_fwd = last[1] * scale
                 est_bwd = last[2] * scale if last[2] is not None else 3 * est_fwd
-            backward = cfg.backward
-            if est_fwd is not None and est_fwd > cfg.budget_s:
-                row.update(status="skipped", estimated_forward_s=round(est_fwd, 1),
-                           estimated_fwd_bwd_s=round(est_bwd, 1) if cfg.backward else None)
+            backward = budget_plan(row, est_fwd, est_bwd, cfg.budget_s, cfg.backward)
+            if backward is None:
                 rows.append(row)
                 log(_line(row))
                 continue
-            if backward and est_bwd is not None and est_bwd > cfg.budget_s:
-                backward = False
-                row["estimated_fwd_bwd_s"] = round(est_bwd, 1)
             slow = est_fwd is not None and est_fwd > 5
             repeats, warmup = (1, 0) if slow else (cfg.repeats, 1)
             expected = (est_fwd or 0) * (repeats + warmup) + ((est_bwd or 0) * (repeats + warmup) if backward else 0)

@@ -1,6 +1,6 @@
 """Present a benchmark result: a table (markdown, printed on screen and saved), the JSON file and PNG plots.
 
-The result dicts come from ``run_op_bench``, ``run_train_bench`` and ``run_decode_bench``; every figure in the tables and
+The result dicts come from ``run_op_bench``, ``run_train_bench``, ``run_decode_bench`` and ``run_longvq_bench``; every figure in the tables and
 plots is read from them, so a saved JSON file, loaded again, regenerates the table and the plot (``write_report``).
 """
 
@@ -133,7 +133,37 @@ def decode_table(result: dict) -> str:
     return "\n".join(lines + [""] + _machine_lines(result))
 
 
-TABLES = {"op": op_table, "train": train_table, "decode": decode_table}
+def longvq_table(result: dict) -> str:
+    cfg, m = result["config"], result["config"]["model"]
+    lines = [
+        f"### One LongVQ block vs one full-attention block (encoders), {cfg['precision']}, B={cfg['batch_size']} "
+        f"d_model={m['d_model']} d_qk={m['d_qk']} d_v={m['d_v']} d_ffn={m['d_ffn']} ema_dim={m['ema_dim']} "
+        f"S={m['n_code']} L={m['block_len']} norm={m['norm']}",
+        "",
+        "| layer | T | forward | fwd tokens/s | fwd+bwd | fwd+bwd tokens/s | peak RSS | fwd speedup vs transformer "
+        "| fwd+bwd speedup vs transformer | memory vs transformer | parameters | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    ratio = {(r["layer"], r["T"]): r for r in result["ratios"]}
+    for row in result["rows"]:
+        status = _cell_status(row)
+        head = f"| {row['layer']} | {row['T']} |"
+        if status:
+            lines.append(f"{head} {status} | | | | | | | | | |")
+            continue
+        bwd = (_seconds(row["fwd_bwd_s"]), f"{row['fwd_bwd_tokens_per_s']:,.0f}") if "fwd_bwd_s" in row else (
+            f"skipped (est. {_seconds(row['estimated_fwd_bwd_s'])})" if row.get("estimated_fwd_bwd_s") else "-", "-")
+        rss = f"{row['peak_rss_bytes'] / 2**20:.0f} MiB" if "peak_rss_bytes" in row else "-"
+        r = ratio.get((row["layer"], row["T"]), {})
+        figures = [f"{r[k]:.2f}x" if k in r else "-" for k in ("forward_speedup", "fwd_bwd_speedup", "memory_fraction")]
+        lines.append(f"{head} {_seconds(row['forward_s'])} | {row['forward_tokens_per_s']:,.0f} | {bwd[0]} | {bwd[1]} "
+                     f"| {rss} | {' | '.join(figures)} | {row['parameters']:,} | {row.get('load_average_1min', '-')} |")
+    return "\n".join(lines + ["", "Speedup: the transformer's time over the layer's; memory: the layer's peak RSS "
+                                  "over the transformer's (LongVQ's Table 2, Text 4k: 5.3x and 0.1x)."]
+                     + [""] + _machine_lines(result))
+
+
+TABLES = {"op": op_table, "train": train_table, "decode": decode_table, "longvq": longvq_table}
 
 
 def table(result: dict) -> str:
@@ -142,7 +172,7 @@ def table(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    """PNG plot: throughput vs T (op, train; log scale) or per-token latency vs context (decode)."""
+    """PNG plot: throughput vs T (op, train, longvq; log scale) or per-token latency vs context (decode)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -153,6 +183,9 @@ def plot(result: dict, path: Path) -> None:
     if kind == "op":
         series, x_key, y_label = "method", "T", "forward tokens/s (one attention layer)"
         value = lambda r: r["T"] / r["forward_s"]  # noqa: E731
+    elif kind == "longvq":
+        series, x_key, y_label = "layer", "T", "forward tokens/s (one block)"
+        value = lambda r: r["forward_tokens_per_s"]  # noqa: E731
     elif kind == "train":
         series, x_key, y_label = "model", "T", "training tokens/s"
         value = lambda r: r["tokens_per_s"]  # noqa: E731

@@ -1,7 +1,9 @@
-"""`tvq bench op|train|decode`: time the attention operator, training steps and decoding; write table, JSON and plot.
+"""`tvq bench op|train|decode|longvq`: time the attention operator, training steps, decoding and the LongVQ block
+against a full-attention block; write table, JSON and plot.
 
 Each benchmark's flags are the fields of its config dataclass (``transformer_vq.bench.config``) and of the model it
-nests (``--preset`` plus model fields such as ``--block-len``). Every run prints a markdown table and writes
+nests (``--preset`` plus model fields such as ``--block-len``; the model class is the type of the config's ``model``
+field: a Transformer-VQ config, or a LongVQ config with the LongVQ presets). Every run prints a markdown table and writes
 ``NAME.json`` (machine, commit, versions and every figure), ``NAME.md`` and ``NAME.png`` to ``--out``. Lengths
 accept a ``k`` suffix (``8k`` = 8192). See docs/benchmarks.md for how to read the results.
 """
@@ -14,6 +16,7 @@ EPILOG = """examples:
   tvq bench op --precision bfloat16
   tvq bench train --lengths 8k 32k 128k --models vq/shga full/shga
   tvq bench decode --contexts 1k 8k 64k
+  tvq bench longvq --lengths 4k                     # LongVQ block vs full-attention block (LongVQ Table 2)
 """
 
 # benchmark -> (config class, "module:function" that runs it)
@@ -21,6 +24,7 @@ BENCHES = {
     "op": ("OpBenchConfig", "transformer_vq.bench.op:run_op_bench"),
     "train": ("TrainBenchConfig", "transformer_vq.bench.train:run_train_bench"),
     "decode": ("DecodeBenchConfig", "transformer_vq.bench.decode:run_decode_bench"),
+    "longvq": ("LongVQBenchConfig", "transformer_vq.bench.longvq:run_longvq_bench"),
 }
 
 
@@ -28,10 +32,9 @@ def add_parser(subparsers):
     import argparse
 
     from transformer_vq.bench import config
-    from transformer_vq.config import TransformerVQConfig
     from transformer_vq.config.flags import add_flags, add_preset_flag
 
-    parser = subparsers.add_parser("bench", help="benchmark the operator, training steps and decoding",
+    parser = subparsers.add_parser("bench", help="benchmark the operator, training steps, decoding and LongVQ",
                                    description=__doc__, epilog=EPILOG,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     benches = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
@@ -43,8 +46,8 @@ def add_parser(subparsers):
                          help="directory for NAME.json, NAME.md and NAME.png (default: bench-results)")
         sub.add_argument("--name", help="file name stem (default: <bench>-<date>-<host>-<cpus>cpu)")
         model = sub.add_argument_group("model (" + cls.__dataclass_fields__["model"].metadata["help"] + ")")
-        add_preset_flag(model, "the benchmark's model")
-        add_flags(model, TransformerVQConfig, defaults="")
+        add_preset_flag(model, "the benchmark's model", config.MODEL_PRESETS[cls.model_class()])
+        add_flags(model, cls.model_class(), defaults="")
     return parser
 
 
@@ -52,12 +55,12 @@ def bench_config(args):
     """The benchmark config the arguments describe: its default model (or ``--preset``) with the model flags on
     top, and the benchmark flags."""
     from transformer_vq.bench import config
-    from transformer_vq.config import PRESETS, TransformerVQConfig
     from transformer_vq.config.flags import given
 
     cls = getattr(config, BENCHES[args.bench][0])
-    model = PRESETS[args.preset] if args.preset else cls().model
-    return cls(model=model.replace(**given(args, TransformerVQConfig)), **given(args, cls))
+    model_cls = cls.model_class()
+    model = config.MODEL_PRESETS[model_cls][args.preset] if args.preset else cls().model
+    return cls(model=model.replace(**given(args, model_cls)), **given(args, cls))
 
 
 def run(args) -> int:

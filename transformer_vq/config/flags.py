@@ -111,14 +111,18 @@ def not_empty(text: str) -> str:
     return text
 
 
-def add_preset_flag(parser, default: str) -> None:
-    """``--preset NAME``: the model to start from, checked against the presets while parsing."""
+def add_preset_flag(parser, default: str, presets: dict | None = None) -> None:
+    """``--preset NAME``: the model to start from, checked against ``presets`` (default: the Transformer-VQ
+    presets) while parsing."""
     from transformer_vq.config.model import PRESETS
 
+    names = PRESETS if presets is None else presets
+    source = "App. C of the paper for enwik8, pg19, imagenet64" if names is PRESETS else "LongVQ: docs/longvq.md"
+
     def preset_name(text: str) -> str:
-        if text not in PRESETS:
-            raise argparse.ArgumentTypeError(f"must be one of {', '.join(PRESETS)}, got {text!r}")
+        if text not in names:
+            raise argparse.ArgumentTypeError(f"must be one of {', '.join(names)}, got {text!r}")
         return text
 
-    parser.add_argument("--preset", type=preset_name, metavar="{" + ",".join(PRESETS) + "}",
-                        help=f"model preset (default: {default}; App. C of the paper for enwik8, pg19, imagenet64)")
+    parser.add_argument("--preset", type=preset_name, metavar="{" + ",".join(names) + "}",
+                        help=f"model preset (default: {default}; {source})")

@@ -1,0 +1,158 @@
+"""``tvq bench longvq``: one LongVQ block against one full-attention block of the same widths (LongVQ's Table 2:
+"5.3x faster, 10% of the memory" on LRA Text, 4k tokens).
+
+For each block kind and sequence length ``T`` it times the forward pass (no gradients, eval mode) and the forward +
+backward pass (train mode; gradients of the weights and of the input, as for a block inside a deeper model) of ONE
+block on random embeddings ``[B, T, d_model]`` with an all-real mask:
+
+* ``longvq`` / ``longvq-relu2``: :class:`~transformer_vq.nn.longvq.LongVQBlock` as an encoder (bidirectional SSM,
+  VQ attention over every token) with softmax / ``relu^2`` scoring; its commitment loss joins the backward pass;
+* ``transformer``: :class:`~transformer_vq.nn.baselines.TransformerEncoderLayer` built from the same
+  :class:`~transformer_vq.config.LongVQConfig` (heads of width ``d_qk``, FFN ``d_ffn``), quadratic attention.
+
+Memory is the peak resident set size of the cell's own process above its size after importing torch (see
+:mod:`transformer_vq.bench.isolate`): weights, inputs and the autograd graph of the forward + backward pass. The
+ratios are per length: the transformer's time over each LongVQ kind's (speed) and each LongVQ kind's peak memory over
+the transformer's (memory). A cell whose time, extrapolated from the same kind at the previous length (linearly for
+LongVQ, quadratically for the transformer), exceeds the budget is skipped with its estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import torch
+
+from transformer_vq.bench.config import LongVQBenchConfig
+from transformer_vq.bench.isolate import budget_plan, run_cell
+from transformer_vq.bench.machine import machine_info, median_seconds
+from transformer_vq.bench.report import progress_note
+# imported with this module, so that their import is part of a cell's baseline memory, not of its peak
+from transformer_vq.nn.baselines import TransformerEncoderLayer
+from transformer_vq.nn.longvq import LongVQBlock
+
+BASELINE = "transformer"
+
+
+def build_layer(kind: str, cfg: LongVQBenchConfig) -> torch.nn.Module:
+    """One block of ``kind`` at the benchmark's widths, seeded by ``cfg.seed``."""
+    torch.manual_seed(cfg.seed)
+    if kind == BASELINE:
+        return TransformerEncoderLayer(cfg.model)
+    return LongVQBlock(cfg.model.replace(scoring="relu2" if kind == "longvq-relu2" else "softmax"))
+
+
+def _apply(layer: torch.nn.Module, x: torch.Tensor, mask: torch.Tensor,
+           autocast) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(output [B, T, D], commitment loss or None)`` of either block kind."""
+    with autocast:
+        out = layer(x, mask=mask)
+    return (out, None) if isinstance(out, torch.Tensor) else (out.x, out.commit_loss)
+
+
+def longvq_cell(kind: str, length: int, config: dict, repeats: int, warmup: int, backward: bool) -> dict:
+    """Time one block kind at one length (run inside a cell process by ``run_cell``)."""
+    cfg = LongVQBenchConfig.from_dict(config)
+    layer = build_layer(kind, cfg)
+    # weights stay float32 and bfloat16 runs under autocast, as in ``tvq bench train`` and in training
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bfloat16")
+    generator = torch.Generator().manual_seed(cfg.seed)
+    x = torch.randn(cfg.batch_size, length, cfg.model.d_model, generator=generator)
+    mask = torch.ones(cfg.batch_size, length, dtype=torch.bool)
+    result = {"status": "ok", "parameters": sum(p.numel() for p in layer.parameters())}
+    layer.eval()
+    with torch.no_grad():
+        result["forward_s"], result["forward_samples"] = median_seconds(lambda: _apply(layer, x, mask, autocast),
+                                                                        repeats=repeats, warmup=warmup)
+    if backward:
+        layer.train()
+        x.requires_grad_()
+        cotangent = torch.randn(x.shape, generator=generator)
+
+        def step():
+            x.grad = None
+            layer.zero_grad(set_to_none=True)
+            y, commit_loss = _apply(layer, x, mask, autocast)
+            loss = (y.float() * cotangent).sum() + (0 if commit_loss is None else commit_loss)
+            loss.backward()
+
+        result["fwd_bwd_s"], result["fwd_bwd_samples"] = median_seconds(step, repeats=repeats, warmup=warmup)
+    return result
+
+
+def _estimate(kind: str, last: tuple | None, length: int) -> tuple[float | None, float | None]:
+    """Forward and forward + backward seconds of ``kind`` at ``length``, from its last measured cell."""
+    if last is None:
+        return None, None
+    scale = (length / last[0]) ** (2 if kind == BASELINE else 1)
+    fwd = last[1] * scale
+    return fwd, (last[2] * scale if last[2] is not None else 3 * fwd)
+
+
+def _run_kind(kind: str, cfg: LongVQBenchConfig, log) -> list[dict]:
+    rows, last = [], None  # last: (length, forward_s, fwd_bwd_s) of the last cell that ran
+    for length in cfg.lengths:
+        row = {"layer": kind, "T": length}
+        est_fwd, est_bwd = _estimate(kind, last, length)
+        backward = budget_plan(row, est_fwd, est_bwd, cfg.budget_s, cfg.backward)
+        if backward is None:
+            rows.append(row)
+            log(_line(row))
+            continue
+        repeats, warmup = (1, 0) if est_fwd is not None and est_fwd > 5 else (cfg.repeats, 1)
+        expected = ((est_fwd or 0) + (est_bwd or 0 if backward else 0)) * (repeats + warmup)
+        row.update(run_cell("transformer_vq.bench.longvq:longvq_cell",
+                            {"kind": kind, "length": length, "config": asdict(cfg), "repeats": repeats,
+                             "warmup": warmup, "backward": backward},
+                            isolate=cfg.isolate, timeout_s=max(600.0, 3 * expected),
+                            mem_limit_gib=cfg.mem_limit_gib or None))
+        if row.get("status") == "ok":
+            tokens = cfg.batch_size * length
+            row["forward_tokens_per_s"] = tokens / row["forward_s"]
+            if "fwd_bwd_s" in row:
+                row["fwd_bwd_tokens_per_s"] = tokens / row["fwd_bwd_s"]
+            last = (length, row["forward_s"], row.get("fwd_bwd_s"))
+        rows.append(row)
+        log(_line(row))
+    return rows
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """Per length and LongVQ kind: the transformer's time over the kind's (``forward_speedup``,
+    ``fwd_bwd_speedup``) and the kind's peak memory over the transformer's (``memory_fraction``); measured cells
+    only (a figure is left out where either cell lacks it)."""
+    by_key = {(r["layer"], r["T"]): r for r in rows if r.get("status") == "ok"}
+    out = []
+    for (kind, length), row in by_key.items():
+        base = by_key.get((BASELINE, length))
+        if kind == BASELINE or base is None:
+            continue
+        entry = {"layer": kind, "T": length}
+        for key in ("forward_s", "fwd_bwd_s"):
+            if key in row and key in base:
+                entry[key.replace("_s", "_speedup")] = base[key] / row[key]
+        if row.get("peak_rss_bytes") and base.get("peak_rss_bytes"):
+            entry["memory_fraction"] = row["peak_rss_bytes"] / base["peak_rss_bytes"]
+        out.append(entry)
+    return out
+
+
+def run_longvq_bench(cfg: LongVQBenchConfig, log=print) -> dict:
+    """Run every (block kind, length) cell of ``cfg``; return the JSON-ready result with machine info and ratios."""
+    machine = machine_info()
+    rows = [row for kind in cfg.layers for row in _run_kind(kind, cfg, log)]
+    return {"benchmark": "longvq", "config": asdict(cfg), "machine": machine, "rows": rows, "ratios": ratios(rows),
+            "load_average_end": machine_info(measure_peak=False)["load_average_start"]}
+
+
+def _line(row: dict) -> str:
+    head = f"{row['layer']:>12} T={row['T']:>7}"
+    note = progress_note(row, "est. forward {estimated_forward_s:.0f} s")
+    if note:
+        return f"{head}  {note}"
+    text = f"{head}  fwd {row['forward_s']:.3f} s ({row['forward_tokens_per_s']:,.0f} tokens/s)"
+    if "fwd_bwd_s" in row:
+        text += f"  fwd+bwd {row['fwd_bwd_s']:.3f} s"
+    if "peak_rss_bytes" in row:
+        text += f"  peak RSS {row['peak_rss_bytes'] / 2**20:.0f} MiB"
+    return text
