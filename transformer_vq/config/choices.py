@@ -15,6 +15,8 @@ PARALLELS = ("ddp", "fsdp")
 """How workers share a model: 'ddp' replicates it, 'fsdp' shards it (FSDP2); see docs/distributed.md."""
 SPLITS = ("train", "validation", "test")
 """The splits of every corpus."""
+CLASSIFY_DATASETS = ("listops", "fashion-mnist", "digits", "cifar10", "pathfinder", "imdb", "aan")
+"""The sequence-classification datasets (transformer_vq.data.classify; docs/datasets.md)."""
 OP_METHODS = ("vq-serial", "vq-matmul", "vq-assoc", "vq-qk", "sdpa", "full", "flash", "flash_quad", "vq-bidir",
               "vq-qk-bidir", "sdpa-bidir")
 """Methods of ``tvq bench op``: the VQ operator by reduction, with quantized queries, PyTorch's SDPA (no bias), the

@@ -67,8 +67,7 @@ class TokenBatches:
     def _epoch_order(self) -> np.ndarray:
         """The permutation of sequence indices for the current epoch (cached)."""
         if self._order_epoch != self.epoch:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            self._order = torch.randperm(self.n_windows, generator=generator).numpy()
+            self._order = epoch_order(self.n_windows, self.seed, self.epoch)
             self._order_epoch = self.epoch
         return self._order
 
@@ -95,14 +94,25 @@ class TokenBatches:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a position saved by :meth:`state_dict` with the same settings and data."""
-        for key in ("seed", "batch_size", "seq_len", "n_windows"):
-            if int(state[key]) != getattr(self, key):
-                raise ValueError(
-                    f"cannot resume the data position: it was saved with {key}={int(state[key])} but this run has "
-                    f"{key}={getattr(self, key)}; resume with the same data and batch settings or start a new run"
-                )
+        check_resume(state, self, ("seed", "batch_size", "seq_len", "n_windows"))
         self.epoch = int(state["epoch"])
         self.index = int(state["index"])
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The permutation of ``n`` items visited in ``epoch``: a function of ``(seed, epoch)`` alone."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=generator).numpy()
+
+
+def check_resume(state: dict, batches, keys: tuple[str, ...]) -> None:
+    """Raise a clear error when a saved data position's settings ``keys`` differ from ``batches``'s."""
+    for key in keys:
+        if int(state[key]) != getattr(batches, key):
+            raise ValueError(
+                f"cannot resume the data position: it was saved with {key}={int(state[key])} but this run has "
+                f"{key}={getattr(batches, key)}; resume with the same data and batch settings or start a new run"
+            )
 
 
 def check_vocab(tokens: np.ndarray, vocab_size: int, split: str) -> None:

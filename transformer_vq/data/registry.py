@@ -54,7 +54,12 @@ def load_corpus(name: str, *, data_path: str | os.PathLike | None = None,
     Raises:
         DataError: with a message naming the problem and the fix.
     """
-    function = loader(name)
+    return call_loader(name, loader(name), data_path, cache_dir, options)
+
+
+def call_loader(name: str, function, data_path, cache_dir, options: dict):
+    """``function(data_path, cache_dir=cache_dir, **options)``, after checking that ``function``
+    takes every one of ``options`` (``DataError`` listing the ones it takes)."""
     accepted = [p for p in inspect.signature(function).parameters if p not in ("data_path", "cache_dir")]
     unknown = sorted(set(options) - set(accepted))
     if unknown:

@@ -41,17 +41,18 @@ class ArrayUnpickler(pickle.Unpickler):
         return getattr(importlib.import_module(module), name)
 
 
-def load_array_pickle(path: str | Path):
+def load_array_pickle(path: str | Path, *, instead: str = "Use the .npz release files instead"):
     """Unpickle ``path`` allowing only numpy arrays and plain containers; :class:`DataError` otherwise.
 
     ``encoding="latin1"`` lets pickles written by Python 2 (as some dataset releases were) load.
+    ``instead`` ends the message of a refused pickle: what the user can do about it.
     """
     try:
         with open(path, "rb") as handle:
             return ArrayUnpickler(handle, encoding="latin1").load()
     except pickle.UnpicklingError as exc:
         raise DataError(f"{path} is not a plain pickled dict of numpy arrays ({exc}); it was not loaded. "
-                        f"Use the .npz release files instead") from exc
+                        f"{instead}") from exc
     except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError, OSError) as exc:
         raise DataError(f"cannot read {path} as a pickle ({type(exc).__name__}: {exc}); the file is corrupt or "
                         f"truncated: download it again") from exc

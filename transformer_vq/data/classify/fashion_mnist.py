@@ -1,0 +1,128 @@
+"""``fashion-mnist``: Zalando's Fashion-MNIST as 784-token pixel sequences (sequential image classification).
+
+Debian packages the release as ``dataset-fashion-mnist``: ``/usr/share/datasets/fashion-mnist/``
+holds ``train-images-idx3-ubyte.gz``, ``train-labels-idx1-ubyte.gz``, ``t10k-images-idx3-ubyte.gz``
+and ``t10k-labels-idx1-ubyte.gz`` (gzipped IDX files). With no ``data_path`` the package is fetched
+with ``apt-get download`` (no root, nothing installed) and the four files are read out of it;
+``data_path`` may instead be the ``.deb`` or a directory holding the four files (gzipped or not),
+e.g. the original download. IDX: a big-endian header (magic ``0x00000803`` and three dimensions for
+images, ``0x00000801`` and one for labels), then one unsigned byte per value.
+
+Each 28x28 image becomes 784 tokens in raster order (row by row), token = gray level 0..255
+(vocabulary 256). The 60,000 training images give the last ``validation_size`` (default 5,000) to
+validation; the 10,000 test images are the test split. Converted once into the cache.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from transformer_vq import fileio
+from transformer_vq.data import cache
+from transformer_vq.data.classify.examples import ClassificationData, Examples, holdout
+from transformer_vq.data.classify.store import cached_splits
+from transformer_vq.data.debian import apt_download, read_deb_file
+from transformer_vq.data.errors import DataError
+
+PACKAGE = "dataset-fashion-mnist"
+DEB_DIR = "usr/share/datasets/fashion-mnist"
+FILES = {"train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
+         "test_images": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte"}
+SIZES = {"train": 60_000, "test": 10_000}
+SIDE = 28
+CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+               "Ankle boot")
+IMAGE_MAGIC, LABEL_MAGIC = 0x00000803, 0x00000801
+# SHA-256 of the Debian 12 package file, checked when that file is used.
+KNOWN_PACKAGES = {"dataset-fashion-mnist_0.0~git20200523.55506a9-1_all.deb":
+                  "39e172fe32dd318ebb3e512220c3beea2fa47d7e20bab348fb4e0922d6beefc0"}
+INSTEAD = f"pass --data-path with {PACKAGE}_*.deb or a directory holding the four Fashion-MNIST IDX files"
+
+
+def parse_idx(raw: bytes, name: str, *, images: bool) -> np.ndarray:
+    """``[N, 28 * 28]`` pixels (``images``) or ``[N]`` labels from the bytes of one IDX file."""
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise DataError(f"cannot decompress {name} ({exc}); it is corrupt: {INSTEAD}") from exc
+    magic, n_dims = (IMAGE_MAGIC, 3) if images else (LABEL_MAGIC, 1)
+    header = 4 + 4 * n_dims
+    if len(raw) < header or int.from_bytes(raw[:4], "big") != magic:
+        found = raw[:4].hex() if len(raw) >= 4 else "nothing"
+        raise DataError(f"{name}: magic number {found}, expected {magic:08x} (an IDX file of unsigned bytes with "
+                        f"{n_dims} dimension{'s' * (n_dims > 1)}); {INSTEAD}")
+    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(n_dims)]
+    if images and dims[1:] != [SIDE, SIDE]:
+        raise DataError(f"{name}: images are {dims[1]}x{dims[2]}, expected {SIDE}x{SIDE}; {INSTEAD}")
+    expected = header + int(np.prod(dims))
+    if len(raw) != expected:
+        raise DataError(f"{name}: {len(raw):,} bytes, expected {expected:,} for dimensions {dims}; the file is "
+                        f"truncated or corrupt: {INSTEAD}")
+    values = np.frombuffer(raw, dtype=np.uint8, offset=header)
+    return values.reshape(dims[0], SIDE * SIDE) if images else values
+
+
+def read_release(source: Path, use_dpkg: bool | None = None) -> dict[str, bytes]:
+    """The raw bytes of the four IDX files, from a ``.deb`` or a directory."""
+    if source.suffix == ".deb":
+        sha256 = fileio.file_digest(source)
+        known = KNOWN_PACKAGES.get(source.name)
+        if known is not None and sha256 != known:
+            raise DataError(f"checksum mismatch for {source}: sha256 {sha256}, expected {known} for this Debian "
+                            f"release. The file is corrupt: delete it and run again, or {INSTEAD}")
+        return {key: read_deb_file(source, f"{DEB_DIR}/{name}.gz", use_dpkg=use_dpkg) for key, name in FILES.items()}
+    out = {}
+    for key, name in FILES.items():
+        matches = sorted(source.rglob(f"{name}.gz")) or sorted(source.rglob(name))
+        if not matches:
+            raise DataError(f"no {name}(.gz) under {source}; {INSTEAD}")
+        out[key] = matches[0].read_bytes()
+    return out
+
+
+def find_source(data_path, cache_dir, apt_command) -> Path:
+    """The package or directory to read: ``data_path``, else a cached or freshly fetched package."""
+    if data_path is not None:
+        path = Path(data_path).expanduser()
+        if not path.exists():
+            raise DataError(f"{path} does not exist; {INSTEAD}")
+        return path
+    download = cache.dataset_dir("fashion-mnist", cache_dir) / "download"
+    cached = sorted(download.glob(f"{PACKAGE}_*.deb"))
+    return cached[-1] if cached else apt_download(PACKAGE, download, command=apt_command)
+
+
+def convert(source: Path, use_dpkg: bool | None) -> dict[str, Examples]:
+    """Train (all 60,000 in the release) and test examples read from ``source``; validation is cut later."""
+    raw = read_release(source, use_dpkg)
+    splits = {}
+    for split in ("train", "test"):
+        images = parse_idx(raw[f"{split}_images"], FILES[f"{split}_images"], images=True)
+        labels = parse_idx(raw[f"{split}_labels"], FILES[f"{split}_labels"], images=False)
+        if len(images) != len(labels):
+            raise DataError(f"{source}: {len(images):,} {split} images but {len(labels):,} labels (the release has "
+                            f"{SIZES[split]:,} of each); {INSTEAD}")
+        splits[split] = Examples.fixed(images, labels)
+    return splits
+
+
+def load_fashion_mnist(data_path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
+                       validation_size: int = 5_000, apt_command: tuple[str, ...] | None = None,
+                       use_dpkg: bool | None = None) -> ClassificationData:
+    """Fashion-MNIST as 784-token sequences (10 classes), fetched with apt on first use."""
+    source = find_source(data_path, cache_dir, apt_command)
+    stat = source.stat()
+    key = {"source": str(source.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "format": 1}
+    stored = cached_splits("fashion-mnist", key, lambda _: convert(source, use_dpkg), cache_dir,
+                           splits=("train", "test"))
+    train, validation = holdout(stored["train"], validation_size, "fashion-mnist")
+    return ClassificationData("fashion-mnist", {"train": train, "validation": validation, "test": stored["test"]},
+                              vocab_size=256, n_classes=10, max_len=SIDE * SIDE, class_names=CLASS_NAMES,
+                              metadata={"source": str(source), "image_shape": [SIDE, SIDE, 1],
+                                        "validation_size": validation_size})

@@ -1,0 +1,91 @@
+"""Generated or converted classification splits, built once and memory-mapped from the cache.
+
+Generating 100,000 ListOps expressions or decoding 200,000 Pathfinder PNGs takes minutes; the
+result depends only on the inputs and options, so it is written once into the dataset's cache
+directory, under a name derived from those options (``key``), and memory-mapped afterwards. Each
+split is three ``.npy`` files (``tokens``, ``offsets``, ``labels``: an
+:class:`~transformer_vq.data.classify.examples.Examples`) in a directory written atomically with a
+checksum manifest; a directory that fails its manifest is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Mapping
+
+import numpy as np
+
+from transformer_vq import fileio
+from transformer_vq.config.choices import SPLITS
+from transformer_vq.data import cache
+from transformer_vq.data.classify.examples import Examples
+
+PARTS = ("tokens", "offsets", "labels")
+
+
+def store_key(key: Mapping) -> str:
+    """A short stable name for the options ``key`` (JSON-serializable)."""
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+class ExamplesWriter:
+    """Labelled sequences appended one by one to a raw token file, so that a split larger than memory
+    (LRA's AAN pairs: gigabytes) is built while its source file is read line by line.
+
+    Use as a context manager (the file is closed however the block ends), then :meth:`finish`.
+    """
+
+    def __init__(self, path: Path, dtype):
+        self.path = Path(path)
+        self.dtype = np.dtype(dtype)
+        self.handle = open(self.path, "wb")
+        self.offsets = [0]
+        self.labels: list[int] = []
+
+    def __enter__(self) -> "ExamplesWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.handle.close()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def append(self, tokens, label: int) -> None:
+        """Add one sequence and its label."""
+        data = np.asarray(tokens, dtype=self.dtype)
+        self.handle.write(data.tobytes())
+        self.offsets.append(self.offsets[-1] + len(data))
+        self.labels.append(int(label))
+
+    def finish(self) -> Examples:
+        """The examples written, their tokens memory-mapped from the file."""
+        self.handle.close()
+        tokens = np.memmap(self.path, dtype=self.dtype, mode="r") if self.offsets[-1] else np.zeros(0, self.dtype)
+        return Examples(tokens, np.array(self.offsets, dtype=np.int64), np.array(self.labels, dtype=np.int64))
+
+
+def cached_splits(name: str, key: Mapping, build: Callable[[Path], Mapping[str, Examples]],
+                  cache_dir: str | os.PathLike | None = None, splits: tuple[str, ...] = SPLITS,
+                  ) -> dict[str, Examples]:
+    """The ``splits`` of ``name`` built by ``build(scratch)`` for options ``key``: from the cache
+    when present and intact, else built, saved and then memory-mapped. ``scratch`` is a directory
+    for :class:`ExamplesWriter` files, removed once the splits are saved."""
+    root = cache.dataset_dir(name, cache_dir)
+    directory = root / store_key(key)
+    names = [f"{split}.{part}.npy" for split in splits for part in PARTS]
+    if not directory.is_dir() or fileio.check_dir_manifest(directory, names) is not None:
+        with tempfile.TemporaryDirectory(prefix=".scratch-", dir=root) as scratch, \
+                fileio.atomic_directory(directory) as tmp:
+            built = build(Path(scratch))
+            for split in splits:
+                for part in PARTS:  # np.save writes a memory map through, without loading it
+                    np.save(tmp / f"{split}.{part}.npy", getattr(built[split], part))
+            (tmp / "key.json").write_text(json.dumps(key, sort_keys=True, default=str, indent=2))
+            fileio.write_dir_manifest(tmp, names)
+    return {split: Examples(*(np.load(directory / f"{split}.{part}.npy", mmap_mode="r") for part in PARTS))
+            for split in splits}
