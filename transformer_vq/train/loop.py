@@ -31,19 +31,19 @@ from pathlib import Path
 import torch
 
 from transformer_vq import fileio
-from transformer_vq.config import ConfigError, RunConfig
+from transformer_vq.config import RunConfig
 from transformer_vq.data.batches import check_vocab, corpus_batches
 from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte, corpus_tokens_per_word
 from transformer_vq.train.build import build_model, load_corpus_for, resolve_device, save_run_tokenizer
 from transformer_vq.train.carry import from_plain, to_plain
-from transformer_vq.train.checkpoint import (find_checkpoint, latest_checkpoint, list_checkpoints, nonfinite_names,
-                                             save_checkpoint, save_sharded_checkpoint, step_name)
+from transformer_vq.train.checkpoint import nonfinite_names, save_checkpoint, save_sharded_checkpoint, step_name
 from transformer_vq.train.distributed import Distributed, data_parallel, setup_distributed, teardown_distributed
 from transformer_vq.train.evaluate import EvalResult, evaluate_tokens
 from transformer_vq.train.fsdp import nonfinite_shards, shard_model, to_float
 from transformer_vq.train.metrics import MetricsLogger
 from transformer_vq.train.optim import build_optimizer, build_scheduler
 from transformer_vq.train.objective import masked_window
+from transformer_vq.train.resume import checkpoint_to_resume, refuse_fresh_over_checkpoints
 from transformer_vq.train.rng import rng_state, set_rng_state
 from transformer_vq.train.rundir import hold_run_dir, writing
 from transformer_vq.train.sample import stream_text
@@ -169,13 +169,9 @@ class _Trainer:
         self.dist.barrier()
 
     def restore(self, resume: str, skip: frozenset) -> None:
-        if resume == "auto":
-            ckpt = latest_checkpoint(self.ckpt_root, log=self.log)
-            if ckpt is None:
-                self.log(f"no checkpoint in {self.ckpt_root} yet: starting from scratch")
-                return
-        else:
-            ckpt = find_checkpoint(resume)
+        ckpt = checkpoint_to_resume(self.ckpt_root, resume, self.log)
+        if ckpt is None:
+            return
         state = ckpt.state
         ckpt.load_training_state(self.model, self.optimizer, sharded=self.dist.fsdp)
         self.scheduler.load_state_dict(state["scheduler"])
@@ -317,11 +313,7 @@ class _Trainer:
         if self.dist.is_main:
             # temporary directories of killed saves, checkpoints whose pruning was killed midway
             fileio.clean_debris(self.ckpt_root)
-        if resume is None and list_checkpoints(self.ckpt_root):
-            raise ConfigError(
-                f"run directory {self.run_dir} already holds checkpoints; continue that run with --resume auto, "
-                f"or start a new one with another --run-dir (or --name)"
-            )
+        refuse_fresh_over_checkpoints(self.ckpt_root, self.run_dir, resume)
         if resume is not None:
             self.restore(resume, skip)
         if not self.dist.is_main:
