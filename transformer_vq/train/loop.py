@@ -40,7 +40,7 @@ from transformer_vq.train.checkpoint import nonfinite_names, save_checkpoint, sa
 from transformer_vq.train.distributed import Distributed, data_parallel, setup_distributed, teardown_distributed
 from transformer_vq.train.evaluate import EvalResult, evaluate_tokens
 from transformer_vq.train.fsdp import nonfinite_shards, shard_model, to_float
-from transformer_vq.train.metrics import MetricsLogger
+from transformer_vq.train.metrics import MetricsLogger, finite_or_none
 from transformer_vq.train.optim import build_optimizer, build_scheduler
 from transformer_vq.train.objective import masked_window
 from transformer_vq.train.resume import checkpoint_to_resume, refuse_fresh_over_checkpoints
@@ -67,10 +67,6 @@ class TrainResult:
     sample: str | None = None
     tokens_per_s: float | None = None
     """Training tokens per second over this call's steps (all workers together)."""
-
-
-def _finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None
 
 
 def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module | None = None,
@@ -237,10 +233,10 @@ class _Trainer:
         self.step += 1
         seconds = time.perf_counter() - begin
         metrics = {
-            "step": self.step, "loss": _finite_or_none(loss), "ce_loss": _finite_or_none(ce_loss),
-            "commit_loss": _finite_or_none(commit_loss),
-            "bits_per_byte": _finite_or_none(bits_per_byte(ce_loss, self.train_tokens_per_byte)),
-            "lr": lr, "grad_norm": _finite_or_none(grad_norm),
+            "step": self.step, "loss": finite_or_none(loss), "ce_loss": finite_or_none(ce_loss),
+            "commit_loss": finite_or_none(commit_loss),
+            "bits_per_byte": finite_or_none(bits_per_byte(ce_loss, self.train_tokens_per_byte)),
+            "lr": lr, "grad_norm": finite_or_none(grad_norm),
             "tokens": tc.batch_size * tc.update_len, "seconds": seconds,
             "tokens_per_s": tc.batch_size * tc.update_len / seconds, "skipped": self.skip_reason is not None,
             **self.model.codebook_metrics(),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -110,6 +111,11 @@ def format_step(metrics: dict, total_steps: int, tokens_per_s: float) -> str:
     if metrics.get("skipped"):
         line += "  (skipped: non-finite)"
     return line
+
+
+def finite_or_none(value: float) -> float | None:
+    """JSON has no NaN: a non-finite number is logged as None."""
+    return value if math.isfinite(value) else None
 
 
 def _fmt(value, spec: str) -> str:
