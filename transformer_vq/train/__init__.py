@@ -11,7 +11,8 @@
 from transformer_vq.config import ConfigError, EvalConfig, RunConfig, SampleConfig, TrainConfig, load_config
 from transformer_vq.train.checkpoint import CheckpointError
 from transformer_vq.train.evaluate import EvalResult, evaluate, evaluate_tokens
-from transformer_vq.train.loop import TrainingError, TrainResult, train
+from transformer_vq.train.guard import TrainingError
+from transformer_vq.train.loop import TrainResult, train
 from transformer_vq.train.sample import sample, stream_text
 
 __all__ = [

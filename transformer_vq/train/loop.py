@@ -40,6 +40,7 @@ from transformer_vq.train.checkpoint import nonfinite_names, save_checkpoint, sa
 from transformer_vq.train.distributed import Distributed, data_parallel, setup_distributed, teardown_distributed
 from transformer_vq.train.evaluate import EvalResult, evaluate_tokens
 from transformer_vq.train.fsdp import nonfinite_shards, shard_model, to_float
+from transformer_vq.train.guard import TrainingError, nonfinite_weights_error, skip_reason, too_many_skipped_error
 from transformer_vq.train.metrics import MetricsLogger, finite_or_none
 from transformer_vq.train.optim import build_optimizer, build_scheduler
 from transformer_vq.train.objective import masked_window
@@ -48,10 +49,6 @@ from transformer_vq.train.rng import rng_state, set_rng_state
 from transformer_vq.train.rundir import hold_run_dir, writing
 from transformer_vq.train.sample import stream_text
 from transformer_vq.train.signals import StopRequest
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on; the message says why and what to do."""
 
 
 @dataclass
@@ -220,12 +217,7 @@ class _Trainer:
         self.dist.all_reduce_sum_([shared])
         loss, ce_loss, commit_loss = (shared[:3] / self.dist.world_size).tolist()
         lr = self.scheduler.get_last_lr()[0]
-        if shared[3].item() != 0 or not math.isfinite(grad_norm):
-            self.skip_reason = "loss or gradient"
-        elif not all(math.isfinite(group_lr) for group_lr in self.scheduler.get_last_lr()):
-            self.skip_reason = f"learning rate (lr={lr})"  # AdamW would turn every weight into NaN
-        else:
-            self.skip_reason = None
+        self.skip_reason = skip_reason(shared[3].item() == 0, grad_norm, self.scheduler.get_last_lr())
         self._update(lr) if self.skip_reason is None else self._skip()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -259,11 +251,7 @@ class _Trainer:
         bad = nonfinite_shards(self.model.named_parameters(), self.dist, self.device) if self.dist.fsdp \
             else nonfinite_names(self.model.named_parameters())
         if bad:  # identical weights on every worker: all of them stop here
-            raise TrainingError(
-                f"step {self.step + 1} made the weights non-finite ({', '.join(bad[:3])}) although its loss and "
-                f"gradient were finite: the learning rate {lr:g} is too large. Nothing after the last checkpoint "
-                f"was saved; lower the learning rate and start again or resume with --resume auto"
-            )
+            raise nonfinite_weights_error(self.step + 1, bad, lr)
         stats = self.model.codebook_stats()
         self.dist.all_reduce_sum_(stats)
         self.model.update_codebooks()
@@ -334,12 +322,7 @@ class _Trainer:
                     self._log_step(logger, result["metrics"])
                 if self.nonfinite_run >= tc.max_nonfinite:
                     self.save()
-                    raise TrainingError(
-                        f"stopped at step {self.step}: {self.nonfinite_run} steps in a row had a non-finite "
-                        f"{self.skip_reason} (max_nonfinite={tc.max_nonfinite}); the weights are those of the last "
-                        f"good step (saved). Lower the learning rate (--set lr=...), use precision=float32, "
-                        f"or check the data"
-                    )
+                    raise too_many_skipped_error(self.step, self.nonfinite_run, self.skip_reason, tc.max_nonfinite)
                 if result["stop"]:
                     self.save()
                     return 128 + (stop.signum or signal.SIGTERM)
