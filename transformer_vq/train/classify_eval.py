@@ -63,7 +63,8 @@ def evaluate_examples(model: torch.nn.Module, examples: Examples, *, n_classes: 
     try:
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
             for ids, mask, labels in ordered_batches(examples, batch_size, pad_id=pad_id):
-                logits = model(ids.to(device), mask=mask.to(device)).logits.float().cpu()
+                logits = model(ids.to(device), mask=mask.to(device)).logits
+                logits = logits.to(torch.promote_types(logits.dtype, torch.float32)).cpu()  # bfloat16 -> float32
                 total_loss += F.cross_entropy(logits, labels, reduction="sum").item()
                 confusion += torch.bincount(labels * n_classes + logits.argmax(dim=-1), minlength=n_classes ** 2)
     finally:
