@@ -17,7 +17,6 @@ def test_examples_views():
     assert tokens.tolist() == [1, 2, 3, 4, 9] and label == 1
     part = EXAMPLES.window(1, 4)
     assert [part[i][0].tolist() for i in range(3)] == [[8], [], [1, 2, 3, 4, 9]] and part.labels.tolist() == [0, 2, 1]
-    assert EXAMPLES.take([3, 0]).labels.tolist() == [1, 1] and EXAMPLES.take([3, 0])[1][0].tolist() == [5, 6, 7]
     fixed = Examples.fixed(np.arange(6, dtype=np.uint8).reshape(3, 2), [0, 1, 0])
     assert fixed[2][0].tolist() == [4, 5] and fixed.offsets.tolist() == [0, 2, 4, 6]
     train, validation = holdout(fixed, 1, "toy")

@@ -63,7 +63,8 @@ def test_generated_splits_are_seeded_limited_distinct_and_correctly_labelled(tmp
     again = load_classification("listops", seed=3, cache_dir=tmp_path / "elsewhere", **SMALL)
     other = load_classification("listops", seed=4, **SMALL)
     assert np.array_equal(np.asarray(again.splits["train"].tokens), np.asarray(data.splits["train"].tokens))
-    assert not np.array_equal(np.asarray(other.splits["train"].tokens[:50]), np.asarray(data.splits["train"].tokens[:50]))
+    assert not np.array_equal(np.asarray(other.splits["train"].tokens[:50]),
+                              np.asarray(data.splits["train"].tokens[:50]))
 
 
 def argument_counts(words: list[str]) -> list[int]:

@@ -78,11 +78,6 @@ class Examples:
         offsets = self.offsets[start:stop + 1]
         return Examples(self.tokens[offsets[0]:offsets[-1]], offsets - offsets[0], self.labels[start:stop])
 
-    def take(self, indices) -> "Examples":
-        """Examples at ``indices``, in that order (copied: for small sets or shuffled splits)."""
-        indices = np.asarray(indices, dtype=np.int64)
-        return Examples.ragged([self[int(i)][0] for i in indices], self.labels[indices], self.tokens.dtype)
-
 
 def holdout(train: Examples, validation_size: int, name: str) -> tuple[Examples, Examples]:
     """``(train, validation)``: the last ``validation_size`` examples of ``train`` validate.
