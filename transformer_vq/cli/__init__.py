@@ -28,6 +28,7 @@ SUBCOMMANDS = {
     "sample": "transformer_vq.cli.sample",
     "export": "transformer_vq.cli.export",
     "bench": "transformer_vq.cli.bench",
+    "classify": "transformer_vq.cli.classify",
 }
 
 

@@ -1,4 +1,5 @@
-"""Training, evaluation and sampling: the library behind ``tvq train``, ``tvq eval`` and ``tvq sample``.
+"""Training, evaluation and sampling: the library behind ``tvq train``, ``tvq eval`` and ``tvq sample``; sequence
+classification (``classify_train``, ``classify_eval``) behind ``tvq classify``.
 
     from transformer_vq.train import RunConfig, load_config, train, evaluate, sample
 
@@ -10,12 +11,17 @@
 
 from transformer_vq.config import ConfigError, EvalConfig, RunConfig, SampleConfig, TrainConfig, load_config
 from transformer_vq.train.checkpoint import CheckpointError
+from transformer_vq.train.classify import ClassifyResult, classify_train
+from transformer_vq.train.classify_eval import ClassifyEvalResult, classify_eval
 from transformer_vq.train.evaluate import EvalResult, evaluate, evaluate_tokens
-from transformer_vq.train.loop import TrainingError, TrainResult, train
+from transformer_vq.train.guard import TrainingError
+from transformer_vq.train.loop import TrainResult, train
 from transformer_vq.train.sample import sample, stream_text
 
 __all__ = [
     "CheckpointError",
+    "ClassifyEvalResult",
+    "ClassifyResult",
     "ConfigError",
     "EvalConfig",
     "EvalResult",
@@ -24,6 +30,8 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "TrainingError",
+    "classify_eval",
+    "classify_train",
     "evaluate",
     "evaluate_tokens",
     "load_config",

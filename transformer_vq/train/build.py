@@ -58,10 +58,10 @@ def save_run_tokenizer(corpus, run_dir: str | Path) -> Path | None:
 
 
 def run_dir_of(ckpt: Checkpoint) -> Path:
-    """The run directory of a checkpoint (``RUN_DIR/checkpoints/step_N``), or the directory holding
-    the checkpoint when it was moved out of its run."""
+    """The run directory of a checkpoint (``RUN_DIR/checkpoints/step_N``, or a classification run's
+    ``RUN_DIR/best/step_N``), or the directory holding the checkpoint when it was moved out of its run."""
     parent = ckpt.path.parent
-    return parent.parent if parent.name == "checkpoints" else parent
+    return parent.parent if parent.name in ("checkpoints", "best") else parent
 
 
 def codec_for(run_cfg: RunConfig, *, data_path: str | None = None, run_dir: str | Path | None = None):

@@ -31,27 +31,24 @@ from pathlib import Path
 import torch
 
 from transformer_vq import fileio
-from transformer_vq.config import ConfigError, RunConfig
+from transformer_vq.config import RunConfig
 from transformer_vq.data.batches import check_vocab, corpus_batches
 from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte, corpus_tokens_per_word
 from transformer_vq.train.build import build_model, load_corpus_for, resolve_device, save_run_tokenizer
 from transformer_vq.train.carry import from_plain, to_plain
-from transformer_vq.train.checkpoint import (find_checkpoint, latest_checkpoint, list_checkpoints, nonfinite_names,
-                                             save_checkpoint, save_sharded_checkpoint, step_name)
+from transformer_vq.train.checkpoint import nonfinite_names, save_checkpoint, save_sharded_checkpoint, step_name
 from transformer_vq.train.distributed import Distributed, data_parallel, setup_distributed, teardown_distributed
 from transformer_vq.train.evaluate import EvalResult, evaluate_tokens
 from transformer_vq.train.fsdp import nonfinite_shards, shard_model, to_float
-from transformer_vq.train.metrics import MetricsLogger
+from transformer_vq.train.guard import TrainingError, nonfinite_weights_error, skip_reason, too_many_skipped_error
+from transformer_vq.train.metrics import MetricsLogger, finite_or_none
 from transformer_vq.train.optim import build_optimizer, build_scheduler
 from transformer_vq.train.objective import masked_window
+from transformer_vq.train.resume import checkpoint_to_resume, refuse_fresh_over_checkpoints
 from transformer_vq.train.rng import rng_state, set_rng_state
 from transformer_vq.train.rundir import hold_run_dir, writing
 from transformer_vq.train.sample import stream_text
 from transformer_vq.train.signals import StopRequest
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on; the message says why and what to do."""
 
 
 @dataclass
@@ -67,10 +64,6 @@ class TrainResult:
     sample: str | None = None
     tokens_per_s: float | None = None
     """Training tokens per second over this call's steps (all workers together)."""
-
-
-def _finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None
 
 
 def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module | None = None,
@@ -169,13 +162,9 @@ class _Trainer:
         self.dist.barrier()
 
     def restore(self, resume: str, skip: frozenset) -> None:
-        if resume == "auto":
-            ckpt = latest_checkpoint(self.ckpt_root, log=self.log)
-            if ckpt is None:
-                self.log(f"no checkpoint in {self.ckpt_root} yet: starting from scratch")
-                return
-        else:
-            ckpt = find_checkpoint(resume)
+        ckpt = checkpoint_to_resume(self.ckpt_root, resume, self.log)
+        if ckpt is None:
+            return
         state = ckpt.state
         ckpt.load_training_state(self.model, self.optimizer, sharded=self.dist.fsdp)
         self.scheduler.load_state_dict(state["scheduler"])
@@ -228,12 +217,7 @@ class _Trainer:
         self.dist.all_reduce_sum_([shared])
         loss, ce_loss, commit_loss = (shared[:3] / self.dist.world_size).tolist()
         lr = self.scheduler.get_last_lr()[0]
-        if shared[3].item() != 0 or not math.isfinite(grad_norm):
-            self.skip_reason = "loss or gradient"
-        elif not all(math.isfinite(group_lr) for group_lr in self.scheduler.get_last_lr()):
-            self.skip_reason = f"learning rate (lr={lr})"  # AdamW would turn every weight into NaN
-        else:
-            self.skip_reason = None
+        self.skip_reason = skip_reason(shared[3].item() == 0, grad_norm, self.scheduler.get_last_lr())
         self._update(lr) if self.skip_reason is None else self._skip()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -241,10 +225,10 @@ class _Trainer:
         self.step += 1
         seconds = time.perf_counter() - begin
         metrics = {
-            "step": self.step, "loss": _finite_or_none(loss), "ce_loss": _finite_or_none(ce_loss),
-            "commit_loss": _finite_or_none(commit_loss),
-            "bits_per_byte": _finite_or_none(bits_per_byte(ce_loss, self.train_tokens_per_byte)),
-            "lr": lr, "grad_norm": _finite_or_none(grad_norm),
+            "step": self.step, "loss": finite_or_none(loss), "ce_loss": finite_or_none(ce_loss),
+            "commit_loss": finite_or_none(commit_loss),
+            "bits_per_byte": finite_or_none(bits_per_byte(ce_loss, self.train_tokens_per_byte)),
+            "lr": lr, "grad_norm": finite_or_none(grad_norm),
             "tokens": tc.batch_size * tc.update_len, "seconds": seconds,
             "tokens_per_s": tc.batch_size * tc.update_len / seconds, "skipped": self.skip_reason is not None,
             **self.model.codebook_metrics(),
@@ -267,11 +251,7 @@ class _Trainer:
         bad = nonfinite_shards(self.model.named_parameters(), self.dist, self.device) if self.dist.fsdp \
             else nonfinite_names(self.model.named_parameters())
         if bad:  # identical weights on every worker: all of them stop here
-            raise TrainingError(
-                f"step {self.step + 1} made the weights non-finite ({', '.join(bad[:3])}) although its loss and "
-                f"gradient were finite: the learning rate {lr:g} is too large. Nothing after the last checkpoint "
-                f"was saved; lower the learning rate and start again or resume with --resume auto"
-            )
+            raise nonfinite_weights_error(self.step + 1, bad, lr)
         stats = self.model.codebook_stats()
         self.dist.all_reduce_sum_(stats)
         self.model.update_codebooks()
@@ -317,11 +297,7 @@ class _Trainer:
         if self.dist.is_main:
             # temporary directories of killed saves, checkpoints whose pruning was killed midway
             fileio.clean_debris(self.ckpt_root)
-        if resume is None and list_checkpoints(self.ckpt_root):
-            raise ConfigError(
-                f"run directory {self.run_dir} already holds checkpoints; continue that run with --resume auto, "
-                f"or start a new one with another --run-dir (or --name)"
-            )
+        refuse_fresh_over_checkpoints(self.ckpt_root, self.run_dir, resume)
         if resume is not None:
             self.restore(resume, skip)
         if not self.dist.is_main:
@@ -346,12 +322,7 @@ class _Trainer:
                     self._log_step(logger, result["metrics"])
                 if self.nonfinite_run >= tc.max_nonfinite:
                     self.save()
-                    raise TrainingError(
-                        f"stopped at step {self.step}: {self.nonfinite_run} steps in a row had a non-finite "
-                        f"{self.skip_reason} (max_nonfinite={tc.max_nonfinite}); the weights are those of the last "
-                        f"good step (saved). Lower the learning rate (--set lr=...), use precision=float32, "
-                        f"or check the data"
-                    )
+                    raise too_many_skipped_error(self.step, self.nonfinite_run, self.skip_reason, tc.max_nonfinite)
                 if result["stop"]:
                     self.save()
                     return 128 + (stop.signum or signal.SIGTERM)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -54,8 +55,10 @@ class MetricsLogger:
         self.total_seconds += metrics["seconds"]
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(loss=_fmt(metrics["loss"], ".4f"), bpb=_fmt(metrics.get("bits_per_byte"), ".3f"),
-                                 tok_s=_fmt(self.tokens_per_s, ",.0f"))
+            # a language model shows bits per byte, a classifier its training-batch accuracy
+            shown = {"bpb": _fmt(metrics.get("bits_per_byte"), ".3f")} if "accuracy" not in metrics else \
+                {"acc": _fmt(metrics["accuracy"], ".3f")}
+            self.bar.set_postfix(loss=_fmt(metrics["loss"], ".4f"), **shown, tok_s=_fmt(self.tokens_per_s, ",.0f"))
         elif step % self.log_every == 0 or step == self.total_steps:
             self.print(format_step(metrics, self.total_steps, self._interval[0] / max(self._interval[1], 1e-9)))
             self._interval = [0, 0.0]
@@ -66,9 +69,15 @@ class MetricsLogger:
         return self.total_tokens / max(self.total_seconds, 1e-9)
 
     def log_eval(self, step: int, split: str, result: dict) -> None:
-        """Record an evaluation (its loss, bits per byte and, on PG-19, word-level perplexity) at ``step``."""
+        """Record an evaluation (its loss, bits per byte and, on PG-19, word-level perplexity; a classifier's loss
+        and accuracy) at ``step``."""
         self.jsonl.write(json.dumps({"step": step, "eval": split, **result}) + "\n")
         self.jsonl.flush()
+        if "accuracy" in result:
+            for key in ("loss", "accuracy"):
+                self.tensorboard.add_scalar(f"{split}/{key}", result[key], step)
+            self.print(f"step {step}: {split} loss {result['loss']:.4f}, accuracy {result['accuracy']:.4f}")
+            return
         keys = ("loss", "bits_per_byte") + (("word_perplexity",) if result.get("word_perplexity") is not None else ())
         for key in keys:
             self.tensorboard.add_scalar(f"{split}/{key}", result[key], step)
@@ -93,14 +102,20 @@ class MetricsLogger:
 
 def format_step(metrics: dict, total_steps: int, tokens_per_s: float) -> str:
     """One console line for a training step."""
-    line = (f"step {metrics['step']}/{total_steps}  loss {_fmt(metrics['loss'], '.4f')}  "
-            f"bpb {_fmt(metrics.get('bits_per_byte'), '.3f')}  lr {metrics['lr']:.2e}  "
-            f"tok/s {tokens_per_s:,.0f}")
+    shown = f"acc {_fmt(metrics['accuracy'], '.3f')}" if "accuracy" in metrics else \
+        f"bpb {_fmt(metrics.get('bits_per_byte'), '.3f')}"  # a classifier's batch accuracy, a language model's bpb
+    line = (f"step {metrics['step']}/{total_steps}  loss {_fmt(metrics['loss'], '.4f')}  {shown}  "
+            f"lr {metrics['lr']:.2e}  tok/s {tokens_per_s:,.0f}")
     if "codebook_perplexity" in metrics:
         line += f"  codebook ppl {_fmt(metrics['codebook_perplexity'], '.1f')}"
     if metrics.get("skipped"):
         line += "  (skipped: non-finite)"
     return line
+
+
+def finite_or_none(value: float) -> float | None:
+    """JSON has no NaN: a non-finite number is logged as None."""
+    return value if math.isfinite(value) else None
 
 
 def _fmt(value, spec: str) -> str:

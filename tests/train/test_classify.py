@@ -1,0 +1,123 @@
+"""Classification training (`classify_train`): a run stopped by SIGTERM and resumed with --resume auto ends with the
+bitwise weights and the step losses of an uninterrupted run (dropout on, so the RNG states matter; negative control:
+not restoring the data position changes them); evaluation agrees with a one-example-at-a-time reference on
+variable-length ListOps; the best validation is kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from trainutil import read_metrics
+from transformer_vq.config import classify_config
+from transformer_vq.data.classify import load_classification
+from transformer_vq.train.checkpoint import latest_checkpoint
+from transformer_vq.train.classify import BEST_DIR, _ClassifyTrainer, classify_train
+from transformer_vq.train.classify_build import build_classifier
+from transformer_vq.train.classify_eval import evaluate_examples
+
+pytest.importorskip("sklearn")
+STEPS = 12
+TRAIN = dict(data="digits", steps=STEPS, batch_size=8, eval_every=4, ckpt_every=5, eval_batch_size=64,
+             warmup_steps=3, lr=3e-3, device="cpu", log_every=1000)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_classification("digits")
+
+
+def config(data, run_dir, **train):
+    return classify_config(n_classes=data.n_classes, vocab_size=data.vocab_size, preset="tiny",
+                           model={"dropout": 0.1}, train={**TRAIN, "run_dir": str(run_dir), **train})
+
+
+def weights(run_dir):
+    return load_file(str(latest_checkpoint(run_dir / "checkpoints").path / "model.safetensors"))
+
+
+def losses(run_dir) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir)}
+
+
+@pytest.fixture(scope="module")
+def reference(digits, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    result = classify_train(config(digits, run_dir), data=digits)
+    assert result.exit_code == 0 and result.step == STEPS
+    return run_dir, result
+
+
+def sigterm_at(monkeypatch, step: int) -> None:
+    """Make the training process receive SIGTERM during step ``step`` (handled after it, as a real signal)."""
+    original = _ClassifyTrainer.train_step
+
+    def train_step(self):
+        if self.step + 1 == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self)
+
+    monkeypatch.setattr(_ClassifyTrainer, "train_step", train_step)
+
+
+def interrupted(digits, run_dir, monkeypatch, skip=frozenset()):
+    with monkeypatch.context() as patch:
+        sigterm_at(patch, 7)
+        stopped = classify_train(config(digits, run_dir), data=digits)
+    assert (stopped.exit_code, stopped.step) == (143, 7)
+    assert latest_checkpoint(run_dir / "checkpoints").step == 7
+    return classify_train(config(digits, run_dir), resume="auto", data=digits, _skip_restore=skip)
+
+
+def test_sigterm_then_resume_is_bitwise_identical(digits, reference, tmp_path, monkeypatch):
+    ref_dir, ref = reference
+    resumed = interrupted(digits, tmp_path / "run", monkeypatch)
+    assert resumed.exit_code == 0
+    assert losses(tmp_path / "run") == losses(ref_dir)
+    got, want = weights(tmp_path / "run"), weights(ref_dir)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert resumed.best == ref.best and resumed.validation.to_dict() | {"seconds": 0} == \
+        ref.validation.to_dict() | {"seconds": 0}
+
+
+def test_resume_without_the_data_position_differs(digits, reference, tmp_path, monkeypatch):
+    interrupted(digits, tmp_path / "run", monkeypatch, skip=frozenset({"data"}))
+    assert losses(tmp_path / "run")[8] != losses(reference[0])[8]
+
+
+def test_best_validation_is_kept(digits, reference):
+    run_dir, result = reference
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r.get("eval") == "validation"]
+    assert [r["step"] for r in evals] == [4, 8, 12]
+    best = max(evals, key=lambda r: (r["accuracy"], -r["loss"]))
+    assert result.best == {k: best[k] for k in ("step", "loss", "accuracy", "examples")}
+    saved = latest_checkpoint(run_dir / BEST_DIR)
+    assert saved.step == best["step"] and saved.state["validation"] == result.best
+
+
+def test_evaluation_equals_one_example_at_a_time(tmp_path):
+    data = load_classification("listops", n_train=48, n_validation=16, n_test=16, min_length=10, max_length=80,
+                               max_depth=3, cache_dir=tmp_path)
+    examples = data.split("validation")
+    assert len(set(examples.lengths.tolist())) > 1  # batches are padded
+    cfg = classify_config(n_classes=data.n_classes, vocab_size=data.vocab_size, preset="tiny",
+                          train={"data": "listops", "device": "cpu"})
+    torch.manual_seed(0)
+    model = build_classifier(cfg).double().eval()
+    result = evaluate_examples(model, examples, n_classes=data.n_classes, batch_size=5)
+    confusion, loss = torch.zeros(10, 10, dtype=torch.long), 0.0
+    for i in range(len(examples)):
+        ids, label = examples[i]
+        logits = model(torch.tensor(ids, dtype=torch.long)[None]).logits[0]
+        loss += F.cross_entropy(logits, torch.tensor(label)).item()
+        confusion[label, logits.argmax()] += 1
+    assert result.confusion == confusion.tolist()
+    assert result.loss == pytest.approx(loss / len(examples), abs=1e-10)
+    assert result.accuracy == confusion.trace().item() / len(examples)

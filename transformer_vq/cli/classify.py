@@ -1,0 +1,137 @@
+"""`tvq classify train | eval`: train a sequence classifier (LongVQ, or the Transformer / Transformer-VQ baselines)
+on a classification dataset, and evaluate its checkpoints (docs/longvq.md, "Classification").
+
+``train``: every training field and every model field is a flag (``--arch``, ``--data``, ``--steps``,
+``--d-model``, ...); ``--preset`` picks the starting model (default ``small``); the number of classes and the
+vocabulary come from the dataset. ``--resume`` without ``--preset`` continues the run's saved config with the given
+flags on top. ``eval``: accuracy, loss, per-class accuracy and a confusion-matrix PNG of a split.
+"""
+
+from __future__ import annotations
+
+import sys
+
+EPILOG = """examples:
+  tvq classify train --data digits --steps 600             # LongVQ on sequential 8x8 digits, minutes on CPU
+  tvq classify train --arch transformer --data listops --data-option n_train=5000 --name lo-tf
+  tvq classify train --resume auto --steps 1200            # continue runs/classify
+  tvq classify eval --ckpt runs/classify/best --split test --json
+"""
+
+
+def add_parser(subparsers):
+    import argparse
+
+    from transformer_vq.config.flags import Parser
+
+    parser = subparsers.add_parser("classify", help="train or evaluate a sequence classifier (LongVQ and baselines)",
+                                   description=__doc__, epilog=EPILOG,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    jobs = parser.add_subparsers(dest="job", metavar="JOB", required=True, parser_class=Parser)
+    _add_train(jobs)
+    _add_eval(jobs)
+    return parser
+
+
+def _add_train(jobs) -> None:
+    from transformer_vq.config import ClassifyTrainConfig, LongVQConfig
+    from transformer_vq.config.classify import CLASSIFY_PRESETS, DEFAULT_PRESET, FROM_DATA
+    from transformer_vq.config.flags import add_flags, not_empty
+
+    parser = jobs.add_parser("train", help="train a classifier", description=__doc__)
+    parser.add_argument("--preset", choices=list(CLASSIFY_PRESETS),
+                        help=f"model preset (default: {DEFAULT_PRESET}; made an encoder: --no-causal)")
+    parser.add_argument("--resume", nargs="?", const="auto", metavar="auto|PATH", type=not_empty,
+                        help="continue from the run directory's latest complete checkpoint ('auto', the default "
+                             "when the flag is given alone) or from the given run/checkpoint directory")
+    add_flags(parser.add_argument_group("model fields (default: the preset's; classes and vocabulary: the "
+                                        "dataset's)"), LongVQConfig, defaults="", skip=FROM_DATA)
+    add_flags(parser.add_argument_group("training fields"), ClassifyTrainConfig)
+
+
+def _add_eval(jobs) -> None:
+    from transformer_vq.config import ClassifyEvalConfig
+    from transformer_vq.config.flags import add_flags
+
+    parser = jobs.add_parser("eval", help="evaluate a classifier: accuracy, loss, per-class accuracy, confusion "
+                                          "matrix PNG", description=__doc__)
+    add_flags(parser, ClassifyEvalConfig)
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def build_config(args):
+    """``(config, dataset)`` of the arguments; resuming without ``--preset`` continues the run's saved config."""
+    from transformer_vq.config import ClassifyConfig, ClassifyTrainConfig, LongVQConfig, classify_config
+    from transformer_vq.config.flags import given
+    from transformer_vq.config.load import build
+    from transformer_vq.train.classify_build import load_classify_data
+
+    model, train = given(args, LongVQConfig), given(args, ClassifyTrainConfig)
+    base = None
+    if args.resume is not None and args.preset is None:
+        where = {k: v for k, v in train.items() if k in ("name", "run_dir")}
+        saved = build(ClassifyTrainConfig, where, "train").resolved_run_dir() / "config.json"
+        if saved.is_file():
+            import json
+
+            base = ClassifyConfig.from_dict(json.loads(saved.read_text()))
+    options = train.pop("data_options", {})
+    merged = {**(base.train.to_dict() if base else {}), **train}
+    merged["data_options"] = {**merged.get("data_options", {}), **options}  # on top of the resumed run's
+    train_cfg = build(ClassifyTrainConfig, merged, "train")
+    data = load_classify_data(train_cfg)
+    cfg = classify_config(n_classes=data.n_classes, vocab_size=data.vocab_size, preset=args.preset, model=model,
+                          train=train_cfg.to_dict(), base=base)
+    return cfg, data
+
+
+def run(args) -> int:
+    return _train(args) if args.job == "train" else _eval(args)
+
+
+def _train(args) -> int:
+    from transformer_vq.cli.errors import check_device
+    from transformer_vq.cli.train import check_resume_steps
+    from transformer_vq.train import TrainingError
+    from transformer_vq.train.classify import BEST_DIR, classify_train
+
+    cfg, data = build_config(args)
+    check_device(cfg.train.device)
+    check_resume_steps(cfg, args.resume)
+    try:
+        result = classify_train(cfg, resume=args.resume, data=data)
+    except TrainingError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    if result.exit_code:
+        print(f"stopped at step {result.step}; continue with: tvq classify train --resume auto "
+              f"--run-dir {result.run_dir}", file=sys.stderr)
+        return result.exit_code
+    best = result.best
+    print(f"done: {result.step} steps; validation accuracy {result.validation.accuracy:.4f}, loss "
+          f"{result.validation.loss:.4f}; best {best['accuracy']:.4f} at step {best['step']}.\n"
+          f"next: tvq classify eval --ckpt {result.run_dir / BEST_DIR} --split test")
+    return 0
+
+
+def _eval(args) -> int:
+    import json
+
+    from transformer_vq.cli.errors import check_device
+    from transformer_vq.config import ClassifyEvalConfig
+    from transformer_vq.config.flags import given
+    from transformer_vq.train.classify_eval import classify_eval
+
+    cfg = ClassifyEvalConfig(**given(args, ClassifyEvalConfig))
+    check_device(cfg.device)
+    result = classify_eval(cfg)
+    if args.json:
+        print(json.dumps({"ckpt": cfg.ckpt, **result.to_dict()}))
+    else:
+        names = result.class_names or [str(i) for i in range(len(result.confusion))]
+        per_class = ", ".join(f"{name} {'-' if acc is None else f'{acc:.3f}'}"
+                              for name, acc in zip(names, result.per_class_accuracy))
+        print(f"{result.split} (step {result.step}): accuracy {result.accuracy:.4f}, loss {result.loss:.4f} over "
+              f"{result.examples:,} examples\nper class: {per_class}\nconfusion matrix: {result.plot}")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,152 @@
+"""Sequence-classification runs (``tvq classify``): how to train a classifier (:class:`ClassifyTrainConfig`), the run
+config that pairs it with the model (:class:`ClassifyConfig`), and how to evaluate one (:class:`ClassifyEvalConfig`).
+Frozen and validated like the language-model configs; every field is a flag of ``tvq classify train`` / ``eval``.
+docs/longvq.md, "Classification"."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformer_vq.config.choices import CLASSIFY_DATASETS, DEVICES, OPTIMIZERS, PRECISIONS, SPLITS
+from transformer_vq.config.fields import ConfigError, check, option
+from transformer_vq.config.longvq import LONGVQ_PRESETS, LongVQConfig
+from transformer_vq.config.train import name_problem
+
+CLASSIFY_ARCHS = ("longvq", "transformer", "tvq")
+"""The classifiers: LongVQ, the full-attention Transformer baseline, the Transformer-VQ encoder (docs/longvq.md)."""
+
+CLASSIFY_PRESETS: dict[str, LongVQConfig] = {
+    **LONGVQ_PRESETS,
+    # A CPU-sized classifier for short sequences (digits, small ListOps): minutes, not hours, on 2 cores.
+    "small": LongVQConfig(d_model=64, d_qk=32, d_v=128, d_ffn=128, n_layers=2, ema_dim=8, n_code=64, block_len=32,
+                          dropout=0.1),
+}
+DEFAULT_PRESET = "small"
+FROM_DATA = ("vocab_size", "n_classes")
+"""Model fields every classification run takes from its dataset."""
+
+
+@dataclass(frozen=True)
+class ClassifyTrainConfig:
+    """How to train a sequence classifier: data, batches, optimizer (Sec. 5 of LongVQ: AdamW, gradient clip 0.1),
+    schedule, evaluation, checkpoints."""
+
+    arch: str = option("longvq", "Classifier: 'longvq', 'transformer' (full softmax attention) or 'tvq' "
+                                 "(Transformer-VQ encoder); all built from the same model fields.",
+                       choices=CLASSIFY_ARCHS)
+    data: str = option("digits", "Dataset of transformer_vq.data.classify (docs/datasets.md).",
+                       choices=CLASSIFY_DATASETS)
+    data_path: str | None = option(None, "Where the dataset's released files are (cifar10, imdb, aan; optional "
+                                         "for the others).")
+    data_options: dict = option(factory=dict, help="Keyword options of the dataset loader (e.g. n_train=2000 "
+                                "for listops); repeatable KEY=VALUE.", flag="data-option")
+    name: str = option("classify", "Run name; the run directory defaults to runs/<name>.")
+    run_dir: str | None = option(None, "Where checkpoints, metrics and TensorBoard events go (default "
+                                       "runs/<name>).")
+    seed: int = option(0, "Seeds the initialization, dropout and the order of training examples.", min=0)
+    batch_size: int = option(32, "Training examples per step.", min=1)
+    eval_batch_size: int = option(64, "Examples per forward call of an evaluation (memory only).", min=1)
+    steps: int = option(1000, "Number of optimizer steps.", min=1)
+    optimizer: str = option("adamw", "'adamw' (LongVQ's Sec. 5) or 'adafactor'.", choices=OPTIMIZERS)
+    lr: float = option(2e-3, "Peak learning rate.", min=0.0, min_open=True)
+    weight_decay: float = option(0.01, "Decoupled weight decay of parameters with more than one dimension.",
+                                 min=0.0)
+    warmup_steps: int = option(50, "Linear warmup steps, then cosine decay.", min=0)
+    final_lr_ratio: float = option(0.1, "The cosine schedule ends at this fraction of the peak learning rate.",
+                                   min=0.0, max=1.0)
+    grad_clip: float = option(0.1, "Global gradient-norm clip for adamw (LongVQ's Sec. 5: 0.1; 0 = off).",
+                              min=0.0)
+    precision: str = option("float32", "'float32' or 'bfloat16' (autocast; parameters stay float32).",
+                            choices=PRECISIONS)
+    device: str = option("auto", "'auto' (cuda when available), 'cpu' or 'cuda'.", choices=DEVICES)
+    threads: int = option(0, "CPU threads for PyTorch (0 = PyTorch's default).", min=0)
+    log_every: int = option(10, "Print a line every this many steps when not on a terminal.", min=1)
+    eval_every: int = option(100, "Evaluate on the validation split every this many steps (0 = only at the end).",
+                             min=0)
+    ckpt_every: int = option(200, "Save a checkpoint every this many steps (and always at the end).", min=1)
+    keep_ckpts: int = option(2, "How many most recent checkpoints to keep.", min=1)
+    max_nonfinite: int = option(5, "Stop when this many steps in a row have a non-finite loss or gradient.",
+                                min=1)
+
+    def __post_init__(self):
+        check(self, [("name", name_problem(self.name))] if name_problem(self.name) else [])
+
+    @property
+    def peak_lr(self) -> float:
+        """The learning rate after warmup (the optimizer builders read this name)."""
+        return self.lr
+
+    def resolved_run_dir(self) -> Path:
+        return Path(self.run_dir) if self.run_dir else Path("runs") / self.name
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ClassifyConfig:
+    """A classification run: the model (``n_classes`` and ``vocab_size`` those of the dataset) and how to train it.
+    Saved as JSON with every checkpoint."""
+
+    model: LongVQConfig = option(help="The classifier's fields (every arch reads the same ones).")
+    train: ClassifyTrainConfig = option(factory=ClassifyTrainConfig, help="How to train it.")
+
+    def __post_init__(self):
+        if self.model.n_classes < 1:
+            raise ConfigError(f"a classification run needs n_classes >= 1 (from its dataset), got "
+                              f"{self.model.n_classes}")
+
+    def to_dict(self) -> dict:
+        return {"model": self.model.to_dict(), "train": self.train.to_dict()}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "ClassifyConfig":
+        """Rebuild from :meth:`to_dict` output (a checkpoint's config.json)."""
+        from transformer_vq.config.load import build
+
+        if not isinstance(values, dict) or set(values) != {"model", "train"}:
+            raise ConfigError("a classification run config is a mapping with exactly 'model' and 'train'")
+        return cls(model=build(LongVQConfig, values["model"], "model"),
+                   train=build(ClassifyTrainConfig, values["train"], "train"))
+
+
+def classify_config(*, n_classes: int, vocab_size: int, preset: str | None = None, model: dict | None = None,
+                    train: dict | None = None, base: ClassifyConfig | None = None) -> ClassifyConfig:
+    """A :class:`ClassifyConfig` for a dataset of ``n_classes`` classes and ``vocab_size`` token ids: the model
+    ``preset`` (default ``small``; an encoder: ``causal`` false unless ``model`` says otherwise), or the saved config
+    ``base`` of a run being resumed, with the fields of ``model`` and ``train`` on top."""
+    from transformer_vq.config.load import build
+
+    model, train = dict(model or {}), dict(train or {})
+    given = sorted(set(model) & set(FROM_DATA))
+    if given:
+        raise ConfigError(f"model field(s) {', '.join(given)} come from the dataset; leave them out")
+    if preset is not None and preset not in CLASSIFY_PRESETS:
+        raise ConfigError(f"unknown classifier preset {preset!r}; available: {', '.join(CLASSIFY_PRESETS)}")
+    if base is not None and preset is None:
+        start, start_train = base.model.to_dict(), base.train.to_dict()
+    else:
+        start, start_train = {**CLASSIFY_PRESETS[preset or DEFAULT_PRESET].to_dict(), "causal": False}, {}
+    model_cfg = build(LongVQConfig, {**start, **model, "n_classes": n_classes, "vocab_size": vocab_size}, "model")
+    return ClassifyConfig(model=model_cfg, train=build(ClassifyTrainConfig, {**start_train, **train}, "train"))
+
+
+@dataclass(frozen=True)
+class ClassifyEvalConfig:
+    """Evaluate a classification checkpoint on a split of its dataset: accuracy, loss, per-class accuracy and the
+    confusion matrix."""
+
+    ckpt: str = option("runs/classify", "Run directory, its best/ directory, or one of its checkpoints/step_* "
+                                        "directories.")
+    split: str = option("test", "Split to evaluate.", choices=SPLITS)
+    data_path: str | None = option(None, "Where the dataset is, when not where training found it.")
+    batch_size: int | None = option(None, "Examples per forward call (none: the run's eval_batch_size).", min=1)
+    plot: str | None = option(None, "Where to write the confusion-matrix PNG (none: confusion_<split>.png in the "
+                                    "run directory).")
+    device: str = option("auto", "'auto' (cuda when available), 'cpu' or 'cuda'.", choices=DEVICES)

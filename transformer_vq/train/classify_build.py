@@ -1,0 +1,58 @@
+"""What a classification job builds from its config or a checkpoint: the dataset, the classifier of the configured
+``arch``, and a classifier rebuilt from a checkpoint alone (docs/longvq.md, "Classification")."""
+
+from __future__ import annotations
+
+import torch
+
+from transformer_vq.config import ClassifyConfig, ClassifyTrainConfig, ConfigError
+from transformer_vq.train.build import resolve_device
+from transformer_vq.train.checkpoint import Checkpoint, CheckpointError, find_checkpoint
+
+
+def load_classify_data(train_cfg: ClassifyTrainConfig, *, data_path: str | None = None):
+    """The :class:`~transformer_vq.data.classify.ClassificationData` a training config names (``data_path``
+    overrides the configured one)."""
+    from transformer_vq.data.classify import load_classification
+
+    path = data_path if data_path is not None else train_cfg.data_path
+    return load_classification(train_cfg.data, data_path=path, **train_cfg.data_options)
+
+
+def check_data_fits(cfg: ClassifyConfig, data) -> None:
+    """Refuse a model whose classes or vocabulary differ from the dataset's (:class:`ConfigError`)."""
+    model = cfg.model
+    if model.n_classes != data.n_classes or model.vocab_size < data.vocab_size:
+        raise ConfigError(f"the model (n_classes {model.n_classes}, vocab_size {model.vocab_size}) does not fit "
+                          f"dataset {data.name!r} ({data.n_classes} classes, {data.vocab_size} token ids); build the "
+                          f"config with transformer_vq.config.classify_config from the dataset's sizes")
+
+
+def build_classifier(cfg: ClassifyConfig) -> torch.nn.Module:
+    """The classifier ``cfg.train.arch`` names, built from ``cfg.model``."""
+    from transformer_vq.nn.baselines import TransformerClassifier, TransformerVQEncoderClassifier
+    from transformer_vq.nn.longvq_model import LongVQClassifier
+
+    arch = {"longvq": LongVQClassifier, "transformer": TransformerClassifier, "tvq": TransformerVQEncoderClassifier}
+    return arch[cfg.train.arch](cfg.model)
+
+
+def classify_config_of(ckpt: Checkpoint) -> ClassifyConfig:
+    """The run config saved in a checkpoint, refused clearly when the checkpoint is a language model's."""
+    try:
+        return ClassifyConfig.from_dict(ckpt.config)
+    except ConfigError:
+        raise CheckpointError(f"checkpoint {ckpt.path} was not written by `tvq classify train` (its config is not a "
+                              f"classification run's); use tvq eval for language models") from None
+
+
+def classifier_from_checkpoint(path: str, *, device: str = "auto") -> tuple[torch.nn.Module, ClassifyConfig,
+                                                                               Checkpoint]:
+    """The classifier of a checkpoint (run directory, its ``best/`` or a checkpoint directory) with its weights, in
+    eval mode on ``device``, plus its run config and the checkpoint."""
+    ckpt = find_checkpoint(path)
+    cfg = classify_config_of(ckpt)
+    model = build_classifier(cfg)
+    ckpt.load_weights(model)
+    return model.to(resolve_device(device)).eval(), cfg, ckpt
+
