@@ -91,22 +91,15 @@ def run(args) -> int:
 
 def _train(args) -> int:
     from transformer_vq.cli.errors import check_device
-    from transformer_vq.cli.train import check_resume_steps
-    from transformer_vq.train import TrainingError
+    from transformer_vq.cli.train import check_resume_steps, run_training
     from transformer_vq.train.classify import BEST_DIR, classify_train
 
     cfg, data = build_config(args)
     check_device(cfg.train.device)
     check_resume_steps(cfg, args.resume)
-    try:
-        result = classify_train(cfg, resume=args.resume, data=data)
-    except TrainingError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    if result.exit_code:
-        print(f"stopped at step {result.step}; continue with: tvq classify train --resume auto "
-              f"--run-dir {result.run_dir}", file=sys.stderr)
-        return result.exit_code
+    result, status = run_training(lambda: classify_train(cfg, resume=args.resume, data=data), "tvq classify train")
+    if status is not None:
+        return status
     best = result.best
     print(f"done: {result.step} steps; validation accuracy {result.validation.accuracy:.4f}, loss "
           f"{result.validation.loss:.4f}; best {best['accuracy']:.4f} at step {best['step']}.\n"

@@ -121,22 +121,34 @@ def check_resume_steps(cfg, resume: str | None) -> None:
                           f"give --steps above {step} to train further")
 
 
+def run_training(job, command: str):
+    """``(result, exit status)`` of a training job (``job()`` runs it): status 1 with an ``error:`` line for a
+    :class:`~transformer_vq.train.TrainingError`, the run's own status with the line that continues it for a run
+    stopped by a signal, ``None`` when it finished (then ``result`` is the job's)."""
+    from transformer_vq.train import TrainingError
+
+    try:
+        result = job()
+    except TrainingError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return None, 1
+    if result.exit_code:
+        print(f"stopped at step {result.step}; continue with: {command} --resume auto "
+              f"--run-dir {result.run_dir}", file=sys.stderr)
+        return result, result.exit_code
+    return result, None
+
+
 def run(args) -> int:
     from transformer_vq.cli.errors import check_device
-    from transformer_vq.train import TrainingError, train
+    from transformer_vq.train import train
 
     cfg = build_config(args)
     check_device(cfg.train.device)
     check_resume_steps(cfg, args.resume)
-    try:
-        result = train(cfg, resume=args.resume)
-    except TrainingError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    if result.exit_code:
-        print(f"stopped at step {result.step}; continue with: tvq train --resume auto "
-              f"--run-dir {result.run_dir}", file=sys.stderr)
-        return result.exit_code
+    result, status = run_training(lambda: train(cfg, resume=args.resume), "tvq train")
+    if status is not None:
+        return status
     if result.validation is not None:
         from transformer_vq.train.sample import is_image_run
 

@@ -89,9 +89,5 @@ class TransformerVQEncoderClassifier(Codebooks, nn.Module):
                 attention: str = "linear") -> ClassifierOutput:
         """Classify ``ids [B, T]``; ``mask [B, T]`` True for real tokens; ``labels [B]``."""
         check_inputs(ids, mask, self.cfg.vocab_size)
-        x = self.encoder.embed(ids)  # (B, T, D)
-        commit_loss = x.new_zeros((), dtype=torch.float32)
-        for unit in self.encoder.units:
-            out = unit(x, mask=mask, attention=attention)
-            x, commit_loss = out.x, commit_loss + out.commit_loss
+        x, _, commit_loss = self.encoder.features(ids, mask=mask, attention=attention)  # (B, T, D)
         return self.head(x, mask, commit_loss, labels)

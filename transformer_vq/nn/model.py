@@ -103,23 +103,9 @@ class TransformerVQ(nn.Module):
             attention: ``"linear"`` (the operator) or ``"quadratic"`` (the dense reference, same parameters).
         """
         self._check_ids(input_ids, "input_ids", self.embed.num_embeddings)
-        if state is not None and not self.cfg.causal:
-            raise ValueError("an encoder (causal=False) reads whole sequences and carries no state: pass state=None")
         B, T = input_ids.shape
+        x, states, commit_loss = self.features(input_ids, state, mask=mask, attention=attention)
         offset = 0 if state is None else state.offset
-        x = self.embed(input_ids)  # (B, T, Dm)
-        if self.abs_pos_scale is not None:
-            positions = torch.arange(offset, offset + T, device=input_ids.device)
-            x = x + self.abs_pos_scale * sinusoids(positions, self.cfg.d_model, self.cfg.max_wavelength).to(x.dtype)
-
-        states, commit_loss = [], x.new_zeros((), dtype=torch.float32)
-        for i, unit in enumerate(self.units):
-            out = unit(x, state=None if state is None else state.layers[i], mask=mask, attention=attention)
-            x, commit_loss = out.x, commit_loss + out.commit_loss
-            states.append(out.state)
-
-        if self.cfg.final_norm:
-            x = rms_norm(x)
         if self.head is None:
             # tied, scaled to unit variance (an encoder's mask token is an input only)
             logits = x @ self.embed.weight[:self.cfg.vocab_size].t() * self.cfg.d_model ** -0.5
@@ -136,6 +122,27 @@ class TransformerVQ(nn.Module):
             result.ce_loss = (ce * weights).sum() / weights.sum().clamp(min=1.0)
             result.loss = result.ce_loss + self.cfg.commit_coef * commit_loss
         return result
+
+    def features(self, input_ids: torch.Tensor, state: ModelState | None = None, *, mask: torch.Tensor | None = None,
+                 attention: str = "linear") -> tuple[torch.Tensor, list[Any], torch.Tensor]:
+        """``(x [B, T, Dm], unit states, commit_loss)``: the residual stream after every unit (and the final norm),
+        before the output head. A classifier pools ``x``; :meth:`forward` turns it into logits. ``input_ids`` are
+        not checked here (:meth:`forward` checks them)."""
+        if state is not None and not self.cfg.causal:
+            raise ValueError("an encoder (causal=False) reads whole sequences and carries no state: pass state=None")
+        offset = 0 if state is None else state.offset
+        x = self.embed(input_ids)  # (B, T, Dm)
+        if self.abs_pos_scale is not None:
+            positions = torch.arange(offset, offset + input_ids.shape[1], device=input_ids.device)
+            x = x + self.abs_pos_scale * sinusoids(positions, self.cfg.d_model, self.cfg.max_wavelength).to(x.dtype)
+        states, commit_loss = [], x.new_zeros((), dtype=torch.float32)
+        for i, unit in enumerate(self.units):
+            out = unit(x, state=None if state is None else state.layers[i], mask=mask, attention=attention)
+            x, commit_loss = out.x, commit_loss + out.commit_loss
+            states.append(out.state)
+        if self.cfg.final_norm:
+            x = rms_norm(x)
+        return x, states, commit_loss
 
     def _check_ids(self, ids: torch.Tensor, name: str, n_ids: int) -> None:
         if ids.dim() != 2 or ids.dtype != torch.long:
