@@ -37,6 +37,7 @@ def vq_attention(
     codebook: torch.Tensor,
     reduction: str = "serial",
     code_scores: torch.Tensor | None = None,
+    compressive_cache: bool = True,
 ) -> tuple[torch.Tensor, VQAttentionState]:
     """Causal softmax attention over all past keys, in time linear in the sequence length.
 
@@ -55,6 +56,8 @@ def vq_attention(
         code_scores: ``[B, H, T, S]`` the scores ``q @ codebook[h // (H // G)]^T`` when the caller has them
             without the product (quantized queries read them from a table: :mod:`transformer_vq.ops.vq_qk`); they
             must equal that product in value, and gradients reach ``q`` through them only as the caller defines.
+        compressive_cache: ``False`` drops the per-code cache: each query attends its two-block window only (the
+            paper's Table 2 ablation). The state then carries the window keys alone (its cache stays empty).
 
     Returns:
         ``(out, state)``: ``out`` is ``[B, H, T, Dv]``; ``state`` continues the sequences.
@@ -81,6 +84,7 @@ def vq_attention(
         out, state = kernel(
             q[:, :, piece], k_hat[:, :, piece], z[:, :, piece], v[:, :, piece], codebook,
             bias[:, :, piece], L, state, reduction, None if code_scores is None else code_scores[:, :, piece],
+            compressive_cache,
         )
         outs.append(out)
         start = stop
