@@ -64,10 +64,11 @@ def _hold_settings(work: Path, cfg: AblateConfig, matrix: Matrix) -> None:
     """Record the settings in a new work directory; refuse to continue one started with other settings."""
     settings = {"matrix": dataclasses.asdict(matrix), "settings": {k: v for k, v in cfg.to_dict().items()
                                                                     if k not in ("out", "name", "threads")}}
+    settings = json.loads(json.dumps(settings))  # tuples as the file holds them: lists
     path = work / "settings.json"
     if path.is_file():
         saved = json.loads(path.read_text())
-        if saved != json.loads(json.dumps(settings)):
+        if saved != settings:
             changed = sorted(k for k in settings["settings"] if saved["settings"].get(k) != settings["settings"][k])
             raise ConfigError(f"{work} holds a matrix started with other settings ({', '.join(changed) or 'cells'} "
                               f"differ); give another --work-dir, or remove {work} to start over")
