@@ -49,9 +49,14 @@ def plot_curves(result: dict, path: Path) -> None:
     by_step.set_xlabel("optimizer step")
     by_time.set_xlabel("training seconds (sum of step times, mean over seeds)")
     by_step.set_ylabel("validation bits per byte (mean over seeds)")
-    for ax in (by_step, by_time):
+    _save_panels(plt, fig, (by_step, by_time), result, path)
+
+
+def _save_panels(plt, fig, axes, result: dict, path: Path) -> None:
+    """Grid on every panel, the legend on the first, the matrix as title; write the PNG."""
+    for ax in axes:
         ax.grid(True, alpha=0.3)
-    by_step.legend(fontsize=8)
+    axes[0].legend(fontsize=8)
     fig.suptitle(_title(result), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -96,9 +101,4 @@ def plot_codebook(result: dict, path: Path) -> None:
     unused.set_ylabel("fraction of codes unused in the step")
     for ax in (ppl, unused):
         ax.set_xlabel("optimizer step")
-        ax.grid(True, alpha=0.3)
-    ppl.legend(fontsize=8)
-    fig.suptitle(_title(result), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save_panels(plt, fig, (ppl, unused), result, path)

@@ -63,15 +63,12 @@ def vq_attention(
         ``(out, state)``: ``out`` is ``[B, H, T, Dv]``; ``state`` continues the sequences.
     """
     _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores)
-    B, H, T, Dk = q.shape
-    G, S = codebook.shape[0], codebook.shape[1]
-    L = block_len
+    (B, H, T, Dk), (G, S), L = q.shape, codebook.shape[:2], block_len
     if state is None:
         state = VQAttentionState.empty(B, G, S, Dk, v.shape[-1], dtype=v.dtype, device=v.device)
     codebook = codebook.detach()
 
-    outs = []
-    start = 0
+    outs, start = [], 0
     while start < T:
         in_block = state.offset % L
         if in_block != 0 or T - start < L:
@@ -81,11 +78,9 @@ def vq_attention(
             stop = start + (T - start) // L * L
             kernel = attend_blocks
         piece = slice(start, stop)
-        out, state = kernel(
-            q[:, :, piece], k_hat[:, :, piece], z[:, :, piece], v[:, :, piece], codebook,
-            bias[:, :, piece], L, state, reduction, None if code_scores is None else code_scores[:, :, piece],
-            compressive_cache,
-        )
+        out, state = kernel(q[:, :, piece], k_hat[:, :, piece], z[:, :, piece], v[:, :, piece], codebook,
+                            bias[:, :, piece], L, state, reduction,
+                            None if code_scores is None else code_scores[:, :, piece], compressive_cache)
         outs.append(out)
         start = stop
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), state
