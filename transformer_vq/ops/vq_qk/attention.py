@@ -40,8 +40,8 @@ def vq_qk_attention(
 
     Args:
         q_hat: ``[B, H, T, Dk]`` quantized queries, equal in value to ``codebook_q[h, z_q]``.
-        k_hat, v, bias, block_len, state, z, codebook, reduction, compressive_cache: as :func:`transformer_vq.ops.vq.vq_attention`
-            (``codebook`` is ``C_K [G, S_k, Dk]``).
+        k_hat, v, bias, block_len, state, z, codebook, reduction, compressive_cache: as
+            :func:`transformer_vq.ops.vq.vq_attention` (``codebook`` is ``C_K [G, S_k, Dk]``).
         z_q: ``[B, H, T]`` int64 query shortcodes, ``0 <= z_q < S_q``.
         codebook_q: ``[H, S_q, Dk]`` query codewords ``C_Q``, one codebook per head (constants: no gradient).
         table: ``code_pair_table(codebook_q, codebook)`` when the caller holds it; ``None`` computes it, at
