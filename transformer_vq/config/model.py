@@ -62,6 +62,9 @@ class TransformerVQConfig:
     quantize_queries: bool = option(False, "Quantize the queries too, against a codebook of their own (n_code "
                                            "codes per head): scores come from a table of code-pair scores "
                                            "(attn_type 'vq' only).")
+    compressive_cache: bool = option(True, "VQ attention over every past key: the two-block window directly, older "
+                                           "keys through the per-code cache (Theorem 3.7). False: the window only, "
+                                           "no cache (the paper's Table 2 ablation; causal attn_type 'vq' only).")
     mask_rate: float = option(0.15, "Encoders (causal false): fraction of the tokens of a window masked and "
                                     "predicted in training.", min=0.0, max=1.0, min_open=True, max_open=True,
                               training_only=True)
@@ -77,6 +80,9 @@ class TransformerVQConfig:
             extra.append(("d_model", f"must be even (sinusoid tables pair sin and cos), got {self.d_model}"))
         if self.quantize_queries and self.attn_type != "vq":
             extra.append(("quantize_queries", f"applies to attn_type 'vq' only, got attn_type {self.attn_type!r}"))
+        if not self.compressive_cache and (self.attn_type != "vq" or not self.causal):
+            extra.append(("compressive_cache", f"false applies to causal attn_type 'vq' only, got attn_type "
+                                               f"{self.attn_type!r} with causal {self.causal}"))
         if not self.causal and self.attn_type not in NONCAUSAL_ATTN_TYPES:
             extra.append(("causal", f"false is available for attn_type {' or '.join(map(repr, NONCAUSAL_ATTN_TYPES))}"
                                     f", got attn_type {self.attn_type!r}"))

@@ -37,6 +37,7 @@ def vq_attention(
     codebook: torch.Tensor,
     reduction: str = "serial",
     code_scores: torch.Tensor | None = None,
+    compressive_cache: bool = True,
 ) -> tuple[torch.Tensor, VQAttentionState]:
     """Causal softmax attention over all past keys, in time linear in the sequence length.
 
@@ -55,20 +56,19 @@ def vq_attention(
         code_scores: ``[B, H, T, S]`` the scores ``q @ codebook[h // (H // G)]^T`` when the caller has them
             without the product (quantized queries read them from a table: :mod:`transformer_vq.ops.vq_qk`); they
             must equal that product in value, and gradients reach ``q`` through them only as the caller defines.
+        compressive_cache: ``False`` drops the per-code cache: each query attends its two-block window only (the
+            paper's Table 2 ablation). The state then carries the window keys alone (its cache stays empty).
 
     Returns:
         ``(out, state)``: ``out`` is ``[B, H, T, Dv]``; ``state`` continues the sequences.
     """
     _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores)
-    B, H, T, Dk = q.shape
-    G, S = codebook.shape[0], codebook.shape[1]
-    L = block_len
+    (B, H, T, Dk), (G, S), L = q.shape, codebook.shape[:2], block_len
     if state is None:
         state = VQAttentionState.empty(B, G, S, Dk, v.shape[-1], dtype=v.dtype, device=v.device)
     codebook = codebook.detach()
 
-    outs = []
-    start = 0
+    outs, start = [], 0
     while start < T:
         in_block = state.offset % L
         if in_block != 0 or T - start < L:
@@ -78,10 +78,9 @@ def vq_attention(
             stop = start + (T - start) // L * L
             kernel = attend_blocks
         piece = slice(start, stop)
-        out, state = kernel(
-            q[:, :, piece], k_hat[:, :, piece], z[:, :, piece], v[:, :, piece], codebook,
-            bias[:, :, piece], L, state, reduction, None if code_scores is None else code_scores[:, :, piece],
-        )
+        out, state = kernel(q[:, :, piece], k_hat[:, :, piece], z[:, :, piece], v[:, :, piece], codebook,
+                            bias[:, :, piece], L, state, reduction,
+                            None if code_scores is None else code_scores[:, :, piece], compressive_cache)
         outs.append(out)
         start = stop
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), state
