@@ -24,6 +24,8 @@ CORPORA = {
     "imagenet64": ("transformer_vq.data.imagenet64", "load_imagenet64",
                    "downsampled ImageNet 64x64, 12,288 bytes per image (paper Sec. 5.2.3)"),
     "gcide": ("transformer_vq.data.gcide", "load_gcide", "GCIDE dictionary text via apt (dict-gcide), bytes, 40 MB"),
+    "recall": ("transformer_vq.data.recall", "load_recall",
+               "synthetic associative-recall memory probe, generated from a seed, bytes (one episode per sequence)"),
 }
 
 
@@ -45,7 +47,8 @@ def load_corpus(name: str, *, data_path: str | os.PathLike | None = None,
     """Load corpus ``name`` (see :func:`list_corpora`).
 
     Args:
-        name: ``"shakespeare"``, ``"text"``, ``"enwik8"``, ``"pg19"``, ``"imagenet64"`` or ``"gcide"``.
+        name: ``"shakespeare"``, ``"text"``, ``"enwik8"``, ``"pg19"``, ``"imagenet64"``, ``"gcide"`` or
+            ``"recall"``.
         data_path: where the data is (a file or directory, per dataset); optional for the
             datasets that can be fetched (shakespeare, enwik8, gcide).
         cache_dir: cache root (default ``$TVQ_CACHE_DIR`` or ``~/.cache/transformer-vq``).
