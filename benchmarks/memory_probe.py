@@ -38,7 +38,7 @@ VARIANTS = {"vq": {}, "vq-window": {"compressive_cache": False}, "full": {"attn_
 SIZES = {
     "real": {"model": {"d_model": 128, "d_k": 32, "d_v": 256, "n_layers": 2, "n_code": 64, "block_len": 32,
                        "dropsin": 0.0},
-             "train": {"seq_len": 1024, "update_len": 128, "batch_size": 8, "steps": 1200, "warmup_steps": 50},
+             "train": {"seq_len": 1024, "update_len": 128, "batch_size": 8, "steps": 3000, "warmup_steps": 50},
              "data": {"n_pairs": 8, "train_episodes": 2048, "eval_episodes": 64}},
     "tiny": {"model": {"d_model": 32, "d_k": 16, "d_v": 64, "n_layers": 1, "n_code": 8, "block_len": 8,
                        "dropsin": 0.0},

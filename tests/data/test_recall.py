@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from transformer_vq.config import TrainConfig
-from transformer_vq.data import DataError, list_corpora, load_corpus
+from transformer_vq.data import DataError, load_corpus
 from transformer_vq.data.batches import corpus_batches
 from transformer_vq.data.recall import (ASSIGN, END, HEADER, QUERY, RecallSpec, load_recall, recall_episode,
                                         recall_split, spec_of)
+from transformer_vq.data.registry import list_corpora, list_probes
 from transformer_vq.train.build import load_corpus_for
 
 
@@ -90,7 +91,7 @@ def test_bad_options_are_clear_errors(options, fragment):
 
 
 def test_the_corpus_and_its_training_sequences():
-    assert "recall" in list_corpora()
+    assert "recall" in list_probes() and "recall" not in list_corpora()
     with pytest.raises(DataError, match="reads no files; leave --data-path out"):
         load_corpus("recall", data_path="x")
     corpus = load_corpus("recall", seq_len=128, n_pairs=4, train_episodes=6, eval_episodes=2, seed=9)

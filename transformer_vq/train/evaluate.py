@@ -68,7 +68,11 @@ class EvalResult:
         return bpb_unit(self.objective)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as a dict; ``recall`` only on the recall probe."""
+        values = asdict(self)
+        if values["recall"] is None:
+            del values["recall"]
+        return values
 
 
 def evaluate_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: int, tokens_per_byte: float = 1.0,
