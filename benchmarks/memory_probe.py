@@ -34,7 +34,7 @@ from transformer_vq.train.recall import recall_accuracy
 
 VARIANTS = {"vq": {}, "vq-window": {"compressive_cache": False}, "full": {"attn_type": "full"}}
 
-# "real": sized for a 2-core CPU (see docs/quality-probe.md); "tiny": the one-minute check of the script itself
+# "real": sized for a 2-core CPU (see docs/quality.md, "Memory probe"); "tiny": the one-minute check of the script itself
 SIZES = {
     "real": {"model": {"d_model": 128, "d_k": 32, "d_v": 256, "n_layers": 2, "n_code": 64, "block_len": 32,
                        "dropsin": 0.0},
