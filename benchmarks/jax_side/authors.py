@@ -58,11 +58,11 @@ def whole_layer(modules: dict, config, flat: dict, batch: int):
     """``(apply, params)`` of the authors' whole-sequence layer (``attn2.VQAttention``): ``apply(params, x)`` maps
     ``x [B, T, D]`` to the residual branch ``[B, T, D]`` (the layer adds no residual itself)."""
     import jax
-    import jax.numpy as jnp
 
     layer = modules["attn2"].VQAttention(config)
     T, L, D = config.sequence_len, config.block_len, config.d_model
-    template = layer.init({"params": jax.random.PRNGKey(0)}, jnp.zeros((batch, T // L, L, D), config.dtype))
+    x = jax.ShapeDtypeStruct((batch, T // L, L, D), config.dtype)
+    template = jax.eval_shape(layer.init, {"params": jax.random.PRNGKey(0)}, x)  # the tree's shapes, nothing computed
     params = params_of(flat, template, config.dtype)
 
     def apply(p, x):
@@ -75,13 +75,13 @@ def block_layer(modules: dict, config, flat: dict, batch: int):
     """``(step, params, state)`` of the authors' block-by-block layer with its carried state
     (``attn1.VQAttentionOld``): ``step(params, state, x_block) -> (state, residual branch)``, one block of ``L``."""
     import jax
-    import jax.numpy as jnp
 
     old = modules["attn1"].VQAttentionOld
     layer = old(config)
     state = old.initial_state(config, batch)
-    block = jnp.zeros((batch, config.block_len, config.d_model), config.dtype)
-    params = params_of(flat, layer.init({"params": jax.random.PRNGKey(0)}, state, block), config.dtype)
+    block = jax.ShapeDtypeStruct((batch, config.block_len, config.d_model), config.dtype)
+    template = jax.eval_shape(layer.init, {"params": jax.random.PRNGKey(0)}, state, block)
+    params = params_of(flat, template, config.dtype)
 
     def step(p, s, x):
         s, out = layer.apply(p, s, x)
