@@ -25,11 +25,20 @@ JAX_SIDE = Path(__file__).resolve().parent / "jax_side"
 BRANCH = "optimized"
 
 
-def require(value: str | None, what: str, flag: str, env: str) -> str:
-    """``value``, or a clear error naming the flag and the environment variable that give it."""
-    if not value:
-        raise SystemExit(f"error: {what} is not known: pass {flag} or set {env}")
-    return value
+def add_authors_flags(parser) -> None:
+    """``--authors`` and ``--jax-python``, defaulting to ``TVQ_AUTHORS`` and ``TVQ_JAX_PYTHON``."""
+    parser.add_argument("--authors", default=os.environ.get("TVQ_AUTHORS"),
+                        help="the authors' repository: a bare git directory or an extracted copy (env TVQ_AUTHORS)")
+    parser.add_argument("--jax-python", default=os.environ.get("TVQ_JAX_PYTHON"),
+                        help="python of the JAX environment (env TVQ_JAX_PYTHON)")
+
+
+def require_authors(args) -> None:
+    """A clear error when the authors' code or the JAX python is not named, saying which flag or variable gives it."""
+    for value, what, flag, env in ((args.authors, "the authors' repository", "--authors", "TVQ_AUTHORS"),
+                                   (args.jax_python, "the JAX environment's python", "--jax-python", "TVQ_JAX_PYTHON")):
+        if not value:
+            raise SystemExit(f"error: {what} is not known: pass {flag} or set {env}")
 
 
 def authors_source(source: str, dest: Path, branch: str = BRANCH) -> tuple[Path, str | None]:

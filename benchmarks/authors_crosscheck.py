@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 import tempfile
@@ -25,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from authors_bridge import (authors_params, authors_source, gau_config, randomize, require, run_jax_side)
+from authors_bridge import (add_authors_flags, authors_params, authors_source, gau_config, randomize, require_authors,
+                            run_jax_side)
 from transformer_vq import GatedAttentionUnit
 from transformer_vq.bench.machine import machine_info
 
@@ -98,19 +98,15 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--authors", default=os.environ.get("TVQ_AUTHORS"),
-                        help="the authors' repository: a bare git directory or an extracted copy (env TVQ_AUTHORS)")
-    parser.add_argument("--jax-python", default=os.environ.get("TVQ_JAX_PYTHON"),
-                        help="python of the JAX environment (env TVQ_JAX_PYTHON)")
+    add_authors_flags(parser)
     parser.add_argument("--case", nargs="+", default=["small", "odd-split"], choices=list(CASES))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="write OUT.json and OUT.md (default: print only)")
     args = parser.parse_args(argv)
-    authors = require(args.authors, "the authors' repository", "--authors", "TVQ_AUTHORS")
-    jax_python = require(args.jax_python, "the JAX environment's python", "--jax-python", "TVQ_JAX_PYTHON")
+    require_authors(args)
     with tempfile.TemporaryDirectory() as tmp:
-        src, commit = authors_source(authors, Path(tmp) / "authors")
-        rows = [check_case(name, CASES[name], src=src, jax_python=jax_python, seed=args.seed, work=Path(tmp))
+        src, commit = authors_source(args.authors, Path(tmp) / "authors")
+        rows = [check_case(name, CASES[name], src=src, jax_python=args.jax_python, seed=args.seed, work=Path(tmp))
                 for name in args.case]
     met = all(r[k]["max_abs"] < TARGET for r in rows for k in ("whole_vs_authors_whole", "carried_vs_authors_blocks"))
     command = "python benchmarks/authors_crosscheck.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import subprocess
@@ -28,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from authors_bridge import authors_params, authors_source, gau_config, jax_env, randomize, require
+from authors_bridge import (add_authors_flags, authors_params, authors_source, gau_config, jax_env, randomize,
+                            require_authors)
 from transformer_vq import GatedAttentionUnit
 from transformer_vq.bench.machine import load_average, machine_info
 from transformer_vq.config import PRESETS
@@ -156,10 +156,7 @@ def parse_lengths(words: list[str]) -> list[int]:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--authors", default=os.environ.get("TVQ_AUTHORS"),
-                        help="the authors' repository: a bare git directory or an extracted copy (env TVQ_AUTHORS)")
-    parser.add_argument("--jax-python", default=os.environ.get("TVQ_JAX_PYTHON"),
-                        help="python of the JAX environment (env TVQ_JAX_PYTHON)")
+    add_authors_flags(parser)
     parser.add_argument("--lengths", nargs="+", default=["2k", "8k", "32k"])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--batch", type=int, default=1)
@@ -167,8 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="benchmarks/results", help="folder of NAME.json and NAME.md")
     parser.add_argument("--name", default=None, help="default: jax-layer-fp32-DATE-<cpus>cpu")
     args = parser.parse_args(argv)
-    args.authors = require(args.authors, "the authors' repository", "--authors", "TVQ_AUTHORS")
-    args.jax_python = require(args.jax_python, "the JAX environment's python", "--jax-python", "TVQ_JAX_PYTHON")
+    require_authors(args)
     lengths = parse_lengths(args.lengths)
     machine = machine_info()
     with tempfile.TemporaryDirectory() as tmp:
