@@ -69,8 +69,8 @@ TRAIN = {
     "set-lr-inf": (["--set", "lr=inf"], f"--lr: {FINITE}, got 'inf'"),
     "set-empty-value": (["--set", "model.block_len="], "--block-len: must be an integer, got ''"),
     "set-model-unknown-key": (["--set", "model.nope=1"], "unknown model config key(s): nope; known keys: abs_pos, "
-                              "attn_type, block_len, causal, commit_coef, d_k, d_model, d_v, dead_code_restart, "
-                              "droplyr, dropres, dropsin, ema_rate, final_norm, flash_chunk_len, head_type, "
+                              "attn_type, bias_span, block_len, causal, commit_coef, d_k, d_model, d_v, "
+                              "dead_code_restart, droplyr, dropres, dropsin, ema_rate, final_norm, flash_chunk_len, head_type, "
                               "mask_rate, max_wavelength, n_code, n_head, n_layers, quantize_queries, reduction, "
                               "tie_embeddings, vocab_size"),
     "lr-underflow": (["--lr", "1e-400"], "--lr: is too small (underflows to 0), got '1e-400'"),
