@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from transformer_vq.config.choices import ATTN_TYPES, HEAD_TYPES, NONCAUSAL_ATTN_TYPES, REDUCTIONS
+from transformer_vq.config.choices import ATTN_TYPES, BIAS_SPANS, HEAD_TYPES, NONCAUSAL_ATTN_TYPES, REDUCTIONS
 from transformer_vq.config.fields import ConfigError, check, fields_of, option
 
 PROBABILITY = dict(min=0.0, max=1.0, max_open=True)
@@ -43,6 +43,10 @@ class TransformerVQConfig:
                                        "(0 = off).", min=0, training_only=True)
     max_wavelength: float = option(1e5, "Maximum wavelength of every sinusoid table (App. C).", min=1.0,
                                    min_open=True)
+    bias_span: str = option("window", "How far the relative-position bias reaches: 'window' (every key of the "
+                                      "two-block window, distances up to 2L - 1) or 'block' (distances up to L, as "
+                                      "the authors' code; keys further back attend without the bias).",
+                            choices=BIAS_SPANS)
     dropsin: float = option(0.0, "Dropout on the relative-position sinusoids (p_dropsin).", **PROBABILITY,
                             training_only=True)
     dropres: float = option(0.0, "Dropout on each GAU's residual branch (p_dropres).", **PROBABILITY,
