@@ -9,8 +9,8 @@ A config file has up to four top-level keys::
     train: {steps: 200}      # TrainConfig fields
 
 Overrides are ``model.FIELD=VALUE`` or ``train.FIELD=VALUE``; a bare ``FIELD=VALUE`` works because a field
-name belongs either to the model configs or to the training config. Unknown keys are rejected by name. TOML files need
-Python >= 3.11 (``tomllib``) or the ``tomli`` package; YAML works everywhere.
+name belongs either to the model configs or to the training config. Unknown keys are rejected by name. TOML files
+need Python >= 3.11 (``tomllib``) or the ``tomli`` package; YAML works everywhere.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from pathlib import Path
 
 from transformer_vq.config.arch import DEFAULT_ARCH, MODEL_CLASSES, check_arch, foreign_fields, lm_preset
 from transformer_vq.config.fields import ConfigError, coerce, fields_of, kinds
-from transformer_vq.config.model import TransformerVQConfig
 from transformer_vq.config.train import RunConfig, TrainConfig
 
-SECTIONS = {"model": TransformerVQConfig, "train": TrainConfig}
+SECTIONS = ("model", "train")
 MODEL_FIELDS = frozenset(name for cls in MODEL_CLASSES.values() for name in fields_of(cls))
 """The fields of every architecture's model config (a bare ``--set`` key among them is a model field)."""
 

@@ -121,7 +121,7 @@ class RunConfig:
     train: TrainConfig = option(factory=TrainConfig, help="How to train it.")
 
     def __post_init__(self):
-        arch_of(self.model)
+        arch_of(self.model)  # refuses a model config of no language-model architecture
         if isinstance(self.model, LongVQConfig) and self.model.n_classes != 0:
             raise ConfigError(f"a language-model run needs n_classes 0, got {self.model.n_classes}; a LongVQ "
                               f"classifier trains with tvq classify train")
