@@ -113,6 +113,23 @@ def test_decoding_state_size_depends_on_the_place_in_the_block_only():
     assert sizes[4:36] == sizes[8:40]
 
 
+def test_token_by_token_decoding_equals_the_whole_sequence_in_a_bounded_state():
+    """Decoding one token per call (the SSM's recurrence, the attention's carried cache) gives the logits of one
+    forward pass over the whole sequence, and the state never outgrows what it holds after its second block."""
+    model = language_model()  # block_len 4
+    ids = ids_of((2, 21), 15)
+    state, logits, sizes = None, [], []
+    for t in range(21):
+        out = model(ids[:, t:t + 1], state)
+        state = out.state
+        logits.append(out.logits)
+        sizes.append(state.nbytes())
+    torch.testing.assert_close(torch.cat(logits, dim=1), model(ids).logits, **TOL)
+    assert state.offset == 21 and max(sizes) == max(sizes[:8])
+    ssm_bytes = sum(layer.ssm.nbytes() for layer in state.layers)
+    assert ssm_bytes == 2 * 2 * 32 * 4 * 8  # 2 layers of [B=2, D=32, h=4] float64, whatever the offset
+
+
 def test_greedy_generate_equals_argmax_of_the_full_forward():
     model = language_model()
     prompt = ids_of((2, 6), 5)

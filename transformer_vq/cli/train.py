@@ -1,10 +1,13 @@
-"""`tvq train`: train a Transformer-VQ language model (with no arguments: the small model on Shakespeare).
+"""`tvq train`: train a language model, Transformer-VQ or (``--arch longvq``) LongVQ (with no arguments: the small
+Transformer-VQ model on Shakespeare).
 
 Every model field and every training field is a flag (``--block-len``, ``--n-code``, ``--attn-type``,
 ``--steps``, ``--lr``; booleans as ``--abs-pos``/``--no-abs-pos``; ``none`` for optional fields). Sources,
 later ones winning: ``--preset`` (model preset, default ``small``) < ``--config`` (YAML/TOML file) <
 ``--set KEY=VALUE`` (any field, e.g. ``--set model.d_model=128``) < the field flags. ``--resume`` without
 ``--preset``/``--config`` continues the run's saved config with the given flags and ``--set`` on top.
+``--arch`` picks the model config class: the fields of both architectures are flags (the ones they share, such as
+``--d-model``, once), and a field of the other architecture is refused by name.
 Data-parallel: ``torchrun --nproc_per_node N -m transformer_vq train ...``.
 """
 
@@ -18,6 +21,7 @@ EPILOG = """examples:
   tvq train --data pg19 --data-path pg19/ --data-option tokenizer=pg19-32k.model --preset pg19
   tvq train --resume auto                       # continue runs/default from its latest checkpoint
   tvq train --n-layers 4 --lr 1e-3 --precision bfloat16
+  tvq train --arch longvq --preset tiny --steps 100  # LongVQ's causal language model (docs/longvq.md)
   torchrun --nproc_per_node 2 -m transformer_vq train --batch-size 16
 """
 
@@ -25,15 +29,23 @@ EPILOG = """examples:
 def add_parser(subparsers):
     import argparse
 
-    from transformer_vq.config import TrainConfig, TransformerVQConfig
+    from transformer_vq.config import LongVQConfig, TrainConfig, TransformerVQConfig
+    from transformer_vq.config.arch import LM_ARCHS, LM_PRESETS
+    from transformer_vq.config.fields import fields_of
     from transformer_vq.config.flags import add_flags, add_preset_flag, not_empty
 
     parser = subparsers.add_parser(
         "train", help="train a model (no arguments: small model on Shakespeare, ~5 min on CPU)",
         description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_preset_flag(parser, "small")
-    parser.add_argument("--config", metavar="FILE", type=not_empty, help="YAML or TOML file with preset / model / train sections")
+    presets = {name: None for arch_presets in LM_PRESETS.values() for name in arch_presets}
+    add_preset_flag(parser, "small", presets, source="App. C of the paper for enwik8, pg19, imagenet64; with --arch "
+                                                     "longvq: enwik8, tiny, small of docs/longvq.md")
+    parser.add_argument("--arch", type=_arch_name, metavar="{" + ",".join(LM_ARCHS) + "}",
+                        help="architecture: 'tvq' (Transformer-VQ) or 'longvq' (LongVQ's causal language model) "
+                             "(default: tvq, or the resumed run's)")
+    parser.add_argument("--config", metavar="FILE", type=not_empty,
+                        help="YAML or TOML file with arch / preset / model / train sections")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a model or train field, e.g. model.d_model=128 or lr=1e-3 (repeatable)")
     parser.add_argument("--resume", nargs="?", const="auto", metavar="auto|PATH", type=not_empty,
@@ -41,8 +53,23 @@ def add_parser(subparsers):
                              "when the flag is given alone) or from the given run/checkpoint directory")
     add_flags(parser.add_argument_group("model fields (default: the preset's; see docs/training.md)"),
               TransformerVQConfig, defaults="")
+    shared = tuple(set(fields_of(LongVQConfig)) & set(fields_of(TransformerVQConfig)))
+    add_flags(parser.add_argument_group("LongVQ model fields, with --arch longvq (default: the preset's; see "
+                                        "docs/longvq.md); it reads the model fields above it shares too"),
+              LongVQConfig, defaults="", skip=(*shared, "n_classes"))
     add_flags(parser.add_argument_group("training fields (see docs/training.md)"), TrainConfig)
     return parser
+
+
+def _arch_name(text: str) -> str:
+    """The type of ``--arch``: refused while parsing unless it names an architecture."""
+    import argparse
+
+    from transformer_vq.config.arch import LM_ARCHS
+
+    if text not in LM_ARCHS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(LM_ARCHS)}, got {text!r}")
+    return text
 
 
 def build_config(args):
@@ -50,13 +77,14 @@ def build_config(args):
     saved config (its config.json), with the flags and --set applied on top."""
     import dataclasses
 
-    from transformer_vq.config import TrainConfig, TransformerVQConfig, load_config
+    from transformer_vq.config import LongVQConfig, TrainConfig, TransformerVQConfig, load_config
     from transformer_vq.config.flags import given
 
-    values = {"model": given(args, TransformerVQConfig), "train": given(args, TrainConfig)}
+    values = {"model": {**given(args, TransformerVQConfig), **given(args, LongVQConfig)},
+              "train": given(args, TrainConfig)}
     options = values["train"].pop("data_options", {})
     base = _resume_base(args, values)
-    cfg = load_config(args.preset, args.config, args.overrides, base=base, values=values)
+    cfg = load_config(args.preset, args.config, args.overrides, base=base, values=values, arch=args.arch)
     _check_data_named(args, values, base)
     if options:
         # on top of the options of the config file (or of the run being resumed)

@@ -1,9 +1,11 @@
 """Every configuration of the library, torch-free: the models (:class:`TransformerVQConfig` and the paper's
-presets; :class:`LongVQConfig` and its presets), training (:class:`TrainConfig`, :class:`RunConfig`), evaluation
-and sampling (:class:`EvalConfig`, :class:`SampleConfig`), sequence classification (:class:`ClassifyConfig`), and the enumerations they choose from. Each field carries
-its help text and rules (``transformer_vq.config.fields``); ``transformer_vq.config.flags`` turns the fields into
+presets; :class:`LongVQConfig` and its presets; the language-model architectures choosing between them), training
+(:class:`TrainConfig`, :class:`RunConfig`), evaluation and sampling (:class:`EvalConfig`, :class:`SampleConfig`),
+sequence classification (:class:`ClassifyConfig`), and the enumerations they choose from. Each field carries its
+help text and rules (``transformer_vq.config.fields``); ``transformer_vq.config.flags`` turns the fields into
 command-line flags."""
 
+from transformer_vq.config.arch import LM_ARCHS, LM_PRESETS
 from transformer_vq.config.choices import (ATTN_TYPES, DEVICES, HEAD_TYPES, OP_METHODS, OPTIMIZERS, PRECISIONS,
                                            REDUCTIONS)
 from transformer_vq.config.classify import (CLASSIFY_ARCHS, CLASSIFY_PRESETS, ClassifyConfig, ClassifyEvalConfig,
@@ -16,7 +18,7 @@ from transformer_vq.config.model import PRESETS, TRAINING_ONLY_FIELDS, Transform
 from transformer_vq.config.train import PAPER_LR, RunConfig, TrainConfig, check_compatible
 
 __all__ = [
-    "ATTN_TYPES", "CLASSIFY_ARCHS", "CLASSIFY_PRESETS", "ClassifyConfig", "ClassifyEvalConfig", "ClassifyTrainConfig",
+    "ATTN_TYPES", "CLASSIFY_ARCHS", "LM_ARCHS", "LM_PRESETS", "CLASSIFY_PRESETS", "ClassifyConfig", "ClassifyEvalConfig", "ClassifyTrainConfig",
     "classify_config", "DEVICES", "HEAD_TYPES", "LONGVQ_PRESETS", "LongVQConfig", "NORMS", "longvq_preset",
     "OPTIMIZERS", "OP_METHODS", "PAPER_LR", "PRECISIONS", "PRESETS",
     "REDUCTIONS", "TRAINING_ONLY_FIELDS", "ConfigError", "EvalConfig", "RunConfig", "SampleConfig", "TrainConfig",

@@ -111,13 +111,14 @@ def not_empty(text: str) -> str:
     return text
 
 
-def add_preset_flag(parser, default: str, presets: dict | None = None) -> None:
+def add_preset_flag(parser, default: str, presets: dict | None = None, source: str | None = None) -> None:
     """``--preset NAME``: the model to start from, checked against ``presets`` (default: the Transformer-VQ
-    presets) while parsing."""
+    presets) while parsing; ``source`` says in the help where the presets come from."""
     from transformer_vq.config.model import PRESETS
 
     names = PRESETS if presets is None else presets
-    source = "App. C of the paper for enwik8, pg19, imagenet64" if names is PRESETS else "LongVQ: docs/longvq.md"
+    if source is None:
+        source = "App. C of the paper for enwik8, pg19, imagenet64" if names is PRESETS else "LongVQ: docs/longvq.md"
 
     def preset_name(text: str) -> str:
         if text not in names:

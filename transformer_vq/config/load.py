@@ -1,15 +1,16 @@
 """Building a run config from its sources: a model preset, an optional YAML/TOML file, ``key=value``
 overrides (``--set``), and typed values (the command-line flags), each later source winning.
 
-A config file has up to three top-level keys::
+A config file has up to four top-level keys::
 
-    preset: small            # a model preset of transformer_vq.config.PRESETS
-    model: {d_model: 128}    # overrides of TransformerVQConfig fields
+    arch: tvq                # the architecture: 'tvq' (default) or 'longvq' (transformer_vq.config.arch)
+    preset: small            # a model preset of the architecture (transformer_vq.config.arch.LM_PRESETS)
+    model: {d_model: 128}    # overrides of the architecture's model config fields
     train: {steps: 200}      # TrainConfig fields
 
 Overrides are ``model.FIELD=VALUE`` or ``train.FIELD=VALUE``; a bare ``FIELD=VALUE`` works because a field
-name belongs to exactly one of the two configs. Unknown keys are rejected by name. TOML files need
-Python >= 3.11 (``tomllib``) or the ``tomli`` package; YAML works everywhere.
+name belongs either to the model configs or to the training config. Unknown keys are rejected by name. TOML files
+need Python >= 3.11 (``tomllib``) or the ``tomli`` package; YAML works everywhere.
 """
 
 from __future__ import annotations
@@ -18,41 +19,46 @@ import json
 import typing
 from pathlib import Path
 
+from transformer_vq.config.arch import DEFAULT_ARCH, MODEL_CLASSES, check_arch, foreign_fields, lm_preset
 from transformer_vq.config.fields import ConfigError, coerce, fields_of, kinds
-from transformer_vq.config.model import PRESETS, TransformerVQConfig
 from transformer_vq.config.train import RunConfig, TrainConfig
 
-SECTIONS = {"model": TransformerVQConfig, "train": TrainConfig}
+SECTIONS = ("model", "train")
+MODEL_FIELDS = frozenset(name for cls in MODEL_CLASSES.values() for name in fields_of(cls))
+"""The fields of every architecture's model config (a bare ``--set`` key among them is a model field)."""
 
-_shared = set(fields_of(TransformerVQConfig)) & set(fields_of(TrainConfig))
-# `tvq train` has one flat flag per field of both configs: a name in both could not be told apart.
+_shared = MODEL_FIELDS & set(fields_of(TrainConfig))
+# `tvq train` has one flat flag per field of the configs: a name in both could not be told apart.
 assert not _shared, f"model and train configs share field names {sorted(_shared)}"
 
 
 def load_config(preset: str | None = None, file: str | Path | None = None,
                 overrides: typing.Sequence[str] = (), base: RunConfig | None = None,
-                values: dict | None = None) -> RunConfig:
+                values: dict | None = None, arch: str | None = None) -> RunConfig:
     """Build a :class:`RunConfig`: model preset (default ``small``), then a YAML/TOML file, then ``key=value``
     ``overrides``, then typed ``values`` (``{"model": {...}, "train": {...}}``, e.g. parsed flags), each later
-    source winning. With ``base`` (e.g. the saved config of a run being resumed) the starting point is ``base``
+    source winning. ``arch`` (else the file's, else ``base``'s, else ``tvq``) picks the model config class and its
+    presets. With ``base`` (e.g. the saved config of a run being resumed) the starting point is ``base``
     instead of the defaults, unless a preset is named. Raises :class:`ConfigError` naming the bad key or value."""
     merged = {"model": {}, "train": dict(base.train.to_dict()) if base else {}}
-    file_preset = None
-    if file is not None:
-        loaded = read_file(Path(file))
-        file_preset = loaded.get("preset")
-        for section in SECTIONS:
-            merged[section].update(loaded.get(section) or {})
+    loaded = read_file(Path(file)) if file is not None else {}
+    for section in SECTIONS:
+        merged[section].update(loaded.get(section) or {})
     for item in overrides:
         section, key, value = parse_override(item)
         merged[section][key] = value
     for section, typed in (values or {}).items():
         merged[section].update(typed)
-    name = preset or file_preset
-    if name is not None and name not in PRESETS:
-        raise ConfigError(f"unknown model preset {name!r}; available: {', '.join(PRESETS)}")
-    start = base.model if base is not None and name is None else PRESETS[name or "small"]
-    model = build(TransformerVQConfig, {**start.to_dict(), **merged["model"]}, "model")
+    name = preset or loaded.get("preset")
+    arch = check_arch(arch or loaded.get("arch") or (base.arch if base is not None else DEFAULT_ARCH))
+    if base is not None and name is None and base.arch != arch:
+        raise ConfigError(f"--arch: the run being resumed trained a {base.arch!r} model, not {arch!r}; leave --arch "
+                          f"out to continue it, or start a new run with another --run-dir")
+    start = base.model if base is not None and name is None else lm_preset(arch, name)
+    foreign = foreign_fields(arch, merged["model"])
+    if foreign:
+        raise ConfigError(foreign)
+    model = build(MODEL_CLASSES[arch], {**start.to_dict(), **merged["model"]}, "model")
     return RunConfig(model=model, train=build(TrainConfig, merged["train"], "train"))
 
 
@@ -121,7 +127,7 @@ def read_file(path: Path) -> dict:
         raise ConfigError(f"config file {path} must end in .yaml, .yml, .json or .toml")
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path} must hold a mapping with 'preset', 'model' and/or 'train' keys")
-    unknown = sorted(set(loaded) - {"preset", *SECTIONS})
+    unknown = sorted(set(loaded) - {"arch", "preset", *SECTIONS})
     if unknown:
         raise ConfigError(f"unknown top-level key(s) in {path}: {', '.join(unknown)}; "
                           f"a config file has 'preset', 'model' and 'train'")
@@ -143,10 +149,9 @@ def parse_override(item: str) -> tuple[str, str, str]:
             raise ConfigError(f"--set: unknown config section {section!r} in {item!r}; use model.FIELD or "
                               f"train.FIELD")
         return section, name, value
-    owner = next((s for s, cls in SECTIONS.items() if key in fields_of(cls)), None)
+    owner = "model" if key in MODEL_FIELDS else "train" if key in fields_of(TrainConfig) else None
     if owner is None:
-        raise ConfigError(_unknown_message([key], "config", set(fields_of(TransformerVQConfig))
-                                           | set(fields_of(TrainConfig))))
+        raise ConfigError(_unknown_message([key], "config", MODEL_FIELDS | set(fields_of(TrainConfig))))
     return owner, key, value
 
 

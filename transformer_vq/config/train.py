@@ -8,9 +8,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from transformer_vq.config.arch import DEFAULT_ARCH, MODEL_CLASSES, arch_of, check_arch
 from transformer_vq.config.choices import DEVICES, OPTIMIZERS, PARALLELS, PRECISIONS
 from transformer_vq.config.jobs import eval_tokens_problem
 from transformer_vq.config.fields import ConfigError, check, option
+from transformer_vq.config.longvq import LongVQConfig
 from transformer_vq.config.model import PRESETS, TransformerVQConfig
 
 # The paper's maximum learning rates (App. C.2), used when `lr` is left unset.
@@ -111,35 +113,49 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything a run needs: the model and how to train it. Saved as JSON with every checkpoint."""
+    """Everything a run needs: the model and how to train it. Saved as JSON with every checkpoint, with the
+    architecture (:attr:`arch`) that says which config class the model section is."""
 
-    model: TransformerVQConfig = option(factory=lambda: PRESETS["small"], help="The model.")
+    model: TransformerVQConfig | LongVQConfig = option(factory=lambda: PRESETS["small"],
+                                                       help="The model (its class is the architecture).")
     train: TrainConfig = option(factory=TrainConfig, help="How to train it.")
 
     def __post_init__(self):
+        arch_of(self.model)  # refuses a model config of no language-model architecture
+        if isinstance(self.model, LongVQConfig) and self.model.n_classes != 0:
+            raise ConfigError(f"a language-model run needs n_classes 0, got {self.model.n_classes}; a LongVQ "
+                              f"classifier trains with tvq classify train")
         check_compatible(self.model, self.train)
 
+    @property
+    def arch(self) -> str:
+        """'tvq' (Transformer-VQ) or 'longvq' (LongVQ's language model), read from the model config's class."""
+        return arch_of(self.model)
+
     def to_dict(self) -> dict:
-        return {"model": self.model.to_dict(), "train": self.train.to_dict()}
+        return {"arch": self.arch, "model": self.model.to_dict(), "train": self.train.to_dict()}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
     def from_dict(cls, values: dict) -> "RunConfig":
-        """Rebuild from :meth:`to_dict` output (e.g. a checkpoint's config.json)."""
+        """Rebuild from :meth:`to_dict` output (e.g. a checkpoint's config.json); without ``arch`` (a run saved
+        before LongVQ existed) the model is Transformer-VQ's."""
         from transformer_vq.config.load import build
 
         if not isinstance(values, dict):
             raise ConfigError(f"a run config is a mapping with 'model' and 'train', got {type(values).__name__}")
-        unknown = sorted(set(values) - {"model", "train"})
+        unknown = sorted(set(values) - {"arch", "model", "train"})
         if unknown:
-            raise ConfigError(f"unknown top-level config key(s): {', '.join(unknown)}; expected 'model' and 'train'")
-        return cls(model=build(TransformerVQConfig, values.get("model", {}), "model"),
+            raise ConfigError(f"unknown top-level config key(s): {', '.join(unknown)}; expected 'arch', 'model' and "
+                              f"'train'")
+        model_cls = MODEL_CLASSES[check_arch(values.get("arch", DEFAULT_ARCH))]
+        return cls(model=build(model_cls, values.get("model", {}), "model"),
                    train=build(TrainConfig, values.get("train", {}), "train"))
 
 
-def check_compatible(model: TransformerVQConfig, train: TrainConfig) -> None:
+def check_compatible(model: TransformerVQConfig | LongVQConfig, train: TrainConfig) -> None:
     """The constraints that tie the training windows to the model's block length."""
     if train.update_len % model.block_len != 0:
         multiple = max(1, train.update_len // model.block_len) * model.block_len

@@ -28,7 +28,11 @@ def export(cfg: ExportConfig) -> Path:
     from transformer_vq.fileio import atomic_directory
     from transformer_vq.train.build import model_from_checkpoint
 
-    model, _, _ = model_from_checkpoint(cfg.ckpt, device="cpu")
+    model, run_cfg, _ = model_from_checkpoint(cfg.ckpt, device="cpu")
+    if run_cfg.arch != "tvq":
+        raise ConfigError(f"--ckpt: tvq export converts Transformer-VQ models only, and {cfg.ckpt} holds a "
+                          f"{run_cfg.arch!r} model; use its checkpoint directly (tvq eval, tvq sample, or "
+                          f"transformer_vq.train.build.model_from_checkpoint in Python)")
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_directory(out) as tmp:
         if cfg.format == "hf":

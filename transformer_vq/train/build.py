@@ -84,6 +84,12 @@ def codec_for(run_cfg: RunConfig, *, data_path: str | None = None, run_dir: str 
 
 
 def build_model(run_cfg: RunConfig) -> torch.nn.Module:
+    """The language model of a run's architecture: :class:`~transformer_vq.TransformerVQ` or
+    :class:`~transformer_vq.nn.longvq_model.LongVQLM` (same call, state and codebook interface)."""
+    if run_cfg.arch == "longvq":
+        from transformer_vq.nn.longvq_model import LongVQLM
+
+        return LongVQLM(run_cfg.model)
     from transformer_vq import TransformerVQ
 
     return TransformerVQ(run_cfg.model)

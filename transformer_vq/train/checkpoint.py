@@ -23,6 +23,7 @@ instead of ``model.safetensors`` (see dcp.py); everything else about a checkpoin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import re
@@ -34,7 +35,7 @@ import safetensors.torch
 import torch
 
 from transformer_vq import fileio
-from transformer_vq.config import TRAINING_ONLY_FIELDS, TransformerVQConfig
+from transformer_vq.config import LongVQConfig, TransformerVQConfig
 from transformer_vq.train import dcp
 
 FILES = ("model.safetensors", "state.pt", "config.json")
@@ -98,21 +99,29 @@ class Checkpoint:
         dcp.load_shards(self.path, model, optimizer, self.state["optimizer_groups"])
 
 
-def model_config_of(model: torch.nn.Module) -> TransformerVQConfig | None:
-    """The config a model was built from (``TransformerVQ.cfg``), if it exposes one."""
+def model_config_of(model: torch.nn.Module) -> TransformerVQConfig | LongVQConfig | None:
+    """The config a model was built from (``TransformerVQ.cfg``, ``LongVQLM.cfg``), if it exposes one."""
     return getattr(model, "cfg", None)
 
 
-def check_architecture(saved: dict, current: TransformerVQConfig | None, path: Path) -> None:
+def check_architecture(saved: dict, current: TransformerVQConfig | LongVQConfig | None, path: Path) -> None:
     """Raise a clear error when the checkpoint's model differs from ``current`` in a field that
-    changes what the weights mean."""
+    changes what the weights mean, or is another kind of model altogether (other config fields)."""
     if current is None:
         return
     now = current.to_dict()
+    foreign = sorted(set(saved) - set(now))  # a checkpoint of an older version may lack newer fields, never more
+    if foreign:
+        raise CheckpointError(
+            f"checkpoint {path} holds another kind of model than this run builds (its fields {', '.join(foreign)} "
+            f"are not this model's). Use the architecture of the checkpoint (its config.json), or start a new run "
+            f"with another --run-dir"
+        )
     # A field the checkpoint's config lacks was added later: the checkpoint means its default (what from_dict reads).
     saved = {**{f.name: f.default for f in fields(current)}, **saved}
+    ignored = frozenset(f.name for f in fields(current) if f.metadata.get("training_only"))
     diffs = [f"{k}={saved.get(k)!r} (checkpoint) vs {now[k]!r} (this run)"
-             for k in sorted(now) if k not in TRAINING_ONLY_FIELDS and saved.get(k) != now[k]]
+             for k in sorted(now) if k not in ignored and saved.get(k) != now[k]]
     if diffs:
         raise CheckpointError(
             f"checkpoint {path} is from a different architecture: {'; '.join(diffs)}. Use the same model "

@@ -3,9 +3,9 @@
 Each worker keeps ``1 / world_size`` of every parameter, of its gradient and of the optimizer state
 (row slices of each tensor, as ``DTensor``). A unit's full parameters are all-gathered just before its
 forward (and again for its backward) and freed after; its gradients are reduce-scattered (averaged)
-as soon as they are computed. Sharding units are one per :class:`~transformer_vq.nn.gau.GatedAttentionUnit`,
-then the root (the embedding, the optional head and gains), so at most one unit's full weights are
-live at a time besides the root's.
+as soon as they are computed. Sharding units are one per :class:`~transformer_vq.nn.gau.GatedAttentionUnit`
+(LongVQ: one per :class:`~transformer_vq.nn.longvq.LongVQBlock`), then the root (the embedding, the optional
+head and gains), so at most one unit's full weights are live at a time besides the root's.
 
 What stays replicated: the buffers, in particular the codebook EMA sums and counts. They are not
 parameters, FSDP leaves them whole on every worker, and the training loop all-reduces their window
@@ -43,10 +43,16 @@ def shard_model(model: torch.nn.Module, precision: str) -> torch.nn.Module:
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor")
     policy = mixed_precision(precision)
     options = {"mp_policy": policy} if policy is not None else {}
-    for unit in model.units:
+    for unit in sharding_units(model):
         fully_shard(unit, **options)
     fully_shard(model, **options)
     return model
+
+
+def sharding_units(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The modules sharded one by one: Transformer-VQ's attention units, or the blocks of a LongVQ model."""
+    units = getattr(model, "units", None)
+    return units if units is not None else model.backbone.blocks
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:

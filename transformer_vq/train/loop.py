@@ -75,7 +75,8 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
         resume: ``None`` to start a new run (refused when the run directory already has checkpoints),
             ``"auto"`` to continue from the run directory's latest complete checkpoint when there is one,
             or the path of a run or checkpoint directory to continue from.
-        model: train this module instead of ``TransformerVQ(cfg.model)`` (same interface).
+        model: train this module instead of the one ``cfg`` describes (``TransformerVQ(cfg.model)``, or
+            ``LongVQLM(cfg.model)`` for arch ``longvq``; same interface).
         _skip_restore: for tests only: parts of a checkpoint ({"data", "rng"}) *not* to restore, to
             show that restoring them is what makes resumed training identical.
 
@@ -124,7 +125,9 @@ class _Trainer:
         self.scheduler = build_scheduler(self.optimizer, tc)
         # dropout differs between workers, as their data does
         torch.manual_seed(tc.seed * 1_000_003 + 1 + dist_info.rank)
-        self.forward = data_parallel(self.model, dist_info, device, find_unused=cfg.model.droplyr > 0)
+        # LayerDrop (Transformer-VQ's droplyr) leaves a skipped unit's parameters without gradients
+        find_unused = getattr(cfg.model, "droplyr", 0.0) > 0
+        self.forward = data_parallel(self.model, dist_info, device, find_unused=find_unused)
         self.step = 0
         self.batch = None  # (B_local, seq_len + 1) the current batch of sequences
         self.batch_pos = self.batches.state_dict()  # data position before the current batch
