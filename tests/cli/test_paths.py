@@ -128,9 +128,9 @@ def test_config_file_that_does_not_parse(capsys, corpus, tmp_path, name, text, s
 
 
 @pytest.mark.parametrize("text, message", [
-    ("- 1\n- 2\n", "{path} must hold a mapping with 'preset', 'model' and/or 'train' keys"),
+    ("- 1\n- 2\n", "{path} must hold a mapping with 'arch', 'preset', 'model' and/or 'train' keys"),
     ("model: 3\n", "'model' in {path} must be a mapping of field: value, got 3"),
-    ("foo: 1\n", "unknown top-level key(s) in {path}: foo; a config file has 'preset', 'model' and 'train'"),
+    ("foo: 1\n", "unknown top-level key(s) in {path}: foo; a config file has 'arch', 'preset', 'model' and 'train'"),
 ], ids=["a-list", "section-not-a-mapping", "unknown-top-level-key"])
 def test_config_file_of_the_wrong_shape(capsys, corpus, tmp_path, text, message):
     path = tmp_path / "run.yaml"

@@ -39,7 +39,7 @@ def test_toml_file(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("trian:\n  steps: 5\n", "unknown top-level key(s) in {path}: trian; a config file has 'preset', 'model' and "
+    ("trian:\n  steps: 5\n", "unknown top-level key(s) in {path}: trian; a config file has 'arch', 'preset', 'model' and "
                               "'train'"),
     ("train:\n  stepz: 5\n", "unknown train config key(s): stepz; known keys: batch_size, ckpt_every, data"),
     ("train:\n  steps: 5.5\n", "invalid TrainConfig: steps must be an integer, got 5.5"),

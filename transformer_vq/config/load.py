@@ -126,11 +126,11 @@ def read_file(path: Path) -> dict:
     else:
         raise ConfigError(f"config file {path} must end in .yaml, .yml, .json or .toml")
     if not isinstance(loaded, dict):
-        raise ConfigError(f"{path} must hold a mapping with 'preset', 'model' and/or 'train' keys")
+        raise ConfigError(f"{path} must hold a mapping with 'arch', 'preset', 'model' and/or 'train' keys")
     unknown = sorted(set(loaded) - {"arch", "preset", *SECTIONS})
     if unknown:
         raise ConfigError(f"unknown top-level key(s) in {path}: {', '.join(unknown)}; "
-                          f"a config file has 'preset', 'model' and 'train'")
+                          f"a config file has 'arch', 'preset', 'model' and 'train'")
     for section in SECTIONS:
         if not isinstance(loaded.get(section) or {}, dict):
             raise ConfigError(f"'{section}' in {path} must be a mapping of field: value, got {loaded[section]!r}")

@@ -23,7 +23,6 @@ instead of ``model.safetensors`` (see dcp.py); everything else about a checkpoin
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import pickle
 import re
