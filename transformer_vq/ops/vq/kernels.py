@@ -111,7 +111,7 @@ def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, re
     B, H, T, Dk = q.shape
     G, S, _ = codebook.shape
     R, N, Dv = H // G, T // L, v.shape[-1]
-    k_all, v_all, z_prev, has_prev_block = _prepend_previous_block(k_hat, z, v, L, state)
+    k_all, v_all, has_prev_block, prefix_count, prefix_mean = block_caches(k_hat, z, v, S, L, state, reduction)
 
     q_blocks = q.view(B, G, R, N, L, Dk).transpose(2, 3)  # (B, G, N, R, L, Dk)
     bias_blocks = bias.view(B, G, R, N, L, 2 * L).transpose(2, 3)  # (B, G, N, R, L, 2L)
@@ -124,13 +124,6 @@ def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, re
     s_window = add(q_blocks @ k_window.unsqueeze(3), bias_blocks)  # (B, G, N, R, L, 2L)
     s_window = masked_fill(s_window, _window_mask(N, L, has_prev_block, q.device)[:, None], float("-inf"))
 
-    # Cache of query block i: the state's cache merged with blocks n-1 .. n+i-2, i.e. the prefix before the
-    # "previous" block i; the last prefix (through every block) is the final state's cache.
-    v_prev = v_all[:, :, :T].view(B, G, N, L, Dv)  # block n-1 of each query block n
-    counts, means = summarize(z_prev, v_prev, S, state.cache_mean.dtype)  # (B, G, N, S), (B, G, N, S, Dv)
-    if not has_prev_block:
-        counts = torch.cat([torch.zeros_like(counts[:, :, :1]), counts[:, :, 1:]], dim=2)
-    prefix_count, prefix_mean = PREFIXES[reduction](state.cache_count, state.cache_mean, counts, means)
     cache_count, cache_mean = prefix_count[:, :, :-1], prefix_mean[:, :, :-1]  # (B, G, N, S), (B, G, N, S, Dv)
 
     s_cache = codebook_scores(q, codebook, code_scores).view(B, G, R, N, L, S)
@@ -143,8 +136,34 @@ def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, re
     out = softmax_combine([(s_cache, cache_mean.unsqueeze(3)), (s_window, v_window.unsqueeze(3))],
                           in_place=not grad)  # (B, G, N, R, L, Dv)
     out = out.transpose(2, 3).reshape(B, H, T, Dv).to(q.dtype)
-    return out, VQAttentionState(state.offset + T, prefix_count[:, :, -1], prefix_mean[:, :, -1],
-                                 k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:])
+    return out, state_after_blocks(state, z, L, k_all, v_all, prefix_count, prefix_mean)
+
+
+def block_caches(k_hat, z, v, S, L, state: VQAttentionState, reduction):
+    """What whole blocks at a block boundary need besides the queries: window keys and values, and every cache.
+
+    Cache of query block i: the state's cache merged with blocks n-1 .. n+i-2, i.e. the prefix before the
+    "previous" block i; the last prefix (through every block) is the final state's cache.
+
+    Returns:
+        ``k_all (B, G, (N + 1) L, Dk)`` and ``v_all (B, G, (N + 1) L, Dv)`` (blocks -1 .. N-1), whether block -1
+        exists, and the prefixes ``(B, G, N + 1, S)``, ``(B, G, N + 1, S, Dv)`` of the reduction.
+    """
+    B, G, T, _ = k_hat.shape
+    N, Dv = T // L, v.shape[-1]
+    k_all, v_all, z_prev, has_prev_block = _prepend_previous_block(k_hat, z, v, L, state)
+    v_prev = v_all[:, :, :T].view(B, G, N, L, Dv)  # block n-1 of each query block n
+    counts, means = summarize(z_prev, v_prev, S, state.cache_mean.dtype)  # (B, G, N, S), (B, G, N, S, Dv)
+    if not has_prev_block:
+        counts = torch.cat([torch.zeros_like(counts[:, :, :1]), counts[:, :, 1:]], dim=2)
+    prefix_count, prefix_mean = PREFIXES[reduction](state.cache_count, state.cache_mean, counts, means)
+    return k_all, v_all, has_prev_block, prefix_count, prefix_mean
+
+
+def state_after_blocks(state: VQAttentionState, z, L, k_all, v_all, prefix_count, prefix_mean) -> VQAttentionState:
+    """The state after whole blocks: the last prefix is the cache, the last block stays verbatim."""
+    return VQAttentionState(state.offset + z.shape[2], prefix_count[:, :, -1], prefix_mean[:, :, -1],
+                            k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:])
 
 
 def _prepend_previous_block(k_hat, z, v, L, state: VQAttentionState):
