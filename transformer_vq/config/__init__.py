@@ -4,7 +4,7 @@ and sampling (:class:`EvalConfig`, :class:`SampleConfig`), sequence classificati
 its help text and rules (``transformer_vq.config.fields``); ``transformer_vq.config.flags`` turns the fields into
 command-line flags."""
 
-from transformer_vq.config.choices import (ATTN_TYPES, DEVICES, HEAD_TYPES, OP_METHODS, OPTIMIZERS, PRECISIONS,
+from transformer_vq.config.choices import (ATTN_BACKENDS, ATTN_TYPES, DEVICES, HEAD_TYPES, OP_METHODS, OPTIMIZERS, PRECISIONS,
                                            REDUCTIONS)
 from transformer_vq.config.classify import (CLASSIFY_ARCHS, CLASSIFY_PRESETS, ClassifyConfig, ClassifyEvalConfig,
                                             ClassifyTrainConfig, classify_config)
@@ -16,7 +16,7 @@ from transformer_vq.config.model import PRESETS, TRAINING_ONLY_FIELDS, Transform
 from transformer_vq.config.train import PAPER_LR, RunConfig, TrainConfig, check_compatible
 
 __all__ = [
-    "ATTN_TYPES", "CLASSIFY_ARCHS", "CLASSIFY_PRESETS", "ClassifyConfig", "ClassifyEvalConfig", "ClassifyTrainConfig",
+    "ATTN_BACKENDS", "ATTN_TYPES", "CLASSIFY_ARCHS", "CLASSIFY_PRESETS", "ClassifyConfig", "ClassifyEvalConfig", "ClassifyTrainConfig",
     "classify_config", "DEVICES", "HEAD_TYPES", "LONGVQ_PRESETS", "LongVQConfig", "NORMS", "longvq_preset",
     "OPTIMIZERS", "OP_METHODS", "PAPER_LR", "PRECISIONS", "PRESETS",
     "REDUCTIONS", "TRAINING_ONLY_FIELDS", "ConfigError", "EvalConfig", "RunConfig", "SampleConfig", "TrainConfig",

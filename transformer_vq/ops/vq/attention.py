@@ -17,9 +17,11 @@ Dv value width.
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
-from transformer_vq.config import REDUCTIONS
+from transformer_vq.config import ATTN_BACKENDS, REDUCTIONS
 from transformer_vq.ops.protocol import check_inputs
 from transformer_vq.ops.vq.kernels import attend_blocks, attend_within_block
 from transformer_vq.ops.vq.state import VQAttentionState
@@ -37,6 +39,7 @@ def vq_attention(
     codebook: torch.Tensor,
     reduction: str = "serial",
     code_scores: torch.Tensor | None = None,
+    backend: str = "eager",
 ) -> tuple[torch.Tensor, VQAttentionState]:
     """Causal softmax attention over all past keys, in time linear in the sequence length.
 
@@ -55,11 +58,15 @@ def vq_attention(
         code_scores: ``[B, H, T, S]`` the scores ``q @ codebook[h // (H // G)]^T`` when the caller has them
             without the product (quantized queries read them from a table: :mod:`transformer_vq.ops.vq_qk`); they
             must equal that product in value, and gradients reach ``q`` through them only as the caller defines.
+        backend: how whole blocks are computed: ``"eager"`` (torch ops) or ``"triton"`` (fused kernels, the same
+            numbers up to rounding, gradients included; float32, float16 or bfloat16, no ``code_scores``). Parts of a
+            call shorter than a block (a mid-block start, a tail, decoding) run eagerly under either backend.
 
     Returns:
         ``(out, state)``: ``out`` is ``[B, H, T, Dv]``; ``state`` continues the sequences.
     """
     _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores)
+    blocks_kernel = _blocks_kernel(backend, q, code_scores)
     B, H, T, Dk = q.shape
     G, S = codebook.shape[0], codebook.shape[1]
     L = block_len
@@ -76,7 +83,7 @@ def vq_attention(
             kernel = attend_within_block
         else:
             stop = start + (T - start) // L * L
-            kernel = attend_blocks
+            kernel = blocks_kernel
         piece = slice(start, stop)
         out, state = kernel(
             q[:, :, piece], k_hat[:, :, piece], z[:, :, piece], v[:, :, piece], codebook,
@@ -85,6 +92,20 @@ def vq_attention(
         outs.append(out)
         start = stop
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), state
+
+
+def _blocks_kernel(backend: str, q: torch.Tensor, code_scores):
+    """The kernel of whole blocks of ``backend``; triton is imported only when asked for (an optional extra)."""
+    if backend not in ATTN_BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(ATTN_BACKENDS)}, got {backend!r}")
+    if backend == "eager":
+        return attend_blocks
+    if importlib.util.find_spec("triton") is None:
+        raise ImportError("backend='triton' needs the triton package: pip install -e \".[triton]\"")
+    from transformer_vq.ops.vq.triton import attend_blocks_fused, check_fused_inputs
+
+    check_fused_inputs(q, code_scores)
+    return attend_blocks_fused
 
 
 def _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores):
