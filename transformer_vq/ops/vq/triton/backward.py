@@ -75,12 +75,11 @@ def query_grad_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, cb_ptr, lc_ptr, cm_ptr, do_
 
 @triton.jit
 def _window_key_grads(q_ptr, bias_ptr, do_ptr, lse_ptr, delta_ptr, k, v, dk, dv, keys, key_ok, bh, n, col0,
-                      T, L, Dk, Dv, BLOCK_M: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+                      start, T, L, Dk, Dv, BLOCK_M: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
                       PRECISION: tl.constexpr):
-    """Add to ``dk, dv`` what the rows of query block ``n`` of head ``bh`` give the keys at window columns
-    ``col0 + keys``; as the block's own keys (``col0 = L``) only rows at or after a key see it."""
+    """Add to ``dk, dv`` what the rows ``start ..`` of query block ``n`` of head ``bh`` give the keys at window
+    columns ``col0 + keys``."""
     cols = col0 + keys
-    start = tl.where(col0 == 0, 0, (tl.min(tl.where(key_ok, keys, L)) // BLOCK_M) * BLOCK_M)
     for m0 in range(start, L, BLOCK_M):
         rows_in_block = m0 + tl.arange(0, BLOCK_M)
         row_ok = rows_in_block < L
@@ -112,7 +111,8 @@ def window_grad_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, cb_ptr, lc_ptr, cm_ptr, do
     tile = tl.program_id(1)
     k_tiles = tl.cdiv(L, BLOCK_N)
     c = tile // k_tiles
-    keys = (tile % k_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+    first_key = (tile % k_tiles) * BLOCK_N
+    keys = first_key + tl.arange(0, BLOCK_N)
     key_ok = keys < L
     G = H // R
     at = bg * (T + L) + c * L  # row of k_all / v_all of the block's first key
@@ -124,10 +124,12 @@ def window_grad_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, cb_ptr, lc_ptr, cm_ptr, do
         bh = (bg // G) * H + (bg % G) * R + r
         if (c < T // L) & ((c > 0) | (has_prev != 0)):
             dk, dv = _window_key_grads(q_ptr, bias_ptr, do_ptr, lse_ptr, delta_ptr, k, v, dk, dv, keys, key_ok, bh,
-                                       c, 0, T, L, Dk, Dv, BLOCK_M, BLOCK_DK, BLOCK_DV, PRECISION)
+                                       c, 0, 0, T, L, Dk, Dv, BLOCK_M, BLOCK_DK, BLOCK_DV, PRECISION)
         if c > 0:
+            # As the block's own keys, only rows at or after a key see it: earlier row tiles are skipped.
             dk, dv = _window_key_grads(q_ptr, bias_ptr, do_ptr, lse_ptr, delta_ptr, k, v, dk, dv, keys, key_ok, bh,
-                                       c - 1, L, T, L, Dk, Dv, BLOCK_M, BLOCK_DK, BLOCK_DV, PRECISION)
+                                       c - 1, L, first_key // BLOCK_M * BLOCK_M, T, L, Dk, Dv, BLOCK_M, BLOCK_DK,
+                                       BLOCK_DV, PRECISION)
     dk_cols, dv_cols = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
     tl.store(dk_ptr + (at + keys[:, None]) * Dk + dk_cols[None, :], dk, mask=key_ok[:, None] & (dk_cols[None, :] < Dk))
     tl.store(dv_ptr + (at + keys[:, None]) * Dv + dv_cols[None, :], dv, mask=key_ok[:, None] & (dv_cols[None, :] < Dv))
