@@ -23,10 +23,12 @@ from opsutil import make_vq_inputs, vq_grid_id  # noqa: E402
 
 from transformer_vq import GatedAttentionUnit, TransformerVQ, preset  # noqa: E402
 from transformer_vq.ops.vq import vq_attention, vq_attention_naive  # noqa: E402
+from transformer_vq.ops.vq.triton.function import DV_CHUNK  # noqa: E402
 
-# (B, H, G, T, L, S): G < H with T not a multiple of L; B > 1 and multi-head with T = 2L; L not a power of two
-# (masked tiles). Few programs each: the interpreter runs every program in Python, at a few tenths of a second each.
-GRID = [(1, 2, 1, 40, 16, 5), (2, 2, 2, 32, 16, 7), (1, 1, 1, 50, 24, 3)]
+# (B, H, G, T, L, S), Dv: G < H with T not a multiple of L; multi-head with T = 2L; B > 1, L not a power of two
+# (masked tiles) and values wider than one chunk of DV_CHUNK columns. Few programs each: the interpreter runs every
+# program in Python, at a few tenths of a second each.
+GRID = [((1, 2, 1, 40, 16, 5), 7), ((1, 2, 2, 32, 16, 7), 7), ((2, 1, 1, 50, 24, 3), DV_CHUNK + 12)]
 
 
 def run(inputs, L, backend, state=None, **options):
@@ -41,17 +43,17 @@ def grads(out, inputs, cotangent):
     return torch.autograd.grad(out, (q, k_hat, v, bias), cotangent)
 
 
-def vq_inputs(params, dtype, seed=0):
+def vq_inputs(params, dtype, seed=0, d_v=7):
     B, H, G, T, L, S = params
-    q, k_hat, z, v, codebook, bias = make_vq_inputs(B, H, G, T, L, S, Dk=6, Dv=7, dtype=dtype, seed=seed)
+    q, k_hat, z, v, codebook, bias = make_vq_inputs(B, H, G, T, L, S, Dk=6, Dv=d_v, dtype=dtype, seed=seed)
     return tuple(x.to(DEVICE).requires_grad_(x.is_floating_point() and x is not codebook)
                  for x in (q, k_hat, z, v, codebook, bias))
 
 
-@pytest.mark.parametrize("params", GRID, ids=vq_grid_id)
-def test_float32_matches_the_dense_formula_and_eager_gradients(params):
+@pytest.mark.parametrize("params,d_v", GRID, ids=[f"{vq_grid_id(p)}-Dv{d}" for p, d in GRID])
+def test_float32_matches_the_dense_formula_and_eager_gradients(params, d_v):
     L = params[4]
-    inputs = vq_inputs(params, torch.float32)
+    inputs = vq_inputs(params, torch.float32, d_v=d_v)
     out, state = run(inputs, L, "triton")
     want, want_state = run(inputs, L, "eager")
     q, k_hat, _, v, _, bias = (x.detach().double() for x in inputs)
@@ -59,17 +61,19 @@ def test_float32_matches_the_dense_formula_and_eager_gradients(params):
     torch.testing.assert_close(out.double(), vq_attention_naive(q, k_hat, v, bias, block_len=L), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     cotangent = torch.randn_like(out)
+    # Each score gradient sums Dv products in a different order than torch: its rounding grows with Dv.
+    tol = 1e-5 if d_v < 16 else 1e-4
     # The key gradient is the eager operator's, with its truncation (keys older than the window get none).
     for name, got, expected in zip("q k_hat v bias".split(), grads(out, inputs, cotangent),
                                    grads(want, inputs, cotangent)):
-        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5, msg=lambda m: f"grad {name}: {m}")
+        torch.testing.assert_close(got, expected, rtol=tol, atol=tol, msg=lambda m: f"grad {name}: {m}")
     assert state.offset == want_state.offset
     torch.testing.assert_close(state.cache_count, want_state.cache_count, rtol=0, atol=0)
     torch.testing.assert_close(state.cache_mean, want_state.cache_mean, rtol=0, atol=0)  # same torch reduction
 
 
 def test_float16_matches_eager_float32():
-    params = (1, 2, 1, 40, 16, 5)
+    params = (1, 1, 1, 40, 16, 5)
     inputs = vq_inputs(params, torch.float16)
     out, _ = run(inputs, 16, "triton")
     wide = tuple(x.detach().float().requires_grad_(x.requires_grad) if x.is_floating_point() else x for x in inputs)
@@ -84,7 +88,7 @@ def test_float16_matches_eager_float32():
 
 def test_state_carried_across_splits_equals_one_eager_call():
     reduction = "matmul"  # the reductions are the eager operator's torch code, tested with it
-    params = (1, 2, 1, 75, 16, 5)
+    params = (1, 1, 1, 75, 16, 5)
     inputs = vq_inputs(params, torch.float32, seed=3)
     want, want_state = run(inputs, 16, "eager", reduction=reduction)
     state, pieces = None, []
@@ -108,7 +112,7 @@ def test_the_layer_uses_the_backend_of_its_config():
     results = []
     for backend in ("eager", "triton"):
         torch.manual_seed(0)  # the same weights: the backend is no parameter
-        unit = GatedAttentionUnit(preset("tiny", block_len=16, head_type="mqa", n_head=2, attn_backend=backend))
+        unit = GatedAttentionUnit(preset("tiny", block_len=16, attn_backend=backend))
         unit = unit.to(DEVICE)
         y = unit(x).x
         y.square().mean().backward()

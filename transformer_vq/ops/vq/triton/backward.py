@@ -6,10 +6,15 @@ registers without atomics:
 
 * :func:`query_grad_kernel`, one program per (batch * head, query tile): ``dq = ds @ [C; k]`` over codewords and
   window keys, and ``dbias = ds`` of the window columns;
-* :func:`window_grad_kernel`, one program per (batch * group, tile of keys of ``k_all``): ``dk = ds^T q`` and
-  ``dv = p^T dO`` over the heads of the group and the two query blocks whose window holds the keys;
-* :func:`cache_grad_kernel`, one program per (batch * group, block, tile of codes): ``d mean = p^T dO`` over the heads
-  of the group and the rows of the block. The codebook and the log-counts get no gradient (constants).
+* :func:`window_grad_kernel`, one program per (batch * group, tile of keys of ``k_all``, and for values a chunk of
+  ``BLOCK_DV`` columns): ``dk = ds^T q`` or ``dv = p^T dO`` over the heads of the group and the two query blocks
+  whose window holds the keys;
+* :func:`cache_grad_kernel`, one program per (batch * group, block, tile of codes, chunk of value columns):
+  ``d mean = p^T dO`` over the heads of the group and the rows of the block. The codebook and the log-counts get no
+  gradient (constants).
+
+``dp`` sums over the whole value width ``BLOCK_DV`` columns at a time (:func:`~.tiles.value_products`), so no program
+holds a whole wide value row.
 
 Operands as in :mod:`transformer_vq.ops.vq.triton.forward`, plus ``dO [B, H, T, Dv]``, ``lse`` and ``D [B, H, T]``.
 """
@@ -19,7 +24,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from transformer_vq.ops.vq.triton.tiles import codeword_scores, load_rows, window_scores, window_visible
+from transformer_vq.ops.vq.triton.tiles import (codeword_scores, load_rows, store_rows, value_products, window_scores,
+                                                window_visible)
 
 
 @triton.jit
@@ -38,8 +44,8 @@ def query_grad_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, cb_ptr, lc_ptr, cm_ptr, do_
     rows_in_block = first_row + tl.arange(0, BLOCK_M)
     row_ok = rows_in_block < L
     rows = n * L + rows_in_block
-    q = load_rows(q_ptr + bh * T * Dk, rows, row_ok, Dk, BLOCK_DK)
-    do = load_rows(do_ptr + bh * T * Dv, rows, row_ok, Dv, BLOCK_DV)
+    q = load_rows(q_ptr + bh * T * Dk, rows, row_ok, Dk, 0, BLOCK_DK)
+    do_rows = do_ptr + bh * T * Dv
     lse = tl.load(lse_ptr + bh * T + rows, mask=row_ok, other=0.0)
     delta = tl.load(delta_ptr + bh * T + rows, mask=row_ok, other=0.0)
 
@@ -48,10 +54,9 @@ def query_grad_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, cb_ptr, lc_ptr, cm_ptr, do_
     for s0 in range(0, S, BLOCK_S):
         codes = s0 + tl.arange(0, BLOCK_S)
         s, c = codeword_scores(q, cb_ptr + g * S * Dk, lc_ptr + cache * S, codes, S, Dk, BLOCK_DK, PRECISION)
-        means = load_rows(cm_ptr + cache * S * Dv, codes, codes < S, Dv, BLOCK_DV)
         p = tl.where(row_ok[:, None], tl.exp(s - lse[:, None]), 0.0)
-        ds = p * (tl.dot(do.to(tl.float32), tl.trans(means), input_precision=PRECISION) - delta[:, None])
-        dq += tl.dot(ds.to(c.dtype), c, input_precision=PRECISION)
+        dp = value_products(do_rows, rows, row_ok, cm_ptr + cache * S * Dv, codes, codes < S, Dv, BLOCK_DV, PRECISION)
+        dq += tl.dot((p * (dp - delta[:, None])).to(c.dtype), c, input_precision=PRECISION)
 
     first_col = tl.where((n == 0) & (has_prev == 0), L, 0)
     window = bg * (T + L) + n * L
@@ -60,55 +65,58 @@ def query_grad_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, cb_ptr, lc_ptr, cm_ptr, do_
         cols = j0 + tl.arange(0, BLOCK_N)
         visible = window_visible(rows_in_block, row_ok, cols, L, first_col)
         col_ok = cols < 2 * L
-        k = load_rows(k_ptr + window * Dk, cols, col_ok, Dk, BLOCK_DK)
+        k = load_rows(k_ptr + window * Dk, cols, col_ok, Dk, 0, BLOCK_DK)
         s = window_scores(q, k, bias_ptr + bias_rows, rows_in_block, visible, cols, L, PRECISION)
-        values = load_rows(v_ptr + window * Dv, cols, col_ok, Dv, BLOCK_DV)
         p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
-        ds = p * (tl.dot(do, tl.trans(values), input_precision=PRECISION) - delta[:, None])
+        ds = p * (value_products(do_rows, rows, row_ok, v_ptr + window * Dv, cols, col_ok, Dv, BLOCK_DV, PRECISION)
+                  - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
         tl.store(dbias_ptr + bias_rows + rows_in_block[:, None] * (2 * L) + cols[None, :], ds, mask=visible)
-
-    dk_cols = tl.arange(0, BLOCK_DK)
-    tl.store(dq_ptr + (bh * T + rows[:, None]) * Dk + dk_cols[None, :], dq,
-             mask=row_ok[:, None] & (dk_cols[None, :] < Dk))
+    store_rows(dq_ptr + bh * T * Dk, rows, row_ok, Dk, 0, dq, BLOCK_DK)
 
 
 @triton.jit
-def _window_key_grads(q_ptr, bias_ptr, do_ptr, lse_ptr, delta_ptr, k, v, dk, dv, keys, key_ok, bh, n, col0,
-                      start, T, L, Dk, Dv, BLOCK_M: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
-                      PRECISION: tl.constexpr):
-    """Add to ``dk, dv`` what the rows ``start ..`` of query block ``n`` of head ``bh`` give the keys at window
-    columns ``col0 + keys``."""
+def _window_key_grads(q_ptr, v_ptr, bias_ptr, do_ptr, lse_ptr, delta_ptr, k, acc, keys, key_ok, bh, n, col0, start,
+                      d0, T, L, Dk, Dv, BLOCK_M: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+                      GRAD_KEYS: tl.constexpr, PRECISION: tl.constexpr):
+    """Add to ``acc`` what the rows ``start ..`` of query block ``n`` of head ``bh`` give the keys at window columns
+    ``col0 + keys``: ``ds^T q`` (``GRAD_KEYS``) or ``p^T dO`` over value columns ``d0 ..``. ``v_ptr`` points at
+    the values of these keys."""
     cols = col0 + keys
     for m0 in range(start, L, BLOCK_M):
         rows_in_block = m0 + tl.arange(0, BLOCK_M)
         row_ok = rows_in_block < L
         rows = n * L + rows_in_block
         visible = window_visible(rows_in_block, row_ok, cols, L, 0) & key_ok[None, :]
-        q = load_rows(q_ptr + bh * T * Dk, rows, row_ok, Dk, BLOCK_DK)
-        do = load_rows(do_ptr + bh * T * Dv, rows, row_ok, Dv, BLOCK_DV)
+        q = load_rows(q_ptr + bh * T * Dk, rows, row_ok, Dk, 0, BLOCK_DK)
         lse = tl.load(lse_ptr + bh * T + rows, mask=row_ok, other=0.0)
-        delta = tl.load(delta_ptr + bh * T + rows, mask=row_ok, other=0.0)
         s = window_scores(q, k, bias_ptr + (bh * T + n * L) * 2 * L, rows_in_block, visible, cols, L, PRECISION)
         p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
-        dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
-        ds = p * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])
-        dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
-    return dk, dv
+        if GRAD_KEYS:
+            delta = tl.load(delta_ptr + bh * T + rows, mask=row_ok, other=0.0)
+            dp = value_products(do_ptr + bh * T * Dv, rows, row_ok, v_ptr, keys, key_ok, Dv, BLOCK_DV, PRECISION)
+            acc += tl.dot(tl.trans(p * (dp - delta[:, None])).to(q.dtype), q, input_precision=PRECISION)
+        else:
+            do = load_rows(do_ptr + bh * T * Dv, rows, row_ok, Dv, d0, BLOCK_DV)
+            acc += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
+    return acc
 
 
 @triton.jit
 def window_grad_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, cb_ptr, lc_ptr, cm_ptr, do_ptr, lse_ptr, delta_ptr,
-                       dk_ptr, dv_ptr, H, R, T, L, S, Dk, Dv, has_prev,
+                       grad_ptr, H, R, T, L, S, Dk, Dv, has_prev,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
-                       BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
-    """``dk [B, G, T + L, Dk]``, ``dv [B, G, T + L, Dv]`` of one tile of keys of block ``c`` of ``k_all``.
+                       BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
+                       GRAD_KEYS: tl.constexpr):
+    """``dk [B, G, T + L, Dk]`` (``GRAD_KEYS``) or ``dv [B, G, T + L, Dv]`` of one tile of keys of block ``c`` of
+    ``k_all`` (for ``dv``, ``BLOCK_DV`` columns of it).
 
     Block ``c`` of ``k_all`` is the previous block of query block ``c`` (columns ``0 .. L-1`` of its window) and the
     present block of query block ``c - 1`` (columns ``L .. 2L-1``). Block -1 (``c = 0``) without real keys gets zeros.
     """
     bg = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
+    d0 = tl.program_id(2) * BLOCK_DV
     k_tiles = tl.cdiv(L, BLOCK_N)
     c = tile // k_tiles
     first_key = (tile % k_tiles) * BLOCK_N
@@ -116,23 +124,22 @@ def window_grad_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, cb_ptr, lc_ptr, cm_ptr, do
     key_ok = keys < L
     G = H // R
     at = bg * (T + L) + c * L  # row of k_all / v_all of the block's first key
-    k = load_rows(k_ptr + at * Dk, keys, key_ok, Dk, BLOCK_DK)
-    v = load_rows(v_ptr + at * Dv, keys, key_ok, Dv, BLOCK_DV)
-    dk = tl.zeros((BLOCK_N, BLOCK_DK), tl.float32)
-    dv = tl.zeros((BLOCK_N, BLOCK_DV), tl.float32)
+    k = load_rows(k_ptr + at * Dk, keys, key_ok, Dk, 0, BLOCK_DK)
+    acc = tl.zeros((BLOCK_N, BLOCK_DK if GRAD_KEYS else BLOCK_DV), tl.float32)
     for r in range(R):
         bh = (bg // G) * H + (bg % G) * R + r
         if (c < T // L) & ((c > 0) | (has_prev != 0)):
-            dk, dv = _window_key_grads(q_ptr, bias_ptr, do_ptr, lse_ptr, delta_ptr, k, v, dk, dv, keys, key_ok, bh,
-                                       c, 0, 0, T, L, Dk, Dv, BLOCK_M, BLOCK_DK, BLOCK_DV, PRECISION)
+            acc = _window_key_grads(q_ptr, v_ptr + at * Dv, bias_ptr, do_ptr, lse_ptr, delta_ptr, k, acc, keys, key_ok,
+                                    bh, c, 0, 0, d0, T, L, Dk, Dv, BLOCK_M, BLOCK_DK, BLOCK_DV, GRAD_KEYS, PRECISION)
         if c > 0:
             # As the block's own keys, only rows at or after a key see it: earlier row tiles are skipped.
-            dk, dv = _window_key_grads(q_ptr, bias_ptr, do_ptr, lse_ptr, delta_ptr, k, v, dk, dv, keys, key_ok, bh,
-                                       c - 1, L, first_key // BLOCK_M * BLOCK_M, T, L, Dk, Dv, BLOCK_M, BLOCK_DK,
-                                       BLOCK_DV, PRECISION)
-    dk_cols, dv_cols = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
-    tl.store(dk_ptr + (at + keys[:, None]) * Dk + dk_cols[None, :], dk, mask=key_ok[:, None] & (dk_cols[None, :] < Dk))
-    tl.store(dv_ptr + (at + keys[:, None]) * Dv + dv_cols[None, :], dv, mask=key_ok[:, None] & (dv_cols[None, :] < Dv))
+            acc = _window_key_grads(q_ptr, v_ptr + at * Dv, bias_ptr, do_ptr, lse_ptr, delta_ptr, k, acc, keys, key_ok,
+                                    bh, c - 1, L, first_key // BLOCK_M * BLOCK_M, d0, T, L, Dk, Dv, BLOCK_M, BLOCK_DK,
+                                    BLOCK_DV, GRAD_KEYS, PRECISION)
+    if GRAD_KEYS:
+        store_rows(grad_ptr + at * Dk, keys, key_ok, Dk, 0, acc, BLOCK_DK)
+    else:
+        store_rows(grad_ptr + at * Dv, keys, key_ok, Dv, d0, acc, BLOCK_DV)
 
 
 @triton.jit
@@ -140,9 +147,11 @@ def cache_grad_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, cb_ptr, lc_ptr, cm_ptr, do_
                       dmean_ptr, H, R, T, L, S, Dk, Dv, has_prev,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
                       BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
-    """``d cache_mean [B, G, N, S, Dv]`` of one tile of codes of one query block: ``p^T dO`` over its rows."""
+    """``d cache_mean [B, G, N, S, Dv]`` of one tile of codes of one query block (``BLOCK_DV`` columns of it):
+    ``p^T dO`` over the block's rows."""
     bg = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
+    d0 = tl.program_id(2) * BLOCK_DV
     s_tiles = tl.cdiv(S, BLOCK_S)
     n = tile // s_tiles
     codes = (tile % s_tiles) * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -155,13 +164,11 @@ def cache_grad_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, cb_ptr, lc_ptr, cm_ptr, do_
             rows_in_block = m0 + tl.arange(0, BLOCK_M)
             row_ok = rows_in_block < L
             rows = n * L + rows_in_block
-            q = load_rows(q_ptr + bh * T * Dk, rows, row_ok, Dk, BLOCK_DK)
-            do = load_rows(do_ptr + bh * T * Dv, rows, row_ok, Dv, BLOCK_DV)
+            q = load_rows(q_ptr + bh * T * Dk, rows, row_ok, Dk, 0, BLOCK_DK)
+            do = load_rows(do_ptr + bh * T * Dv, rows, row_ok, Dv, d0, BLOCK_DV)
             lse = tl.load(lse_ptr + bh * T + rows, mask=row_ok, other=0.0)
             s, _ = codeword_scores(q, cb_ptr + (bg % G) * S * Dk, lc_ptr + cache * S, codes, S, Dk, BLOCK_DK,
                                    PRECISION)
             p = tl.where(row_ok[:, None], tl.exp(s - lse[:, None]), 0.0)
             dmean += tl.dot(tl.trans(p), do.to(tl.float32), input_precision=PRECISION)
-    dv_cols = tl.arange(0, BLOCK_DV)
-    tl.store(dmean_ptr + (cache * S + codes[:, None]) * Dv + dv_cols[None, :], dmean,
-             mask=(codes[:, None] < S) & (dv_cols[None, :] < Dv))
+    store_rows(dmean_ptr + cache * S * Dv, codes, codes < S, Dv, d0, dmean, BLOCK_DV)

@@ -19,12 +19,17 @@ from transformer_vq.ops.vq.triton.backward import cache_grad_kernel, query_grad_
 from transformer_vq.ops.vq.triton.forward import forward_kernel
 
 
+DV_CHUNK = 128
+"""The most value columns one program holds."""
+
+
 def tile_sizes(L: int, S: int, Dk: int, Dv: int) -> dict:
-    """Block sizes of the kernels: powers of two of at least 16 (``tl.dot``'s least), at most 64 rows or keys."""
+    """Block sizes of the kernels: powers of two of at least 16 (``tl.dot``'s least), at most 64 rows or keys and
+    ``DV_CHUNK`` value columns (wider values are split over programs or loops); the key width is held whole."""
     def fit(x):
         return max(16, triton.next_power_of_2(x))
     return dict(BLOCK_M=min(64, fit(L)), BLOCK_N=min(64, fit(L)), BLOCK_S=min(64, fit(S)),
-                BLOCK_DK=fit(Dk), BLOCK_DV=fit(Dv))
+                BLOCK_DK=fit(Dk), BLOCK_DV=min(DV_CHUNK, fit(Dv)))
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -44,7 +49,7 @@ class FusedVQAttention(torch.autograd.Function):
         kernel_inputs = _kernel_inputs(q, k_all, v_all, bias, codebook, log_count, cache_mean)
         out = torch.empty(B, H, T, Dv, dtype=q.dtype, device=q.device)
         lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
-        grid = (B * H, T // block_len * triton.cdiv(block_len, sizes["BLOCK_M"]))
+        grid = (B * H, T // block_len * triton.cdiv(block_len, sizes["BLOCK_M"]), triton.cdiv(Dv, sizes["BLOCK_DV"]))
         forward_kernel[grid](*kernel_inputs, out, lse, H, H // G, T, block_len, S, Dk, Dv, int(has_prev),
                              PRECISION=dot_precision(q.dtype), **sizes)
         ctx.save_for_backward(*kernel_inputs, out, lse)
@@ -68,11 +73,14 @@ class FusedVQAttention(torch.autograd.Function):
         dq = torch.empty(B, H, T, Dk, dtype=torch.float32, device=q.device)
         dbias = torch.zeros(B, H, T, 2 * L, dtype=torch.float32, device=q.device)
         query_grad_kernel[(B * H, N * triton.cdiv(L, sizes["BLOCK_M"]))](*inputs, dq, dbias, **dims)
+        chunks = triton.cdiv(Dv, sizes["BLOCK_DV"])
         dk = torch.zeros(B, G, T + L, Dk, dtype=torch.float32, device=q.device)
+        window_grad_kernel[(B * G, (N + 1) * triton.cdiv(L, sizes["BLOCK_N"]), 1)](*inputs, dk, **dims, GRAD_KEYS=True)
         dv = torch.zeros(B, G, T + L, Dv, dtype=torch.float32, device=q.device)
-        window_grad_kernel[(B * G, (N + 1) * triton.cdiv(L, sizes["BLOCK_N"]))](*inputs, dk, dv, **dims)
+        window_grad_kernel[(B * G, (N + 1) * triton.cdiv(L, sizes["BLOCK_N"]), chunks)](*inputs, dv, **dims,
+                                                                                        GRAD_KEYS=False)
         dmean = torch.empty(B, G, N, S, Dv, dtype=torch.float32, device=q.device)
-        cache_grad_kernel[(B * G, N * triton.cdiv(S, sizes["BLOCK_S"]))](*inputs, dmean, **dims)
+        cache_grad_kernel[(B * G, N * triton.cdiv(S, sizes["BLOCK_S"]), chunks)](*inputs, dmean, **dims)
         dq, dk, dv, dbias, dmean = (g.to(t) for g, t in zip((dq, dk, dv, dbias, dmean), ctx.dtypes))
         return dq, dk, dv, dbias, None, None, dmean, None, None
 

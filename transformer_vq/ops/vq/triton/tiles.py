@@ -19,17 +19,38 @@ import triton.language as tl
 
 
 @triton.jit
-def load_rows(ptr, idx, ok, width, BLOCK_D: tl.constexpr):
-    """``(len(idx), BLOCK_D)`` tile of a row-major matrix of ``width`` columns; zeros outside ``ok`` and width."""
-    cols = tl.arange(0, BLOCK_D)
+def load_rows(ptr, idx, ok, width, first, BLOCK_D: tl.constexpr):
+    """``(len(idx), BLOCK_D)`` tile of columns ``first ..`` of a row-major matrix of ``width`` columns; zeros
+    outside ``ok`` and past the width."""
+    cols = first + tl.arange(0, BLOCK_D)
     return tl.load(ptr + idx[:, None] * width + cols[None, :], mask=ok[:, None] & (cols[None, :] < width), other=0.0)
+
+
+@triton.jit
+def store_rows(ptr, idx, ok, width, first, tile, BLOCK_D: tl.constexpr):
+    """Store ``tile`` at columns ``first ..`` of rows ``idx`` (where ``ok``) of a matrix of ``width`` columns."""
+    cols = first + tl.arange(0, BLOCK_D)
+    tl.store(ptr + idx[:, None] * width + cols[None, :], tile.to(ptr.dtype.element_ty),
+             mask=ok[:, None] & (cols[None, :] < width))
+
+
+@triton.jit
+def value_products(do_ptr, rows, row_ok, v_ptr, idx, ok, Dv, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+    """``(M, N)`` products ``dp = dO[rows] . v[idx]`` over the whole value width, ``BLOCK_DV`` columns at a time (so
+    that no program holds a whole wide value row)."""
+    dp = tl.zeros((rows.shape[0], idx.shape[0]), tl.float32)
+    for d0 in range(0, Dv, BLOCK_DV):
+        v = load_rows(v_ptr, idx, ok, Dv, d0, BLOCK_DV)
+        do = load_rows(do_ptr, rows, row_ok, Dv, d0, BLOCK_DV)
+        dp += tl.dot(do.to(v.dtype), tl.trans(v), input_precision=PRECISION)
+    return dp
 
 
 @triton.jit
 def codeword_scores(q, cb_ptr, lc_ptr, codes, S, Dk, BLOCK_DK: tl.constexpr, PRECISION: tl.constexpr):
     """``(M, N)`` scores ``q . C[s] + log c[s]`` of a tile of codes, ``-inf`` past ``S``; and the codewords."""
     ok = codes < S
-    c = load_rows(cb_ptr, codes, ok, Dk, BLOCK_DK)
+    c = load_rows(cb_ptr, codes, ok, Dk, 0, BLOCK_DK)
     lc = tl.load(lc_ptr + codes, mask=ok, other=float("-inf"))
     return tl.dot(q, tl.trans(c), input_precision=PRECISION) + lc[None, :], c
 
