@@ -58,24 +58,19 @@ def vq_attention(
         code_scores: ``[B, H, T, S]`` the scores ``q @ codebook[h // (H // G)]^T`` when the caller has them
             without the product (quantized queries read them from a table: :mod:`transformer_vq.ops.vq_qk`); they
             must equal that product in value, and gradients reach ``q`` through them only as the caller defines.
-        backend: how whole blocks are computed: ``"eager"`` (torch ops) or ``"triton"`` (fused kernels, the same
-            numbers up to rounding, gradients included; float32, float16 or bfloat16, no ``code_scores``). Parts of a
-            call shorter than a block (a mid-block start, a tail, decoding) run eagerly under either backend.
+        backend: whole blocks by ``"eager"`` torch ops or ``"triton"`` fused kernels (docs/operator.md).
 
     Returns:
         ``(out, state)``: ``out`` is ``[B, H, T, Dv]``; ``state`` continues the sequences.
     """
     _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores)
     blocks_kernel = _blocks_kernel(backend, q, code_scores)
-    B, H, T, Dk = q.shape
-    G, S = codebook.shape[0], codebook.shape[1]
-    L = block_len
+    (B, H, T, Dk), (G, S, _), L = q.shape, codebook.shape, block_len
     if state is None:
         state = VQAttentionState.empty(B, G, S, Dk, v.shape[-1], dtype=v.dtype, device=v.device)
     codebook = codebook.detach()
 
-    outs = []
-    start = 0
+    outs, start = [], 0
     while start < T:
         in_block = state.offset % L
         if in_block != 0 or T - start < L:
