@@ -3,9 +3,16 @@ combinations the model cannot run) with one line `error: --FLAG: ...` and exit s
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from cliutil import error_line, tiny_train
+
+from transformer_vq.config import TransformerVQConfig
+
+# every model field, in the order the error message lists them
+MODEL_KEYS = ", ".join(sorted(f.name for f in dataclasses.fields(TransformerVQConfig)))
 
 FINITE = "must be a finite number"
 NAME_RULE = "must name one directory (not empty, '.' or '..', without '/')"
@@ -68,11 +75,8 @@ TRAIN = {
     "threads-negative": (["--threads", "-1"], "--threads: must be an integer >= 0, got '-1'"),
     "set-lr-inf": (["--set", "lr=inf"], f"--lr: {FINITE}, got 'inf'"),
     "set-empty-value": (["--set", "model.block_len="], "--block-len: must be an integer, got ''"),
-    "set-model-unknown-key": (["--set", "model.nope=1"], "unknown model config key(s): nope; known keys: abs_pos, "
-                              "attn_type, block_len, causal, commit_coef, d_k, d_model, d_v, dead_code_restart, "
-                              "droplyr, dropres, dropsin, ema_rate, final_norm, flash_chunk_len, head_type, "
-                              "mask_rate, max_wavelength, n_code, n_head, n_layers, quantize_queries, reduction, "
-                              "tie_embeddings, vocab_size"),
+    "set-model-unknown-key": (["--set", "model.nope=1"], "unknown model config key(s): nope; known keys: "
+                              + MODEL_KEYS),
     "lr-underflow": (["--lr", "1e-400"], "--lr: is too small (underflows to 0), got '1e-400'"),
     "set-without-equals": (["--set", "foo"], "--set: 'foo' must look like KEY=VALUE, e.g. --set steps=100"),
     "set-unknown-section": (["--set", "unknown.key=1"], "--set: unknown config section 'unknown' in "

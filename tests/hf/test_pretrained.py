@@ -36,6 +36,15 @@ def test_config_defaults_are_the_library_defaults():
     assert TransformerVQHFConfig().model_config() == TransformerVQConfig()
 
 
+def test_hf_config_carries_the_span_and_reads_old_files_as_window(tmp_path):
+    TransformerVQHFConfig.from_model_config(preset("tiny", bias_span="block")).save_pretrained(tmp_path)
+    assert TransformerVQHFConfig.from_pretrained(tmp_path).model_config().bias_span == "block"
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["bias_span"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert TransformerVQHFConfig.from_pretrained(tmp_path).model_config().bias_span == "window"
+
+
 @pytest.mark.parametrize("auto", [AutoModelForCausalLM, AutoModel])
 def test_save_and_load_give_the_same_logits_and_buffers(tmp_path, auto):
     lib = tiny_model(tie_embeddings=True, final_norm=True)

@@ -29,6 +29,8 @@ SUBCOMMANDS = {
     "export": "transformer_vq.cli.export",
     "bench": "transformer_vq.cli.bench",
     "classify": "transformer_vq.cli.classify",
+    "ablate": "transformer_vq.cli.ablate",
+    "codebook": "transformer_vq.cli.codebook",
 }
 
 

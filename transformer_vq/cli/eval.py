@@ -1,5 +1,6 @@
 """`tvq eval`: loss and bits per byte (and word-level perplexity on PG-19) of a checkpoint on a split, the state
-carried across the split. The flags are the fields of ``transformer_vq.config.EvalConfig``."""
+carried across the split; on the recall probe (``--data recall``) also the answer accuracy by distance. The flags are
+the fields of ``transformer_vq.config.EvalConfig``."""
 
 from __future__ import annotations
 
@@ -35,5 +36,9 @@ def run(args) -> int:
               f"over {result.tokens:,} tokens ({result.tokens_per_s:,.0f} tokens/s)"
               + (f", word-level perplexity {result.word_perplexity:.2f}" if result.word_perplexity is not None
                  else ""))
+        if result.recall is not None:
+            from transformer_vq.train.recall import recall_table
+
+            print(recall_table(result.recall))
     sys.stdout.flush()
     return 0

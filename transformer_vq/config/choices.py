@@ -4,6 +4,9 @@ HEAD_TYPES = ("shga", "mqa", "mha")
 """'shga': one head (the GAU); 'mqa': query heads sharing one key/value head; 'mha': a key/value head per query head."""
 ATTN_TYPES = ("vq", "full", "flash_quad", "flash")
 """'vq': Transformer-VQ; baselines 'full' (softmax, unquantized), 'flash_quad' and 'flash' (FLASH, Hua et al. 2022)."""
+BIAS_SPANS = ("window", "block")
+"""How far the relative-position bias reaches: 'window' (the whole two-block window, distances up to 2L - 1) or
+'block' (distances up to L, the authors' code; keys further back still take part, without the bias)."""
 NONCAUSAL_ATTN_TYPES = ("vq", "full")
 """The attention types that have a non-causal (encoder) form."""
 REDUCTIONS = ("serial", "matmul", "assoc")

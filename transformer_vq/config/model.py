@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from transformer_vq.config.choices import ATTN_BACKENDS, ATTN_TYPES, HEAD_TYPES, NONCAUSAL_ATTN_TYPES, REDUCTIONS
+from transformer_vq.config.choices import (ATTN_BACKENDS, ATTN_TYPES, BIAS_SPANS, HEAD_TYPES, NONCAUSAL_ATTN_TYPES,
+                                           REDUCTIONS)
 from transformer_vq.config.fields import ConfigError, check, fields_of, option
 
 PROBABILITY = dict(min=0.0, max=1.0, max_open=True)
@@ -46,6 +47,10 @@ class TransformerVQConfig:
                                        "(0 = off).", min=0, training_only=True)
     max_wavelength: float = option(1e5, "Maximum wavelength of every sinusoid table (App. C).", min=1.0,
                                    min_open=True)
+    bias_span: str = option("window", "How far the relative-position bias reaches: 'window' (every key of the "
+                                      "two-block window, distances up to 2L - 1) or 'block' (distances up to L, as "
+                                      "the authors' code; keys further back attend without the bias).",
+                            choices=BIAS_SPANS)
     dropsin: float = option(0.0, "Dropout on the relative-position sinusoids (p_dropsin).", **PROBABILITY,
                             training_only=True)
     dropres: float = option(0.0, "Dropout on each GAU's residual branch (p_dropres).", **PROBABILITY,
@@ -65,6 +70,9 @@ class TransformerVQConfig:
     quantize_queries: bool = option(False, "Quantize the queries too, against a codebook of their own (n_code "
                                            "codes per head): scores come from a table of code-pair scores "
                                            "(attn_type 'vq' only).")
+    compressive_cache: bool = option(True, "VQ attention over every past key: the two-block window directly, older "
+                                           "keys through the per-code cache (Theorem 3.7). False: the window only, "
+                                           "no cache (the paper's Table 2 ablation; causal attn_type 'vq' only).")
     mask_rate: float = option(0.15, "Encoders (causal false): fraction of the tokens of a window masked and "
                                     "predicted in training.", min=0.0, max=1.0, min_open=True, max_open=True,
                               training_only=True)
@@ -80,11 +88,16 @@ class TransformerVQConfig:
             extra.append(("d_model", f"must be even (sinusoid tables pair sin and cos), got {self.d_model}"))
         if self.quantize_queries and self.attn_type != "vq":
             extra.append(("quantize_queries", f"applies to attn_type 'vq' only, got attn_type {self.attn_type!r}"))
+        if not self.compressive_cache and (self.attn_type != "vq" or not self.causal):
+            extra.append(("compressive_cache", f"false applies to causal attn_type 'vq' only, got attn_type "
+                                               f"{self.attn_type!r} with causal {self.causal}"))
         if not self.causal and self.attn_type not in NONCAUSAL_ATTN_TYPES:
             extra.append(("causal", f"false is available for attn_type {' or '.join(map(repr, NONCAUSAL_ATTN_TYPES))}"
                                     f", got attn_type {self.attn_type!r}"))
-        if self.attn_backend == "triton" and (self.attn_type != "vq" or not self.causal or self.quantize_queries):
-            extra.append(("attn_backend", "'triton' applies to causal attn_type 'vq' without quantize_queries"))
+        if self.attn_backend == "triton" and (self.attn_type != "vq" or not self.causal or self.quantize_queries
+                                              or not self.compressive_cache):
+            extra.append(("attn_backend", "'triton' applies to causal attn_type 'vq' with compressive_cache and "
+                                          "without quantize_queries"))
         check(self, extra)
 
     @property

@@ -26,26 +26,38 @@ CORPORA = {
     "gcide": ("transformer_vq.data.gcide", "load_gcide", "GCIDE dictionary text via apt (dict-gcide), bytes, 40 MB"),
 }
 
+# Synthetic probes: generated, not datasets, so listed apart (list_probes), but loaded by name like one.
+PROBES = {
+    "recall": ("transformer_vq.data.recall", "load_recall",
+               "synthetic associative-recall memory probe, generated from a seed, bytes (one episode per sequence)"),
+}
+
 
 def list_corpora() -> dict[str, str]:
     """Every corpus name ``load_corpus`` accepts, mapped to a one-line description."""
     return {name: description for name, (_, _, description) in CORPORA.items()}
 
 
+def list_probes() -> dict[str, str]:
+    """Every synthetic probe ``load_corpus`` also accepts, mapped to a one-line description."""
+    return {name: description for name, (_, _, description) in PROBES.items()}
+
+
 def loader(name: str):
-    """The loader function of corpus ``name`` (``DataError`` for an unknown name)."""
-    if name not in CORPORA:
+    """The loader function of corpus or probe ``name`` (``DataError`` for an unknown name)."""
+    if name not in CORPORA and name not in PROBES:
         raise DataError(f"unknown dataset {name!r}; choose one of: {', '.join(CORPORA)} (e.g. --data shakespeare)")
-    module, function, _ = CORPORA[name]
+    module, function, _ = CORPORA[name] if name in CORPORA else PROBES[name]
     return getattr(importlib.import_module(module), function)
 
 
 def load_corpus(name: str, *, data_path: str | os.PathLike | None = None,
                 cache_dir: str | os.PathLike | None = None, **options) -> Corpus:
-    """Load corpus ``name`` (see :func:`list_corpora`).
+    """Load corpus ``name`` (see :func:`list_corpora`, and :func:`list_probes` for the synthetic ones).
 
     Args:
-        name: ``"shakespeare"``, ``"text"``, ``"enwik8"``, ``"pg19"``, ``"imagenet64"`` or ``"gcide"``.
+        name: ``"shakespeare"``, ``"text"``, ``"enwik8"``, ``"pg19"``, ``"imagenet64"``, ``"gcide"`` or
+            ``"recall"``.
         data_path: where the data is (a file or directory, per dataset); optional for the
             datasets that can be fetched (shakespeare, enwik8, gcide).
         cache_dir: cache root (default ``$TVQ_CACHE_DIR`` or ``~/.cache/transformer-vq``).

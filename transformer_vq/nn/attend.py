@@ -8,6 +8,9 @@
   table's scores when queries are quantized), or :func:`~transformer_vq.ops.full.bidir.full_bidir_attention`;
 * ``attention="quadratic"``: the dense formula of the same attention, for tests and the ``tvq demo`` comparison.
 
+``compressive_cache`` false (causal VQ only) makes every query attend its two-block window alone, in the kernel and
+in the dense formula alike.
+
 The unit's content query is ``q + u`` (Transformer-XL's content bias). With quantized queries that is ``q_hat + u``,
 the codeword shifted by ``u``: the table is built from the shifted query codebook ``C_Q + u``, so its rows are
 exactly the scores of the query the unit attends with.
@@ -61,14 +64,15 @@ def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
     if attention == "quadratic":
         if keys is None:
             raise ValueError(f"attention='quadratic' applies to VQ attention only, not attn_type={cfg.attn_type!r}")
-        return vq_attention_naive(q, k, v, bias, block_len=L), None
+        return vq_attention_naive(q, k, v, bias, block_len=L, compressive_cache=cfg.compressive_cache), None
     if queries is not None:
         return vq_qk_attention(q, k, v, bias, block_len=L, state=state, z_q=queries.z,
                                codebook_q=shifted_codebook(queries, query_shift), z=keys.z, codebook=keys.codebook,
-                               reduction=cfg.reduction, table=table)
+                               reduction=cfg.reduction, table=table, compressive_cache=cfg.compressive_cache)
     options = {"chunk_len": cfg.flash_chunk_len} if cfg.attn_type == "flash" else {}
     if keys is not None:
-        options = {"z": keys.z, "codebook": keys.codebook, "reduction": cfg.reduction, "backend": cfg.attn_backend}
+        options = {"z": keys.z, "codebook": keys.codebook, "reduction": cfg.reduction,
+                   "compressive_cache": cfg.compressive_cache, "backend": cfg.attn_backend}
     return KERNELS[cfg.attn_type](q, k, v, bias, block_len=L, state=state, **options)
 
 

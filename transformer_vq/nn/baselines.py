@@ -66,7 +66,7 @@ class TransformerClassifier(Codebooks, nn.Module):
         """Classify ``ids [B, T]``; ``mask [B, T]`` True for real tokens; ``labels [B]``."""
         check_inputs(ids, mask, self.cfg.vocab_size)
         positions = torch.arange(ids.shape[1], device=ids.device)
-        x = self.embed(ids) + sinusoids(positions, self.cfg.d_model).to(self.embed.weight.dtype)  # (B, T, D)
+        x = self.embed(ids) + sinusoids(positions, self.cfg.d_model, dtype=self.embed.weight.dtype)  # (B, T, D)
         for layer in self.layers:
             x = layer(x, mask)
         return self.head(self.norm(x), mask, x.new_zeros((), dtype=torch.float32), labels)

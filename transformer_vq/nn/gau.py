@@ -16,12 +16,13 @@ With both q and k scaled by ``Dk^-1/4`` and RMS-normalized, ``q . k = sqrt(Dk) c
 ``tau`` (Eq. 8-9, ``Q = tau^-0.5 LN(...)``) is ``sqrt(Dk)``, the authors' code's choice.
 
 Positions: a Transformer-XL relative bias over the two-block window. The sinusoid table of distances
-``0 .. 2L-1`` (max wavelength 1e5, with dropout ``dropsin``) is projected to ``R_d`` (scaled by
+``0 .. span`` (max wavelength 1e5, with dropout ``dropsin``) is projected to ``R_d`` (scaled by
 ``Dk^-1/4``); with learned ``u`` and ``v_r`` (zero-initialized), content scores use ``(q + u) . k^`` for
 every key and the bias of query t to window column j is ``(q_t + v_r) . R_d`` with ``d`` the distance
-between them. The authors' code applies the position term only up to distance L; here it covers the whole
-two-block window (distances up to 2L - 1), which the operator's contract allows and is the natural reading
-of "relative bias over the two-block window".
+between them, zero beyond ``span``. ``cfg.bias_span`` sets it: ``"window"`` (the default) covers the whole
+two-block window (``span = 2L - 1``), the natural reading of "relative bias over the two-block window";
+``"block"`` stops at ``span = L``, as the authors' code does (a key further back in the window still takes
+part, without the bias). docs/operator.md, "The bias span".
 """
 
 from __future__ import annotations
@@ -150,12 +151,18 @@ class GatedAttentionUnit(nn.Module):
             self._code_table = (key, code_pair_table(codebook_q, self.quantizer.codebook.to(codebook_q.dtype)))
         return self._code_table[1]
 
-    def _distances(self) -> torch.Tensor:
-        """The query-minus-key distances the position bias covers: ``0 .. 2L-1`` for a causal unit (its two-block
-        window holds no future key), ``-(2L-1) .. 2L-1`` for an encoder (its three-block window)."""
+    def _span(self) -> int:
+        """The largest distance the position bias covers: ``2L - 1`` for ``bias_span`` "window" (every key of the
+        two-block window), ``L`` for "block" (the authors' code)."""
         L = self.cfg.block_len
-        first = 0 if self.cfg.causal else 1 - 2 * L
-        return torch.arange(first, 2 * L, device=self.w_r.weight.device)
+        return L if self.cfg.bias_span == "block" else 2 * L - 1
+
+    def _distances(self) -> torch.Tensor:
+        """The query-minus-key distances the position bias covers: ``0 .. span`` for a causal unit (its two-block
+        window holds no future key), ``-span .. span`` for an encoder (its three-block window)."""
+        span = self._span()
+        first = 0 if self.cfg.causal else -span
+        return torch.arange(first, span + 1, device=self.w_r.weight.device)
 
     def _relative_table(self, dtype: torch.dtype) -> torch.Tensor:
         """``[H, P, Dk]``: ``R_d`` for the ``P`` distances of :meth:`_distances`, scaled by ``Dk^-1/4``.
@@ -169,7 +176,7 @@ class GatedAttentionUnit(nn.Module):
         if cacheable and self._table_cache is not None and self._table_cache[0] == key:
             return self._table_cache[1]
         distances = self._distances()
-        table = sinusoids(distances, self.cfg.d_model, self.cfg.max_wavelength).to(self.w_r.weight.dtype)
+        table = sinusoids(distances, self.cfg.d_model, self.cfg.max_wavelength, self.w_r.weight.dtype)
         table = F.dropout(table, p=self.cfg.dropsin, training=self.training)
         rel = (self.w_r(table).view(len(distances), H, Dk).transpose(0, 1) * Dk ** -0.25).to(dtype)  # (H, P, Dk)
         if cacheable:
@@ -191,8 +198,10 @@ class GatedAttentionUnit(nn.Module):
         phase = (torch.arange(T, device=q.device) + offset) % L  # position of each query in its block
         columns = torch.arange(n_columns, device=q.device)
         distance = phase[:, None] + L - columns[None, :]  # (T, W); negative = a later key
-        first = 0 if self.cfg.causal else 1 - 2 * L
+        span = self._span()
+        first = 0 if self.cfg.causal else -span
         index = (distance - first).clamp(0, by_distance.shape[-1] - 1)
         bias = torch.gather(by_distance, -1, index.expand(B, H, T, n_columns))
-        # a causal unit never sees a later key (the operator masks it; a zero keeps the bias finite)
-        return bias.masked_fill(distance < first, 0.0)
+        # no bias beyond the span; a causal unit never sees a later key (the operator masks it; a zero keeps the
+        # bias finite)
+        return bias.masked_fill((distance < first) | (distance > span), 0.0)

@@ -26,6 +26,7 @@ Letters: B batch, T positions, D channels, N the EMA dimension ``h``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -60,15 +61,43 @@ class EMAState:
         return self.h.numel() * self.h.element_size()
 
 
-def _powers(decay: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
-    """``[D, N, P]``: ``decay ** exponents`` (as ``exp(p log q)``, stable for long sequences)."""
-    return torch.exp(exponents.to(decay.dtype) * decay.log().unsqueeze(-1))
+class DecayPowers(NamedTuple):
+    """``q^t`` for ``t < n_chunks * chunk`` in two factors, ``q^(c chunk + r) = coarse[..., c] * fine[..., r]``.
+
+    The table ``q^t`` itself is ``[D, N, T]``: building it (one ``exp`` per entry, many of them subnormal late in a
+    long sequence) and reading it back dominated the LongVQ block's time. The two factors hold ``D N (T / C + C)``
+    numbers (``C ~ sqrt(T)``), and every product with the table becomes a batched matmul over them.
+    """
+
+    coarse: torch.Tensor
+    """``[D, N, n_chunks]``: ``q^(c chunk)``."""
+    fine: torch.Tensor
+    """``[D, N, chunk]``: ``q^r``."""
+
+    @property
+    def chunk(self) -> int:
+        """The chunk length ``C``."""
+        return self.fine.shape[-1]
+
+
+def decay_powers(decay: torch.Tensor, length: int) -> DecayPowers:
+    """The factors of ``decay ** t`` for ``0 <= t < length`` (rounded up to whole chunks of ``ceil(sqrt(length))``).
+
+    Powers are ``exp(p log q)``: stable for any length (no repeated products).
+    """
+    chunk = max(1, math.isqrt(length - 1) + 1) if length > 1 else 1
+    n_chunks = -(-length // chunk)
+    log_q = decay.log().unsqueeze(-1)
+    steps = torch.arange(max(chunk, n_chunks), device=decay.device, dtype=decay.dtype)
+    return DecayPowers(coarse=torch.exp(steps[:n_chunks] * chunk * log_q), fine=torch.exp(steps[:chunk] * log_q))
 
 
 def ema_kernel(coef: EMACoefficients, length: int) -> torch.Tensor:
     """``[D, T]``: the causal kernel ``K[t] = sum_j eta_j alpha_j beta_j q_j^t``."""
-    steps = torch.arange(length, device=coef.decay.device)
-    return torch.einsum("dn,dnt->dt", coef.weight_out * coef.weight_in, _powers(coef.decay, steps))
+    powers = decay_powers(coef.decay, length)
+    scaled = (coef.weight_out * coef.weight_in).unsqueeze(-1) * powers.coarse  # (D, N, n_chunks)
+    kernel = torch.bmm(scaled.transpose(1, 2), powers.fine)  # (D, n_chunks, chunk): K[c chunk + r]
+    return kernel.flatten(1)[:, :length]
 
 
 def causal_fft_conv(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
@@ -89,13 +118,18 @@ def ema_conv(x: torch.Tensor, coef: EMACoefficients,
     """
     B, T, D = x.shape
     y = causal_fft_conv(x, ema_kernel(coef, T))
-    steps = torch.arange(T + 1, device=x.device)
-    powers = _powers(coef.decay, steps)  # (D, N, T + 1): q^0 .. q^T
-    # h_last[j] = q^T h[j] + sum_s alpha beta q^(T-1-s) x_s
-    h_last = torch.einsum("btd,dnt->bdn", x, coef.weight_in.unsqueeze(-1) * powers[..., :T].flip(-1))
+    powers = decay_powers(coef.decay, T)
+    C, n_chunks = powers.chunk, powers.coarse.shape[-1]
+    # h_last[j] = q^T h[j] + sum_s alpha beta q^(T-1-s) x_s: with u = T-1-s = c C + r, a product over chunks
+    reversed_x = torch.nn.functional.pad(x.flip(1), (0, 0, 0, n_chunks * C - T)).view(B, n_chunks, C, D)
+    within = torch.einsum("bcrd,dnr->bdnc", reversed_x, powers.fine)  # sum_r q^r x_(T-1-cC-r)
+    h_last = coef.weight_in * torch.einsum("bdnc,dnc->bdn", within, powers.coarse)
     if h is not None:
-        y = y + torch.einsum("bdn,dnt->btd", h * coef.weight_out, powers[..., 1:])  # sum_j eta_j q_j^(t+1) h[j]
-        h_last = h_last + powers[..., T] * h
+        # y_t += sum_j eta_j q_j^(t+1) h[j], with t = c C + r
+        start = (h * coef.weight_out * coef.decay).unsqueeze(-1) * powers.coarse  # (B, D, N, n_chunks)
+        from_state = torch.einsum("bdnc,dnr->bcrd", start, powers.fine).reshape(B, n_chunks * C, D)
+        y = y + from_state[:, :T]
+        h_last = h_last + coef.decay ** T * h
     return y, h_last
 
 

@@ -34,11 +34,18 @@ def load_corpus_for(train_cfg: TrainConfig, *, data_path: str | None = None, run
 
     ``data_path`` overrides the configured path; with ``run_dir``, the run's own copy of the
     tokenizer (if it has one) is used; ``data_options`` override the saved options (and that copy).
+    A loader that takes ``seq_len`` (a corpus of fixed-length sequences, like the recall probe) gets
+    the run's, so its sequences and the training sequences always coincide.
     """
+    import inspect
+
     from transformer_vq.data import load_corpus
+    from transformer_vq.data.registry import loader
 
     path = data_path if data_path is not None else train_cfg.data_path
     options = dict(train_cfg.data_options)
+    if "seq_len" in inspect.signature(loader(train_cfg.data)).parameters:
+        options.setdefault("seq_len", train_cfg.seq_len)
     if run_dir is not None and (Path(run_dir) / RUN_TOKENIZER).is_file():
         options["tokenizer"] = str(Path(run_dir) / RUN_TOKENIZER)
     options.update(data_options or {})

@@ -27,7 +27,7 @@ import json
 import pickle
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import safetensors.torch
@@ -109,6 +109,8 @@ def check_architecture(saved: dict, current: TransformerVQConfig | None, path: P
     if current is None:
         return
     now = current.to_dict()
+    # A field the checkpoint's config lacks was added later: the checkpoint means its default (what from_dict reads).
+    saved = {**{f.name: f.default for f in fields(current)}, **saved}
     diffs = [f"{k}={saved.get(k)!r} (checkpoint) vs {now[k]!r} (this run)"
              for k in sorted(now) if k not in TRAINING_ONLY_FIELDS and saved.get(k) != now[k]]
     if diffs:

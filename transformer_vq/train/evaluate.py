@@ -58,6 +58,9 @@ class EvalResult:
     """Word-level perplexity, for corpora that count the words of their original text (PG-19); else None."""
     objective: str = "next-token"
     """What was predicted: 'next-token' (causal models) or 'masked-token' (encoders)."""
+    recall: dict | None = None
+    """On the recall probe (``--data recall``): answer accuracy by distance, a
+    :meth:`~transformer_vq.train.recall.RecallResult.to_dict`; else None."""
 
     @property
     def unit(self) -> str:
@@ -65,7 +68,11 @@ class EvalResult:
         return bpb_unit(self.objective)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as a dict; ``recall`` only on the recall probe."""
+        values = asdict(self)
+        if values["recall"] is None:
+            del values["recall"]
+        return values
 
 
 def evaluate_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: int, tokens_per_byte: float = 1.0,
@@ -185,7 +192,9 @@ def evaluate(ckpt: str | EvalConfig, **options) -> EvalResult:
     precision come from the checkpoint's saved config; ``data_path`` replaces the saved data path
     (for data that moved) and ``data_options`` override saved loader options.
     """
+    from transformer_vq.data.recall import spec_of
     from transformer_vq.train.build import load_corpus_for, model_from_checkpoint, run_dir_of
+    from transformer_vq.train.recall import recall_accuracy
 
     cfg = job_config(EvalConfig, ckpt, **options)
     split = cfg.split
@@ -194,10 +203,14 @@ def evaluate(ckpt: str | EvalConfig, **options) -> EvalResult:
                              data_options=cfg.data_options)
     tokens = corpus.split(split)
     check_vocab(tokens, run_cfg.model.vocab_size, split)
-    return evaluate_tokens(
-        model, tokens, window_len=cfg.window_len or run_cfg.train.update_len,
-        tokens_per_byte=corpus_tokens_per_byte(corpus, split),
-        tokens_per_word=corpus_tokens_per_word(corpus, split),
-        streams=cfg.streams or run_cfg.train.eval_streams, max_tokens=cfg.max_tokens,
+    window_len, streams = cfg.window_len or run_cfg.train.update_len, cfg.streams or run_cfg.train.eval_streams
+    result = evaluate_tokens(
+        model, tokens, window_len=window_len, tokens_per_byte=corpus_tokens_per_byte(corpus, split),
+        tokens_per_word=corpus_tokens_per_word(corpus, split), streams=streams, max_tokens=cfg.max_tokens,
         precision=run_cfg.train.precision, split=split,
     )
+    if spec_of(corpus) is not None:  # the memory probe: its answers, episode by episode, by distance
+        max_episodes = -(-cfg.max_tokens // spec_of(corpus).seq_len) if cfg.max_tokens else 0
+        result.recall = recall_accuracy(model, corpus, split, block_len=run_cfg.model.block_len, window_len=window_len,
+                                        batch_size=streams, max_episodes=max_episodes).to_dict()
+    return result

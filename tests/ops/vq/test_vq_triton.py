@@ -21,6 +21,7 @@ pytest.importorskip("triton")
 from opsutil import make_vq_inputs, vq_grid_id  # noqa: E402
 
 from transformer_vq import GatedAttentionUnit, TransformerVQ, preset  # noqa: E402
+from transformer_vq.config import ConfigError  # noqa: E402
 from transformer_vq.ops.vq import vq_attention, vq_attention_naive  # noqa: E402
 from transformer_vq.ops.vq.triton.function import DV_CHUNK  # noqa: E402
 
@@ -130,6 +131,10 @@ def test_bad_backends_are_refused(monkeypatch):
     scores = torch.zeros(1, 1, 16, 3, device=DEVICE)
     with pytest.raises(ValueError, match="computes the codeword scores itself: code_scores needs backend='eager'"):
         run(inputs, 16, "triton", code_scores=scores)
+    with pytest.raises(ValueError, match="compressive_cache=False needs backend='eager'"):
+        run(inputs, 16, "triton", compressive_cache=False)
+    with pytest.raises(ConfigError, match="attn_backend 'triton' applies to causal attn_type 'vq' with compressive_"):
+        preset("tiny", attn_backend="triton", quantize_queries=True)
     wide = tuple(x.double() if x.is_floating_point() else x for x in inputs)
     with pytest.raises(ValueError, match="computes in float32, float16 or bfloat16, got torch.float64"):
         run(wide, 16, "triton")

@@ -25,10 +25,20 @@ def causal_mask(length: int, device=None) -> torch.Tensor:
     return torch.ones(length, length, dtype=torch.bool, device=device).tril()
 
 
+def window_mask(length: int, block_len: int, device=None) -> torch.Tensor:
+    """``[T, T]`` True where key ``p`` lies in query ``t``'s two-block window: ``(t // L - 1) L <= p <= t``."""
+    t = torch.arange(length, device=device)
+    return causal_mask(length, device) & (t[None, :] >= (t[:, None] // block_len - 1) * block_len)
+
+
 def full_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *,
-                         block_len: int) -> torch.Tensor:
-    """``[B, H, T, Dv]`` from ``q [B, H, T, Dk]``, ``k [B, G, T, Dk]``, ``v [B, G, T, Dv]``, ``bias [B, H, T, 2L]``."""
+                         block_len: int, window_only: bool = False) -> torch.Tensor:
+    """``[B, H, T, Dv]`` from ``q [B, H, T, Dk]``, ``k [B, G, T, Dk]``, ``v [B, G, T, Dv]``, ``bias [B, H, T, 2L]``.
+
+    ``window_only``: each query attends the keys of its two-block window alone (:func:`window_mask`).
+    """
     n_head, length = q.shape[1], q.shape[2]
     scores = q @ per_head(k, n_head).transpose(-1, -2) + window_bias_dense(bias, block_len)  # (B, H, T, T)
-    scores = scores.masked_fill(~causal_mask(length, q.device), float("-inf"))
+    visible = window_mask(length, block_len, q.device) if window_only else causal_mask(length, q.device)
+    scores = scores.masked_fill(~visible, float("-inf"))
     return torch.softmax(scores, dim=-1) @ per_head(v, n_head)

@@ -28,10 +28,7 @@ from transformer_vq.ops.vq.state import VQAttentionState
 
 
 def vq_attention(
-    q: torch.Tensor,
-    k_hat: torch.Tensor,
-    v: torch.Tensor,
-    bias: torch.Tensor,
+    q: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
     *,
     block_len: int,
     state: VQAttentionState | None = None,
@@ -39,6 +36,7 @@ def vq_attention(
     codebook: torch.Tensor,
     reduction: str = "serial",
     code_scores: torch.Tensor | None = None,
+    compressive_cache: bool = True,
     backend: str = "eager",
 ) -> tuple[torch.Tensor, VQAttentionState]:
     """Causal softmax attention over all past keys, in time linear in the sequence length.
@@ -58,14 +56,16 @@ def vq_attention(
         code_scores: ``[B, H, T, S]`` the scores ``q @ codebook[h // (H // G)]^T`` when the caller has them
             without the product (quantized queries read them from a table: :mod:`transformer_vq.ops.vq_qk`); they
             must equal that product in value, and gradients reach ``q`` through them only as the caller defines.
+        compressive_cache: ``False`` drops the per-code cache: each query attends its two-block window only (the
+            paper's Table 2 ablation). The state then carries the window keys alone (its cache stays empty).
         backend: whole blocks by ``"eager"`` torch ops or ``"triton"`` fused kernels (docs/operator.md).
 
     Returns:
         ``(out, state)``: ``out`` is ``[B, H, T, Dv]``; ``state`` continues the sequences.
     """
     _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores)
-    blocks_kernel = _blocks_kernel(backend, q, code_scores)
-    (B, H, T, Dk), (G, S, _), L = q.shape, codebook.shape, block_len
+    blocks_kernel = _blocks_kernel(backend, q, code_scores, compressive_cache)
+    (B, H, T, Dk), (G, S), L = q.shape, codebook.shape[:2], block_len
     if state is None:
         state = VQAttentionState.empty(B, G, S, Dk, v.shape[-1], dtype=v.dtype, device=v.device)
     codebook = codebook.detach()
@@ -80,16 +80,15 @@ def vq_attention(
             stop = start + (T - start) // L * L
             kernel = blocks_kernel
         piece = slice(start, stop)
-        out, state = kernel(
-            q[:, :, piece], k_hat[:, :, piece], z[:, :, piece], v[:, :, piece], codebook,
-            bias[:, :, piece], L, state, reduction, None if code_scores is None else code_scores[:, :, piece],
-        )
+        out, state = kernel(q[:, :, piece], k_hat[:, :, piece], z[:, :, piece], v[:, :, piece], codebook,
+                            bias[:, :, piece], L, state, reduction,
+                            None if code_scores is None else code_scores[:, :, piece], compressive_cache)
         outs.append(out)
         start = stop
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), state
 
 
-def _blocks_kernel(backend: str, q: torch.Tensor, code_scores):
+def _blocks_kernel(backend: str, q: torch.Tensor, code_scores, compressive_cache: bool):
     """The kernel of whole blocks of ``backend``; triton is imported only when asked for (an optional extra)."""
     if backend not in ATTN_BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(ATTN_BACKENDS)}, got {backend!r}")
@@ -99,7 +98,7 @@ def _blocks_kernel(backend: str, q: torch.Tensor, code_scores):
         raise ImportError("backend='triton' needs the triton package: pip install -e \".[triton]\"")
     from transformer_vq.ops.vq.triton import attend_blocks_fused, check_fused_inputs
 
-    check_fused_inputs(q, code_scores)
+    check_fused_inputs(q, code_scores, compressive_cache)
     return attend_blocks_fused
 
 

@@ -61,11 +61,13 @@ def codebook_scores(q, codebook, code_scores=None):
     return (q.reshape(B, G, R * t, Dk) @ codebook.transpose(-1, -2).unsqueeze(0)).view(B, G, R, t, S)
 
 
-def attend_within_block(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, reduction, code_scores=None):
+def attend_within_block(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, reduction, code_scores=None,
+                        compressive_cache=True):
     """Queries at positions ``[offset, offset + t)``, all inside block ``n = offset // L``.
 
     Cost O(t (S + 2L)(Dk + Dv)): this is the decoding path when ``t = 1``. ``reduction`` is unused (one block).
-    ``code_scores``: see :func:`codebook_scores`.
+    ``code_scores``: see :func:`codebook_scores`. ``compressive_cache`` false: the window alone (the cache is
+    neither read nor updated).
     """
     B, H, t, Dk = q.shape
     G, S, _ = codebook.shape
@@ -84,34 +86,37 @@ def attend_within_block(q, k_hat, z, v, codebook, bias, L, state: VQAttentionSta
     key_pos = torch.arange(first, first + W, device=q.device)
     query_pos = torch.arange(offset, offset + t, device=q.device)
     s_window = s_window.masked_fill(key_pos[None, :] > query_pos[:, None], float("-inf"))
-    s_cache = codebook_scores(q, codebook, code_scores)  # (B, G, R, t, S)
-    s_cache = s_cache + log_counts(state.cache_count, s_cache.dtype)[:, :, None, None, :]
-
-    out = softmax_combine([(s_cache, state.cache_mean.unsqueeze(2)), (s_window, values.unsqueeze(2))])
-    out = out.reshape(B, H, t, -1).to(q.dtype)
+    parts = [(s_window, values.unsqueeze(2))]
+    if compressive_cache:
+        s_cache = codebook_scores(q, codebook, code_scores)  # (B, G, R, t, S)
+        s_cache = s_cache + log_counts(state.cache_count, s_cache.dtype)[:, :, None, None, :]
+        parts.insert(0, (s_cache, state.cache_mean.unsqueeze(2)))
+    out = softmax_combine(parts).reshape(B, H, t, -1).to(q.dtype)
 
     cache_count, cache_mean = state.cache_count, state.cache_mean
     if (offset + t) % L == 0 and W > L:
-        # Block n is complete: block n-1 leaves the window and joins the per-code cache.
-        count, mean = summarize(codes[:, :, :L], values[:, :, :L], S, cache_mean.dtype)
-        cache_count, cache_mean = merge(cache_count, cache_mean, count, mean)
+        # Block n is complete: block n-1 leaves the window and joins the per-code cache (when there is one).
+        if compressive_cache:
+            count, mean = summarize(codes[:, :, :L], values[:, :, :L], S, cache_mean.dtype)
+            cache_count, cache_mean = merge(cache_count, cache_mean, count, mean)
         keys, values, codes = keys[:, :, L:], values[:, :, L:], codes[:, :, L:]
     return out, VQAttentionState(offset + t, cache_count, cache_mean, keys, values, codes)
 
 
-def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, reduction, code_scores=None):
+def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, reduction, code_scores=None,
+                  compressive_cache=True):
     """Queries of ``N`` whole blocks starting at a block boundary ``offset = n L``, all in parallel.
 
     The two-block window of query block ``n`` is the contiguous run of keys ``[(n-1) L, (n+1) L)`` of the keys
     prefixed by block ``n-1 = -1`` (from the state, or zeros). So the window scores are one matmul against an
     overlapping (unfolded) view of those keys, laid out column for column like ``bias``, and the window values are
     read through the same kind of view: no key or value is copied per block. ``code_scores``: see
-    :func:`codebook_scores`.
+    :func:`codebook_scores`. ``compressive_cache`` false: the window alone (no cache is built or read).
     """
     B, H, T, Dk = q.shape
     G, S, _ = codebook.shape
     R, N, Dv = H // G, T // L, v.shape[-1]
-    k_all, v_all, has_prev_block, prefix_count, prefix_mean = block_caches(k_hat, z, v, S, L, state, reduction)
+    k_all, v_all, z_prev, has_prev_block = prepend_previous_block(k_hat, z, v, L, state)
 
     q_blocks = q.view(B, G, R, N, L, Dk).transpose(2, 3)  # (B, G, N, R, L, Dk)
     bias_blocks = bias.view(B, G, R, N, L, 2 * L).transpose(2, 3)  # (B, G, N, R, L, 2L)
@@ -124,49 +129,57 @@ def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, re
     s_window = add(q_blocks @ k_window.unsqueeze(3), bias_blocks)  # (B, G, N, R, L, 2L)
     s_window = masked_fill(s_window, _window_mask(N, L, has_prev_block, q.device)[:, None], float("-inf"))
 
+    # The softmax over [cache | previous block | present block] with one shared max (float32 at least).
+    v_window = v_all.unfold(2, 2 * L, L).transpose(-1, -2)  # (B, G, N, 2L, Dv): overlapping view, no copy
+    parts = [(s_window, v_window.unsqueeze(3))]
+    final_count, final_mean = state.cache_count, state.cache_mean
+    if compressive_cache:
+        (s_cache, cache_mean), final_count, final_mean = _cache_part(
+            q, z_prev, v_all, codebook, L, state, reduction, code_scores, has_prev_block, add)
+        parts.insert(0, (s_cache, cache_mean.unsqueeze(3)))
+    out = softmax_combine(parts, in_place=not grad)  # (B, G, N, R, L, Dv)
+    out = out.transpose(2, 3).reshape(B, H, T, Dv).to(q.dtype)
+    return out, VQAttentionState(state.offset + T, final_count, final_mean,
+                                 k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:])
+
+
+def _cache_part(q, z_prev, v_all, codebook, L, state: VQAttentionState, reduction, code_scores, has_prev_block, add):
+    """``(s_cache (B, G, N, R, L, S), cache_mean (B, G, N, S, Dv))`` of each query block, and the cache after the
+    last block (count and mean) for the state.
+
+    The cache of query block i is the state's cache merged with blocks n-1 .. n+i-2, i.e. the prefix before the
+    "previous" block i; the last prefix (through every block) is the final state's cache.
+    """
+    B, H, T, _ = q.shape
+    G, S, _ = codebook.shape
+    R, N = H // G, T // L
+    prefix_count, prefix_mean = block_prefixes(z_prev, v_all, S, L, state, reduction, has_prev_block)
     cache_count, cache_mean = prefix_count[:, :, :-1], prefix_mean[:, :, :-1]  # (B, G, N, S), (B, G, N, S, Dv)
 
     s_cache = codebook_scores(q, codebook, code_scores).view(B, G, R, N, L, S)
     # The caller's scores are read, not overwritten: the first step then makes the fresh tensor the rest may update.
     add_counts = add if code_scores is None else torch.add
     s_cache = add_counts(s_cache.transpose(2, 3), log_counts(cache_count, s_cache.dtype)[:, :, :, None, None, :])
-
-    # The softmax over [cache | previous block | present block] with one shared max (float32 at least).
-    v_window = v_all.unfold(2, 2 * L, L).transpose(-1, -2)  # (B, G, N, 2L, Dv): overlapping view, no copy
-    out = softmax_combine([(s_cache, cache_mean.unsqueeze(3)), (s_window, v_window.unsqueeze(3))],
-                          in_place=not grad)  # (B, G, N, R, L, Dv)
-    out = out.transpose(2, 3).reshape(B, H, T, Dv).to(q.dtype)
-    return out, state_after_blocks(state, z, L, k_all, v_all, prefix_count, prefix_mean)
+    return (s_cache, cache_mean), prefix_count[:, :, -1], prefix_mean[:, :, -1]
 
 
-def block_caches(k_hat, z, v, S, L, state: VQAttentionState, reduction):
-    """What whole blocks at a block boundary need besides the queries: window keys and values, and every cache.
+def block_prefixes(z_prev, v_all, S, L, state: VQAttentionState, reduction, has_prev_block):
+    """The caches of ``N`` whole query blocks: the prefixes ``(B, G, N + 1, S)``, ``(B, G, N + 1, S, Dv)`` of the
+    reduction over the blocks before them, from the outputs of :func:`prepend_previous_block`.
 
-    Cache of query block i: the state's cache merged with blocks n-1 .. n+i-2, i.e. the prefix before the
-    "previous" block i; the last prefix (through every block) is the final state's cache.
-
-    Returns:
-        ``k_all (B, G, (N + 1) L, Dk)`` and ``v_all (B, G, (N + 1) L, Dv)`` (blocks -1 .. N-1), whether block -1
-        exists, and the prefixes ``(B, G, N + 1, S)``, ``(B, G, N + 1, S, Dv)`` of the reduction.
+    Index ``i`` is the state's cache merged with blocks ``n-1 .. n+i-2``, the cache of query block ``i``; the last
+    (through every block) is the final state's cache.
     """
-    B, G, T, _ = k_hat.shape
-    N, Dv = T // L, v.shape[-1]
-    k_all, v_all, z_prev, has_prev_block = _prepend_previous_block(k_hat, z, v, L, state)
-    v_prev = v_all[:, :, :T].view(B, G, N, L, Dv)  # block n-1 of each query block n
+    B, G, N, _ = z_prev.shape
+    Dv = v_all.shape[-1]
+    v_prev = v_all[:, :, :N * L].view(B, G, N, L, Dv)  # block n-1 of each query block n
     counts, means = summarize(z_prev, v_prev, S, state.cache_mean.dtype)  # (B, G, N, S), (B, G, N, S, Dv)
     if not has_prev_block:
         counts = torch.cat([torch.zeros_like(counts[:, :, :1]), counts[:, :, 1:]], dim=2)
-    prefix_count, prefix_mean = PREFIXES[reduction](state.cache_count, state.cache_mean, counts, means)
-    return k_all, v_all, has_prev_block, prefix_count, prefix_mean
+    return PREFIXES[reduction](state.cache_count, state.cache_mean, counts, means)
 
 
-def state_after_blocks(state: VQAttentionState, z, L, k_all, v_all, prefix_count, prefix_mean) -> VQAttentionState:
-    """The state after whole blocks: the last prefix is the cache, the last block stays verbatim."""
-    return VQAttentionState(state.offset + z.shape[2], prefix_count[:, :, -1], prefix_mean[:, :, -1],
-                            k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:])
-
-
-def _prepend_previous_block(k_hat, z, v, L, state: VQAttentionState):
+def prepend_previous_block(k_hat, z, v, L, state: VQAttentionState):
     """The keys and values of blocks ``-1 .. N-1`` and the codes of the block before each query block.
 
     Block ``-1`` (the one before the first query block) comes from the state; at the start of a sequence it does not

@@ -21,13 +21,14 @@ from transformer_vq.ops.vq.state import VQAttentionState
 
 
 def vq_attention_naive(q: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *,
-                       block_len: int) -> torch.Tensor:
+                       block_len: int, compressive_cache: bool = True) -> torch.Tensor:
     """``out[t] = sum_{p <= t} softmax_p(q[t] . k_hat[p] + beta[t, p]) v[p]``: full attention over quantized keys.
 
     Shapes: ``q [B, H, T, Dk]``, ``k_hat [B, G, T, Dk]``, ``v [B, G, T, Dv]``, ``bias [B, H, T, 2L]``; returns
-    ``[B, H, T, Dv]``.
+    ``[B, H, T, Dv]``. ``compressive_cache`` false: the sum runs over the two-block window ``(t // L - 1) L <= p``
+    only (the operator without its cache).
     """
-    return full_attention_naive(q, k_hat, v, bias, block_len=block_len)
+    return full_attention_naive(q, k_hat, v, bias, block_len=block_len, window_only=not compressive_cache)
 
 
 def vq_attention_blockwise(q: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *,

@@ -1,11 +1,12 @@
 """The fused forward kernel of VQ attention over whole blocks (Theorem 3.7, flash-attention style).
 
-One program per (batch * head, query tile of a block, chunk of value columns): it scores its queries against the codewords of their group
-(plus the log-counts of the block's cache) and against the block's two-block window (plus the window bias), keeps a
-running max and normalizer per row (the online softmax), and writes the output and the row's log-sum-exp for the
-backward. No ``T x (S + 2L)`` score matrix is ever stored. Wide values are split over programs, ``BLOCK_DV``
-columns each (each recomputes the scores, which cost ``Dk``, not ``Dv``, per key). The caches themselves (``log c`` and the means per
-block) come from the reductions of :mod:`transformer_vq.ops.vq.cache`, computed in torch beforehand.
+One program per (batch * head, query tile of a block, chunk of value columns): it scores its queries against the
+codewords of their group (plus the log-counts of the block's cache) and against the block's two-block window (plus the
+window bias), keeps a running max and normalizer per row (the online softmax), and writes the output and the row's
+log-sum-exp for the backward. No ``T x (S + 2L)`` score matrix is ever stored. Wide values are split over programs,
+``BLOCK_DV`` columns each (each recomputes the scores, which cost ``Dk``, not ``Dv``, per key). The caches themselves
+(``log c`` and the means per block) come from the reductions of :mod:`transformer_vq.ops.vq.cache`, computed in
+torch beforehand.
 
 Letters: B batch, H heads, R heads per group, T = N L query rows, S codewords, Dk / Dv key / value widths.
 """

@@ -1,0 +1,142 @@
+"""LongVQ against its two baselines on one classification dataset, at the same training budget.
+
+Trains ``tvq classify train --arch A --seed S`` for every architecture A (default: longvq,
+transformer, tvq) and seed S, each in its own run directory and its own process, with identical
+model fields, data, steps, batch and learning rate; then evaluates each run's best-validation
+checkpoint on the test split. A finished cell (its test result saved) is skipped when the script is
+run again, so a killed comparison continues where it stopped. Writes a JSON record, a markdown table
+(test accuracy per architecture: each seed, mean and spread) and a PNG.
+
+Example (the sequential Fashion-MNIST comparison of docs/longvq.md)::
+
+    python benchmarks/classify_compare.py --data fashion-mnist --out benchmarks/results/compare-fmnist \\
+        -- --preset small --steps 400 --batch-size 16 --lr 2e-3 --eval-every 200 \\
+           --data-option validation_size=1000
+
+Everything after ``--`` goes to every ``tvq classify train`` call unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from transformer_vq.bench.machine import machine_info
+
+ARCHS = ("longvq", "transformer", "tvq")
+
+
+def run_cell(data: str, arch: str, seed: int, run_dir: Path, train_flags: list[str]) -> dict:
+    """Train one (arch, seed) cell and evaluate its best checkpoint on the test split."""
+    result_path = run_dir / "compare-result.json"
+    if result_path.exists():
+        return json.loads(result_path.read_text())
+    tvq = [sys.executable, "-m", "transformer_vq"]
+    train = [*tvq, "classify", "train", "--data", data, "--arch", arch, "--seed", str(seed),
+             "--run-dir", str(run_dir), *train_flags]
+    if (run_dir / "checkpoints").exists():
+        train.append("--resume")
+    started = time.perf_counter()
+    trained = subprocess.run(train, check=True, stdout=subprocess.PIPE, text=True)
+    train_seconds = time.perf_counter() - started
+    print(trained.stdout, end="", flush=True)
+    millions = re.search(r"training a ([0-9.]+)M-parameter", trained.stdout)
+    evaluated = subprocess.run([*tvq, "classify", "eval", "--ckpt", str(run_dir / "best"), "--split", "test",
+                                "--json"], check=True, capture_output=True, text=True)
+    test = json.loads(evaluated.stdout.strip().splitlines()[-1])
+    config = json.loads((run_dir / "config.json").read_text())
+    result = {"arch": arch, "seed": seed, "train_seconds": train_seconds, "test": test,
+              "parameters_millions": float(millions.group(1)) if millions else None,
+              "validation": _validation_curve(run_dir / "metrics.jsonl"), "config": config}
+    result_path.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _validation_curve(metrics: Path) -> list[dict]:
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return [{"step": r["step"], "accuracy": r["accuracy"]} for r in rows if r.get("eval") == "validation"]
+
+
+def summarize(results: list[dict]) -> dict[str, dict]:
+    """Test accuracy per architecture: the seeds' values, their mean and their spread (max - min)."""
+    table = {}
+    for arch in dict.fromkeys(r["arch"] for r in results):
+        accuracies = [r["test"]["accuracy"] for r in results if r["arch"] == arch]
+        seconds = [r["train_seconds"] for r in results if r["arch"] == arch]
+        table[arch] = {"parameters_millions": next(r["parameters_millions"] for r in results if r["arch"] == arch),
+                       "accuracies": accuracies, "mean": statistics.fmean(accuracies),
+                       "spread": max(accuracies) - min(accuracies), "train_seconds": statistics.median(seconds)}
+    return table
+
+
+def markdown(data: str, table: dict[str, dict], train_flags: list[str]) -> str:
+    """The comparison as a markdown table."""
+    lines = [f"### {data}: test accuracy at the same training budget", "",
+             f"Training flags (every cell): `{' '.join(train_flags)}`", "",
+             "| architecture | parameters | test accuracy per seed | mean | spread | median training time |",
+             "|---|---|---|---|---|---|"]
+    for arch, row in table.items():
+        seeds = ", ".join(f"{a:.2%}" for a in row["accuracies"])
+        lines.append(f"| {arch} | {row['parameters_millions']}M | {seeds} | **{row['mean']:.2%}** | {row['spread']:.2%} | "
+                     f"{row['train_seconds'] / 60:.1f} min |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(data: str, results: list[dict], path: Path) -> None:
+    """Validation accuracy over steps, one line per cell, coloured by architecture."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    colours = dict(zip(ARCHS, ("tab:blue", "tab:orange", "tab:green")))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in results:
+        curve = r["validation"]
+        ax.plot([c["step"] for c in curve], [c["accuracy"] for c in curve], marker="o",
+                color=colours.get(r["arch"]), label=f"{r['arch']} (seed {r['seed']})")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("validation accuracy")
+    ax.set_title(f"{data}: LongVQ vs baselines, same budget")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--out", required=True, help="output path without extension (.json, .md, .png)")
+    parser.add_argument("--runs", default="runs/compare", help="where the cells' run directories go")
+    parser.add_argument("--archs", nargs="+", default=list(ARCHS), choices=ARCHS)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    args = parser.parse_args(argv[:split])
+    train_flags = argv[split + 1:]
+    results = []
+    for seed in args.seeds:  # seeds outermost: a partial comparison already has every architecture
+        for arch in args.archs:
+            print(f"== {args.data}: {arch}, seed {seed}", flush=True)
+            results.append(run_cell(args.data, arch, seed, Path(args.runs) / f"{args.data}-{arch}-s{seed}",
+                                    train_flags))
+    table = summarize(results)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {"machine": machine_info(measure_peak=False), "data": args.data, "train_flags": train_flags, "summary": table,
+              "cells": results}
+    out.with_suffix(".json").write_text(json.dumps(record, indent=1))
+    out.with_suffix(".md").write_text(markdown(args.data, table, train_flags))
+    plot(args.data, results, out.with_suffix(".png"))
+    print(markdown(args.data, table, train_flags))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""Our whole layer against the authors' JAX layer on this CPU, interleaved call by call (issue: at least 2x at 8k
+and 32k, fwd and fwd+bwd; time linear in T).
+
+    TVQ_AUTHORS=GIT_DIR_OR_SOURCE TVQ_JAX_PYTHON=/path/to/jax/venv/bin/python \
+        python benchmarks/jax_layer.py [--lengths 2k 8k 32k] [--repeats 7] [--out benchmarks/results]
+
+One gated attention unit of the enwik8 preset (D_m 768, D_k 128, D_v 1536, S 512, L 512, float32, batch 1,
+``bias_span="block"`` so both compute the same function), with the same parameters on both sides. Each side lives in
+its own persistent process (benchmarks/layer_worker.py; benchmarks/jax_side/worker.py: the authors' branch
+``optimized``, whole-sequence layer, serial reduction), built and warmed up once per length. Then, ``repeats`` times,
+every mode's call goes to one side and then the other (the first side alternates), so both see the same machine
+state; the figure is the median. Prints a markdown table (seconds, speedup = authors' time / ours, growth from 8k to
+32k) and writes ``NAME.json`` and ``NAME.md`` under ``--out`` with the machine, commits and versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from authors_bridge import (add_authors_flags, authors_params, authors_source, gau_config, jax_env, randomize,
+                            require_authors)
+from transformer_vq import GatedAttentionUnit
+from transformer_vq.bench.machine import load_average, machine_info
+from transformer_vq.config import PRESETS
+from transformer_vq.config.fields import parse_scalar
+from worker_protocol import MODES
+
+HERE = Path(__file__).resolve().parent
+SIDES = ("ours", "authors")
+
+
+class Worker:
+    """One persistent worker process and its request/reply lines."""
+
+    def __init__(self, command: list[str], env: dict | None = None, cwd: Path | None = None):
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                                     cwd=cwd)
+        self.hello = self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"error: worker {self.proc.args[1]} ended (exit status {self.proc.wait()})")
+        message = json.loads(line)
+        if "error" in message:
+            raise SystemExit(f"error: worker {self.proc.args[1]}: {message['error']}")
+        return message
+
+    def ask(self, **request) -> dict:
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+
+def start_workers(args, work: Path) -> tuple[dict[str, Worker], dict]:
+    """Both workers, holding the same parameters: a unit built here, saved for ours, translated for the authors'."""
+    dims = {k: getattr(PRESETS["enwik8"], k) for k in ("d_model", "d_k", "n_code", "block_len", "max_wavelength")}
+    cfg = gau_config(dims, bias_span="block")
+    torch.manual_seed(args.seed)
+    unit = GatedAttentionUnit(cfg).eval()
+    randomize(unit, args.seed)
+    torch.save(unit.state_dict(), work / "unit.pt")
+    (work / "config.json").write_text(json.dumps(cfg.to_dict()))
+    np.savez(work / "params.npz", dims=json.dumps(dims), **{f"param:{k}": v.astype(np.float32)
+                                                            for k, v in authors_params(unit).items()})
+    src, commit = authors_source(args.authors, work / "authors")
+    ours = Worker([sys.executable, str(HERE / "layer_worker.py"), "--state", str(work / "unit.pt"), "--config",
+                   str(work / "config.json"), "--batch", str(args.batch)])
+    authors = Worker([args.jax_python, str(HERE / "jax_side" / "worker.py"), "--src", str(src), "--params",
+                      str(work / "params.npz"), "--batch", str(args.batch)], env=jax_env(), cwd=HERE / "jax_side")
+    setup = {"dims": dims, "d_v": cfg.d_v, "bias_span": "block", "reduction": "serial", "precision": "float32",
+             "batch": args.batch, "authors_branch": "optimized", "authors_commit": commit}
+    return {"ours": ours, "authors": authors}, setup
+
+
+def measure(workers: dict[str, Worker], length: int, repeats: int, log) -> list[dict]:
+    """The rows of one length: each mode's samples on both sides, interleaved call by call."""
+    warmup = {side: workers[side].ask(cmd="prepare", T=length)["warmup_s"] for side in SIDES}
+    samples = {(side, mode): [] for side in SIDES for mode in MODES}
+    for r in range(repeats):
+        order = SIDES if r % 2 == 0 else SIDES[::-1]
+        for mode in MODES:
+            for side in order:
+                samples[side, mode].append(workers[side].ask(cmd="run", T=length, mode=mode)["seconds"])
+    for side in SIDES:
+        workers[side].ask(cmd="drop", T=length)
+    rows = []
+    for mode in MODES:
+        ours, theirs = (statistics.median(samples[side, mode]) for side in SIDES)
+        rows.append({"T": length, "mode": mode, "ours_s": ours, "authors_s": theirs, "speedup": theirs / ours,
+                     "ours_samples": samples["ours", mode], "authors_samples": samples["authors", mode],
+                     "warmup_s": {side: warmup[side][mode] for side in SIDES}})
+        log(f"T={length} {mode}: ours {ours:.3f} s, authors {theirs:.3f} s, speedup {theirs / ours:.2f}x")
+    return rows
+
+
+def growth(rows: list[dict], low: int, high: int) -> dict:
+    """Time at ``high`` over time at ``low`` per mode and side (linear time: ``high / low``)."""
+    by = {(r["T"], r["mode"]): r for r in rows}
+    return {mode: {side: by[high, mode][f"{side}_s"] / by[low, mode][f"{side}_s"] for side in SIDES}
+            for mode in MODES if (low, mode) in by and (high, mode) in by}
+
+
+def table(result: dict) -> str:
+    """The markdown report: seconds per call, speedups, and the growth from 8k to 32k."""
+    s = result["setup"]
+    lines = [f"### Whole layer, ours vs the authors' JAX layer (D_m {s['dims']['d_model']}, D_k {s['dims']['d_k']}, "
+             f"D_v {s['d_v']}, S {s['dims']['n_code']}, L {s['dims']['block_len']}, fp32, batch {s['batch']}; "
+             f"median of {result['repeats']}, interleaved)", "",
+             "| T | mode | ours (s) | authors' JAX (s) | speedup (authors / ours) |", "|---:|---|---:|---:|---:|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['T']} | {r['mode']} | {r['ours_s']:.4f} | {r['authors_s']:.4f} | {r['speedup']:.2f}x |")
+    if result["growth"]:
+        low, high = result["growth_lengths"]
+        lines += ["", f"Growth of the time from T = {low} to T = {high} (linear: {high / low:g}x):", "",
+                  "| mode | ours | authors' JAX |", "|---|---:|---:|"]
+        lines += [f"| {mode} | {g['ours']:.2f}x | {g['authors']:.2f}x |" for mode, g in result["growth"].items()]
+    m = result["machine"]
+    lines += ["", f"Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs, torch threads {m['torch_threads']}, load "
+                  f"{m['load_average_start']} -> {result['load_average_end']}; fp32 matmul "
+                  f"{m.get('matmul_gflops', {}).get('float32')} GFLOP/s. Ours at `{m['commit']}` (torch "
+                  f"{m['torch']}); authors' `{s['authors_branch']}` at `{s['authors_commit']}` (jax "
+                  f"{result['authors_versions'].get('jax')}, flax {result['authors_versions'].get('flax')}).",
+              "", f"Command: `{result['command']}`"]
+    return "\n".join(lines) + "\n"
+
+
+def parse_lengths(words: list[str]) -> list[int]:
+    """Lengths as given on the command line (``8k`` = 8192), each a multiple of the block length 512."""
+    try:
+        lengths = [parse_scalar(w, int, {"k_suffix": True}) for w in words]
+    except ValueError as error:
+        raise SystemExit(f"error: --lengths {error}") from None
+    bad = [n for n in lengths if n % 512 or n // 512 < 3]
+    if bad:
+        raise SystemExit(f"error: lengths must be multiples of 512, at least 1536 (the authors' layer needs three "
+                         f"blocks), got {bad}")
+    return lengths
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_authors_flags(parser)
+    parser.add_argument("--lengths", nargs="+", default=["2k", "8k", "32k"])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="benchmarks/results", help="folder of NAME.json and NAME.md")
+    parser.add_argument("--name", default=None, help="default: jax-layer-fp32-DATE-<cpus>cpu")
+    args = parser.parse_args(argv)
+    require_authors(args)
+    lengths = parse_lengths(args.lengths)
+    machine = machine_info()
+    with tempfile.TemporaryDirectory() as tmp:
+        workers, setup = start_workers(args, Path(tmp))
+        try:
+            rows = [row for length in lengths for row in measure(workers, length, args.repeats, log=print)]
+        finally:
+            for worker in workers.values():
+                worker.close()
+    pair = (8192, 32768) if {8192, 32768} <= set(lengths) else (min(lengths), max(lengths))
+    result = {"benchmark": "jax-layer", "setup": setup, "lengths": lengths, "repeats": args.repeats, "rows": rows,
+              "growth_lengths": pair, "growth": growth(rows, *pair) if len(lengths) > 1 else {},
+              "authors_versions": workers["authors"].hello, "ours_versions": workers["ours"].hello,
+              "machine": machine, "load_average_end": load_average(),
+              "command": "python benchmarks/jax_layer.py " + " ".join(map(shlex.quote, argv or sys.argv[1:]))}
+    print(table(result))
+    name = args.name or f"jax-layer-fp32-{machine['date_utc'][:10]}-{machine['logical_cpus']}cpu"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{name}.md").write_text(table(result))
+    print(f"wrote {out / name}.json and .md")
+    return result
+
+
+if __name__ == "__main__":
+    main()

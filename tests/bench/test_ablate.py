@@ -1,0 +1,114 @@
+"""`tvq ablate` on a tiny matrix (in this process, for speed): report numbers from the records, a killed matrix
+resumed (finished cells skipped, the unfinished one continued from its checkpoint), settings guard, the shipped
+matrices' configs."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from transformer_vq.ablate import AblateConfig, Matrix, run_ablation
+from transformer_vq.ablate.cells import cell_config
+from transformer_vq.ablate.report import command_line
+from transformer_vq.config import ConfigError
+from transformer_vq.config.ablate import MATRICES
+
+TINY = Matrix("tiny", "two codebook sizes", {"S4": ("n_code=4",), "S8": ("n_code=8",)}, reference="S8",
+              base=("block_len=8",))
+
+
+def tiny_settings(tmp_path, **changes):
+    return AblateConfig(**{"matrix": "codebook", "preset": "tiny", "data": "shakespeare", "steps": 4, "seeds": (0, 1),
+                           "seq_len": 32, "update_len": 16, "batch_size": 2, "eval_every": 2, "eval_tokens": 128,
+                           "ckpt_every": 2, "work_dir": str(tmp_path / "work"), "out": str(tmp_path / "out"),
+                           "name": "tiny", **changes})
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("ablate")
+    cfg = tiny_settings(tmp_path, seeds=(0,))
+    lines = []
+    result = run_ablation(cfg, matrix=TINY, isolate=False, log=lines.append)
+    return cfg, result, lines
+
+
+def test_every_cell_trained_with_curves_and_the_report_written(finished):
+    cfg, result, lines = finished
+    assert [line.split("]")[0] for line in lines if line.endswith("done")] == ["[cell 1/2", "[cell 2/2"]
+    for record in result["cells"]:
+        assert record["status"] == "done" and record["steps"] == [1, 2, 3, 4]
+        assert [v["step"] for v in record["validation"]] == [2, 4]  # every eval_every steps, and at the end
+        assert record["seconds"] == sorted(record["seconds"]) and record["train_seconds"] > 0
+        assert record["final_bpb"] == record["validation"][-1]["bits_per_byte"]
+        assert len(record["codebook_perplexity"]) == 4
+    assert {p.split("/")[-1] for p in result["paths"].values()} == {
+        "tiny.json", "tiny.md", "tiny-curves.png", "tiny-final.png", "tiny-codebook.png"}
+    saved = json.loads(open(result["paths"]["json"]).read())
+    assert saved["machine"]["commit"] and saved["command"] == command_line(cfg)
+
+
+def test_resume_skips_finished_cells_and_continues_the_unfinished_one(finished):
+    cfg, result, _ = finished
+    work = cfg.resolved_work_dir()
+    first_metrics = open(f"{work}/runs/S4-seed0/metrics.jsonl").read()
+    # as if the matrix had been killed after S8's last checkpoint, before its record was written
+    (tmp_record := __import__("pathlib").Path(f"{work}/cells/S8-seed0.json")).unlink()
+    lines = []
+    again = run_ablation(cfg, matrix=TINY, isolate=False, log=lines.append)
+    assert lines[0] == "[1/2] S4-seed0: finished earlier, skipped"
+    assert open(f"{work}/runs/S4-seed0/metrics.jsonl").read() == first_metrics  # S4 did not run
+    rows = [json.loads(line) for line in open(f"{work}/runs/S8-seed0/metrics.jsonl")]
+    # S8 resumed at its step-4 checkpoint: no step trained again, only the final validation repeated
+    assert [r["step"] for r in rows if "eval" not in r] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows if "eval" in r] == [2, 4, 4]
+    assert tmp_record.is_file() and again["cells"][1]["final_bpb"] == rows[-1]["bits_per_byte"]
+
+
+def test_markdown_table_by_hand(tmp_path):
+    cfg = tiny_settings(tmp_path)
+    records = [{"cell": c, "seed": s, "status": "done", "final_bpb": b, "train_seconds": t}
+               for c, s, b, t in (("S4", 0, 2.0, 10.0), ("S4", 1, 2.2, 12.0), ("S8", 0, 1.9, 20.0),
+                                  ("S8", 1, 2.1, 22.0))]
+    from transformer_vq.ablate.report import summarize_cells
+
+    rows = summarize_cells(TINY, records)
+    assert rows[0]["mean_bpb"] == pytest.approx(2.1) and rows[0]["std_bpb"] == pytest.approx(statistics.stdev([2, 2.2]))
+    assert rows[0]["ratio"] == pytest.approx(2.1 / 2.0) and rows[1]["ratio"] == 1.0
+    from transformer_vq.ablate.report import table
+
+    text = table({"matrix": {"name": "tiny", "description": "d", "base": [], "reference": "S8"}, "summary": rows,
+                  "settings": cfg.to_dict(), "command": "tvq ablate", "machine": _machine(), "cells": records})
+    assert "| S4 | n_code=4 | 2 | 2.1000 +- 0.1414 | 2.0000 .. 2.2000 | 1.0500 | 11 |" in text
+
+
+def _machine():
+    return {"cpu": "cpu", "logical_cpus": 2, "torch_threads": 2, "memory_gib": 1, "cpu_flags": [],
+            "load_average_start": None, "torch": "t", "numpy": "n", "python": "p", "commit": "c", "date_utc": "d"}
+
+
+def test_other_settings_in_the_same_work_dir_are_refused(finished):
+    cfg, _, _ = finished
+    with pytest.raises(ConfigError, match=r"holds a matrix started with other settings \(steps differ\)"):
+        run_ablation(tiny_settings(__import__("pathlib").Path(cfg.work_dir).parent, seeds=(0,), steps=5),
+                     matrix=TINY, isolate=False, log=lambda *a: None)
+
+
+@pytest.mark.parametrize("name", [m for m in MATRICES if m != "bias-span"])
+def test_shipped_matrices_build_their_configs(name, tmp_path):
+    cfg = AblateConfig(matrix=name)
+    matrix = MATRICES[name]
+    configs = [cell_config(cfg, matrix, cell, 0, tmp_path) for cell in matrix.cells]
+    assert {c.train.seq_len for c in configs} == {2048} and {c.model.block_len for c in configs} == {128}
+    assert all(c.train.data == "gcide" for c in configs)
+
+
+def test_a_matrix_needing_a_missing_field_fails_with_its_name(tmp_path):
+    from transformer_vq.config import TransformerVQConfig
+
+    if "bias_span" in TransformerVQConfig.__dataclass_fields__:
+        pytest.skip("bias_span exists: the bias-span matrix builds")
+    with pytest.raises(ConfigError, match="matrix 'bias-span', cell 'window': unknown config key"):
+        cell_config(AblateConfig(matrix="bias-span"), MATRICES["bias-span"], "window", 0, tmp_path)

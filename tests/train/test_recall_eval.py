@@ -1,0 +1,146 @@
+"""Scoring the recall probe: accuracy by distance bucket (checked by hand and against a rule-based model whose reach
+is known), its table, the `tvq eval` output, the comparison table and plot, and a tiny training run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from transformer_vq.bench.recall_plot import comparison_table, plot_recall
+from transformer_vq.cli import main
+from transformer_vq.config import RunConfig, TrainConfig, preset
+from transformer_vq.data.recall import ASSIGN, load_recall
+from transformer_vq.train import train
+from transformer_vq.train.recall import accuracy_by_distance, distance_bucket, recall_accuracy, recall_table
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_distance_buckets_are_powers_of_two_blocks():
+    assert [distance_bucket(d, 32) for d in (0, 63, 64, 127, 128, 255, 256, 511, 512)] == [0, 0, 1, 1, 2, 2, 3, 3, 4]
+
+
+def test_accuracy_by_distance_against_a_hand_computation():
+    # L = 10: blocks 0, 1 | 2, 3 | 4 | 8 | - | 40  ->  buckets 0-2, 2-4, 4-8, 8-16, 16-32 (empty), 32-64
+    rows = accuracy_by_distance([1, 0, 1, 1, 0, 1, 0], [5, 19, 20, 39, 45, 80, 400], block_len=10)
+    assert [(r["bucket"], r["queries"], r["correct"], r["accuracy"]) for r in rows] == [
+        ("0-2", 2, 1, 0.5), ("2-4", 2, 2, 1.0), ("4-8", 1, 0, 0.0), ("8-16", 1, 1, 1.0), ("16-32", 0, 0, None),
+        ("32-64", 1, 0, 0.0)]
+    assert (rows[5]["lo_blocks"], rows[5]["hi_blocks"], rows[0]["lo_blocks"]) == (32, 64, 0)
+    with pytest.raises(ValueError, match=r"correct \(2,\) and distances \(3,\) must have the same shape"):
+        accuracy_by_distance([1, 0], [1, 2, 3], 4)
+
+
+@dataclass
+class _Out:
+    logits: torch.Tensor
+    state: torch.Tensor
+
+
+class LookbackModel(torch.nn.Module):
+    """Recall by rule within a reach: after 'KEY=' it predicts the byte that followed the latest earlier 'KEY=' whose
+    key lies at most ``reach`` positions back (the whole history is its carried state); anything else: byte 0."""
+
+    def __init__(self, reach: int):
+        super().__init__()
+        self.reach = reach
+        self.anchor = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, input_ids, state=None):
+        history = input_ids if state is None else torch.cat([state, input_ids], dim=1)
+        offset, logits = history.shape[1] - input_ids.shape[1], torch.zeros(*input_ids.shape, 256)
+        for b, row in enumerate(history.tolist()):
+            for p in range(offset, len(row)):
+                if row[p] != ASSIGN:
+                    continue
+                key = row[p - 1]
+                for q in range(p - 3, max(p - self.reach, 0) - 1, -1):  # the key at q, '=' at q + 1
+                    if row[q] == key and row[q + 1] == ASSIGN and q + 2 < len(row):
+                        logits[b, p - offset, row[q + 2]] = 1.0
+                        break
+        return _Out(logits=logits, state=history)
+
+
+@pytest.mark.parametrize("reach", [40, 100, 10_000])
+def test_recall_accuracy_of_a_model_with_a_known_reach(reach):
+    corpus = load_recall(seq_len=256, n_pairs=6, train_episodes=1, eval_episodes=6, seed=2)
+    result = recall_accuracy(LookbackModel(reach), corpus, "test", block_len=16, window_len=48, batch_size=4)
+    # the pair's key sits at value_pos - 2 and the query's '=' at answer_pos - 1: in reach iff distance <= reach - 1
+    from transformer_vq.data.recall import recall_episode, spec_of
+
+    distances = np.concatenate([recall_episode(spec_of(corpus), 2, "test", i).distances for i in range(6)])
+    assert result.buckets == accuracy_by_distance(distances <= reach - 1, distances, 16)
+    assert result.accuracy == pytest.approx(float(np.mean(distances <= reach - 1)))
+    assert (result.episodes, result.chance, result.block_len) == (6, 0.1, 16)
+    if reach == 10_000:
+        assert result.accuracy == 1.0
+    # the state carries the history across windows: the window length changes nothing
+    assert recall_accuracy(LookbackModel(reach), corpus, "test", block_len=16, window_len=256).buckets == result.buckets
+
+
+def test_recall_table():
+    result = {"split": "test", "episodes": 3, "block_len": 32, "chance": 0.1, "accuracy": 0.75,
+              "buckets": accuracy_by_distance([1, 1, 1, 0], [5, 70, 80, 300], 32)}
+    assert recall_table(result) == "\n".join([
+        "recall accuracy by distance (blocks of L = 32; 3 episodes of test; chance 10.0%)", "",
+        "| distance (blocks) | queries | accuracy |", "|---|---:|---:|",
+        "| 0-2 | 1 | 100.0% |", "| 2-4 | 2 | 100.0% |", "| 4-8 | 0 | - |", "| 8-16 | 1 | 0.0% |", "| all | 4 | 75.0% |"])
+
+
+def test_comparison_table_and_plot(tmp_path):
+    def run(correct, accuracy):
+        return {"chance": 0.1, "block_len": 8, "accuracy": accuracy,
+                "buckets": accuracy_by_distance(correct, [3, 20, 40], 8)}
+
+    models = {"vq": [run([1, 1, 0], 2 / 3), run([1, 0, 0], 1 / 3)], "full": [run([1, 1, 1], 1.0)]}
+    assert comparison_table(models).splitlines() == [
+        "| distance (blocks) | vq | full |", "|---|---:|---:|",
+        "| 0-2 | 100.0% | 100.0% |", "| 2-4 | 50.0% [0%-100%] | 100.0% |", "| 4-8 | 0.0% | 100.0% |",
+        "| all | 50.0% [33%-67%] | 100.0% |", "",
+        "Mean answer accuracy over seeds [lowest-highest seed] (vq: 2, full: 1 seeds); chance 10.0%."]
+    path = plot_recall(models, tmp_path / "recall.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _tiny_recall_config(run_dir: Path, **model) -> RunConfig:
+    return RunConfig(model=preset("tiny", **model), train=TrainConfig(
+        data="recall", data_options={"n_pairs": 4, "train_episodes": 4, "eval_episodes": 2}, seq_len=128,
+        update_len=32, batch_size=2, steps=6, sample_tokens=0, run_dir=str(run_dir), ckpt_every=6, warmup_steps=1))
+
+
+def test_training_and_tvq_eval_on_the_probe(tmp_path, capsys):
+    result = train(_tiny_recall_config(tmp_path / "run"))
+    assert result.exit_code == 0 and result.step == 6
+    capsys.readouterr()
+    assert main(["eval", "--ckpt", str(tmp_path / "run"), "--split", "test", "--json"]) == 0
+    recall = json.loads(capsys.readouterr().out)["recall"]
+    assert (recall["split"], recall["episodes"], recall["block_len"], recall["chance"]) == ("test", 2, 8, 0.1)
+    assert sum(b["queries"] for b in recall["buckets"]) == 8 and 0.0 <= recall["accuracy"] <= 1.0
+    assert main(["eval", "--ckpt", str(tmp_path / "run"), "--max-tokens", "130"]) == 0
+    text = capsys.readouterr().out
+    assert "recall accuracy by distance (blocks of L = 8; 2 episodes of validation; chance 10.0%)" in text
+    assert "| distance (blocks) | queries | accuracy |" in text
+
+
+def test_memory_probe_script_at_a_tiny_size(tmp_path):
+    spec = importlib.util.spec_from_file_location("memory_probe", REPO / "benchmarks" / "memory_probe.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.parse_variant("w:compressive_cache=false,n_code=4") == ("w", {"compressive_cache": False,
+                                                                                "n_code": 4})
+    assert script.parse_variant("full") == ("full", {"attn_type": "full"})
+    size = script.SIZES["tiny"]
+    rows = [script.run_cell("full", {"attn_type": "full"}, 0, size, 2, 1, tmp_path, log=lambda *a: None),
+            script.run_cell("bad", {"no_such_field": 1}, 0, size, 2, 1, tmp_path, log=lambda *a: None)]
+    assert rows[0]["status"] == "ok" and rows[0]["config"]["model"]["attn_type"] == "full"
+    assert rows[1]["status"] == "skipped" and "no_such_field" in rows[1]["reason"]
+    table = script.report({"size": "tiny", "steps": 2, "rows": rows}, tmp_path, "probe")
+    assert "| distance (blocks) | full |" in table and "- bad seed 0 skipped: unknown model config key(s): " \
+                                                        "no_such_field" in table
+    assert {p.name for p in tmp_path.glob("probe.*")} == {"probe.json", "probe.md", "probe.png"}

@@ -1,0 +1,101 @@
+"""One cell of an experiment matrix: its run config, the process that trains it, and its record read back from the
+run's ``metrics.jsonl``.
+
+A cell trains in a child process through :func:`transformer_vq.train.train` with ``resume="auto"``: a crash stays in
+its process, and a cell killed midway continues from its last checkpoint the next time the matrix runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from transformer_vq.config import ConfigError, RunConfig, load_config
+from transformer_vq.config.ablate import AblateConfig, Matrix
+
+
+def cell_id(cell: str, seed: int) -> str:
+    """The name of one training of the matrix: its cell and seed (``vq-seed0``)."""
+    return f"{cell}-seed{seed}"
+
+
+def cell_config(cfg: AblateConfig, matrix: Matrix, cell: str, seed: int, work_dir: Path) -> RunConfig:
+    """The run config of ``cell`` at ``seed``: preset, then the matrix's base, the run's overrides, the cell's own.
+
+    Raises :class:`ConfigError` naming the matrix and the cell (e.g. a field this version of the library lacks).
+    """
+    train = {
+        "name": cell_id(cell, seed), "run_dir": str(work_dir / "runs" / cell_id(cell, seed)), "seed": seed,
+        "data": cfg.data, "data_path": cfg.data_path, "steps": cfg.steps, "seq_len": cfg.seq_len,
+        "update_len": cfg.update_len, "batch_size": cfg.batch_size, "eval_every": cfg.resolved_eval_every,
+        "eval_tokens": cfg.eval_tokens, "ckpt_every": cfg.ckpt_every, "keep_ckpts": 1, "threads": cfg.threads,
+        "device": cfg.device, "sample_tokens": 0, "log_every": max(1, cfg.steps // 20),
+    }
+    overrides = (*matrix.base, *cfg.overrides, *matrix.cells[cell])
+    try:
+        return load_config(cfg.preset, overrides=overrides, values={"model": {}, "train": train})
+    except ConfigError as err:
+        raise ConfigError(f"matrix {matrix.name!r}, cell {cell!r}: {err}") from None
+
+
+def child_command(request: Path) -> list[str]:
+    """The command line of the process that trains one cell from its request file (the run config as JSON)."""
+    return [sys.executable, "-m", "transformer_vq.ablate.cells", str(request)]
+
+
+def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """The training rows (one per step) and validation rows of a run's ``metrics.jsonl``.
+
+    A resumed run repeats the steps between its last checkpoint and the kill: the later row of a step wins.
+    """
+    train, evals = {}, {}
+    path = Path(run_dir) / "metrics.jsonl"
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if "eval" in row:
+                evals[row["step"]] = row
+            else:
+                train[row["step"]] = row
+    return [train[s] for s in sorted(train)], [evals[s] for s in sorted(evals)]
+
+
+def cell_record(cell: str, seed: int, run_dir: Path, wall_s: float) -> dict:
+    """What the report keeps of one finished cell: per-step training loss and bpb with the cumulative training
+    seconds, the validation curve on the same clock, codebook usage over training, and the final validation bpb."""
+    train, evals = read_metrics(run_dir)
+    elapsed, seconds = 0.0, {}
+    for row in train:
+        elapsed += row["seconds"]
+        seconds[row["step"]] = elapsed
+    record = {
+        "cell": cell, "seed": seed, "status": "done", "wall_s": round(wall_s, 2),
+        "train_seconds": round(elapsed, 2),
+        "steps": [row["step"] for row in train],
+        "seconds": [round(seconds[row["step"]], 3) for row in train],
+        "loss": [row["loss"] for row in train],
+        "bits_per_byte": [row["bits_per_byte"] for row in train],
+        "validation": [{"step": row["step"], "seconds": round(seconds.get(row["step"], elapsed), 3),
+                        "bits_per_byte": row["bits_per_byte"]} for row in evals],
+    }
+    if train and "codebook_perplexity" in train[0]:
+        record["codebook_perplexity"] = [row.get("codebook_perplexity") for row in train]
+        record["codebook_unused"] = [row.get("codebook_unused") for row in train]
+    record["final_bpb"] = record["validation"][-1]["bits_per_byte"] if evals else None
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Child process: train the cell of the request file, resuming its run directory when it has checkpoints."""
+    from transformer_vq.train import train
+
+    request = json.loads(Path((argv or sys.argv[1:])[0]).read_text())
+    result = train(RunConfig.from_dict(request), resume="auto")
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The report of an experiment matrix: one JSON file with every curve, a markdown table, and PNG plots.
+
+Every figure of the table and the plots is computed from the JSON's records, so a saved JSON regenerates them
+(:func:`write_outputs`). Files, under ``out`` with stem ``name``: ``NAME.json``, ``NAME.md``, ``NAME-curves.png``
+(validation bpb against steps and against training seconds), ``NAME-final.png`` (final bpb per cell with the spread
+over seeds) and, when the cells have codebooks, ``NAME-codebook.png`` (usage perplexity and unused codes over training).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+
+from transformer_vq.bench.report import _machine_lines
+from transformer_vq.config.ablate import AblateConfig, Matrix
+
+TAIL = 10
+"""Codebook figures of a cell are the mean over its last this many steps (one step's usage is noisy)."""
+
+
+def command_line(cfg: AblateConfig) -> str:
+    """The ``tvq ablate`` command that reruns ``cfg`` (the flags of every field that is not the default)."""
+    words = ["tvq", "ablate"]
+    for field in dataclasses.fields(cfg):
+        value = getattr(cfg, field.name)
+        if value == field.default or (field.name == "matrix"):
+            continue
+        flag = "--" + field.metadata.get("flag", field.name.replace("_", "-"))
+        words += [flag, *map(str, value)] if isinstance(value, tuple) else [flag, str(value)]
+    return " ".join(words[:2] + ["--matrix", cfg.matrix] + words[2:])
+
+
+def summarize_cells(matrix: Matrix, records: list[dict]) -> list[dict]:
+    """One row per cell: final validation bpb over seeds (mean, sample standard deviation, min, max), the ratio of the
+    mean to the reference cell's, mean training seconds, and the codebook figures when the cells have codebooks."""
+    rows = []
+    for cell in matrix.cells:
+        done = [r for r in records if r["cell"] == cell and r["status"] == "done" and r["final_bpb"] is not None]
+        failed = [r for r in records if r["cell"] == cell and r["status"] != "done"]
+        finals = [r["final_bpb"] for r in done]
+        row = {"cell": cell, "overrides": list(matrix.cells[cell]), "seeds": [r["seed"] for r in done],
+               "failed": [f"seed {r['seed']}: {r.get('error', r['status'])}" for r in failed],
+               "final_bpb": finals, "mean_bpb": statistics.fmean(finals) if finals else None,
+               "std_bpb": statistics.stdev(finals) if len(finals) > 1 else 0.0 if finals else None,
+               "train_seconds": statistics.fmean(r["train_seconds"] for r in done) if done else None}
+        if done and "codebook_perplexity" in done[0]:
+            row["codebook_perplexity"] = statistics.fmean(_tail_mean(r["codebook_perplexity"]) for r in done)
+            row["codebook_unused"] = statistics.fmean(_tail_mean(r["codebook_unused"]) for r in done)
+        rows.append(row)
+    reference = next((r["mean_bpb"] for r in rows if r["cell"] == matrix.reference), None)
+    for row in rows:
+        row["ratio"] = row["mean_bpb"] / reference if reference and row["mean_bpb"] is not None else None
+    return rows
+
+
+def _tail_mean(values: list) -> float:
+    kept = [v for v in values[-TAIL:] if v is not None]
+    return statistics.fmean(kept) if kept else float("nan")
+
+
+def table(result: dict) -> str:
+    """The markdown report: what ran, where, and one row per cell."""
+    rows, codebooks = result["summary"], any("codebook_perplexity" in r for r in result["summary"])
+    s = result["settings"]
+    lines = [f"# tvq ablate: {result['matrix']['name']}", "", result["matrix"]["description"] + ".", "",
+             f"- command: `{result['command']}`",
+             f"- every cell: preset {s['preset']} with {' '.join(result['matrix']['base']) or 'no base overrides'}"
+             f"{' ' + ' '.join(s['overrides']) if s['overrides'] else ''}; data {s['data']}; {s['steps']} steps of "
+             f"{s['batch_size']} x {s['update_len']} tokens, sequences of {s['seq_len']} with the state carried; "
+             f"seeds {' '.join(map(str, s['seeds']))}; validation bpb on {s['eval_tokens'] or 'all'} tokens",
+             *_machine_lines(result), "",
+             "| cell | overrides | seeds | final val bpb (mean +- sd) | min .. max | ratio to "
+             f"{result['matrix']['reference']} | train s |" + (" codebook ppl | unused codes |" if codebooks else ""),
+             "|---|---|---|---|---|---|---|" + ("---|---|" if codebooks else "")]
+    for r in rows:
+        if r["mean_bpb"] is None:
+            lines.append(f"| {r['cell']} | {' '.join(r['overrides'])} | 0 | failed | - | - | - |"
+                         + (" - | - |" if codebooks else ""))
+            continue
+        cb = f" {r['codebook_perplexity']:.1f} | {r['codebook_unused']:.1%} |" if "codebook_perplexity" in r else \
+            (" - | - |" if codebooks else "")
+        lines.append(f"| {r['cell']} | {' '.join(r['overrides'])} | {len(r['seeds'])} | {r['mean_bpb']:.4f} +- "
+                     f"{r['std_bpb']:.4f} | {min(r['final_bpb']):.4f} .. {max(r['final_bpb']):.4f} | "
+                     f"{_ratio(r['ratio'])} | {r['train_seconds']:.0f} |{cb}")
+    failures = [f"- {r['cell']} {text}" for r in rows for text in r["failed"]]
+    return "\n".join(lines + (["", "Failed:", *failures] if failures else []))
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def write_ablation_report(cfg: AblateConfig, matrix: Matrix, records: list[dict]) -> dict:
+    """Assemble the result (machine, commit, versions, settings, every cell's curves, the summary) and write it."""
+    from transformer_vq.bench.machine import load_average, machine_info
+
+    result = {"benchmark": "ablate", "matrix": dataclasses.asdict(matrix), "settings": cfg.to_dict(),
+              "command": command_line(cfg), "machine": machine_info(measure_peak=False),
+              "load_average_end": load_average(), "cells": records,
+              "summary": summarize_cells(matrix, records)}
+    result["paths"] = {k: str(v) for k, v in write_outputs(result, cfg.out, cfg.resolved_name()).items()}
+    return result
+
+
+def write_outputs(result: dict, out: str | Path, name: str) -> dict[str, Path]:
+    """Write ``NAME.json``, ``NAME.md`` and the plots of ``result`` under ``out``; return their paths."""
+    from transformer_vq.ablate.plots import plot_codebook, plot_curves, plot_final
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / f"{name}.json", "md": out / f"{name}.md", "curves": out / f"{name}-curves.png",
+             "final": out / f"{name}-final.png"}
+    paths["json"].write_text(json.dumps(result, indent=1) + "\n")
+    paths["md"].write_text(table(result) + "\n")
+    plot_curves(result, paths["curves"])
+    plot_final(result, paths["final"])
+    if any("codebook_perplexity" in r for r in result["cells"]):
+        paths["codebook"] = out / f"{name}-codebook.png"
+        plot_codebook(result, paths["codebook"])
+    return paths

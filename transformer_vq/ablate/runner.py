@@ -1,0 +1,160 @@
+"""Run an experiment matrix: every cell and seed in its own process and run directory, resumable, with progress.
+
+Layout of the work directory (default ``runs/ablate-<matrix>``):
+
+* ``settings.json``: the matrix and settings it was started with (a rerun with other settings is refused, so a
+  resumed matrix never mixes two experiments);
+* ``runs/<cell>-seed<k>/``: the run directory of one training (checkpoints, ``metrics.jsonl``, ``train.log``);
+* ``cells/<cell>-seed<k>.json``: the record of a finished training. A rerun skips the trainings that have one and
+  resumes the others from their last checkpoint.
+
+The report (JSON, markdown, plots) is written by :mod:`transformer_vq.ablate.report` when every cell is done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from transformer_vq import fileio
+from transformer_vq.ablate.cells import cell_config, cell_id, cell_record, child_command, read_metrics
+from transformer_vq.config import ConfigError
+from transformer_vq.config.ablate import MATRICES, AblateConfig, Matrix
+
+POLL_S = 2.0
+"""How often the progress line reads the running cell's metrics."""
+
+
+def run_ablation(cfg: AblateConfig, *, matrix: Matrix | None = None, isolate: bool = True, log=print) -> dict:
+    """Run the matrix of ``cfg`` (or ``matrix``, a custom one) and write its report; returns the report's result.
+
+    Every configuration is checked before any cell trains, so a matrix that cannot run fails at once. A cell whose
+    process fails is reported (``status`` "error" with its last log line) and the matrix goes on. ``isolate`` false
+    trains the cells in this process (faster to start, for tests; a crash then stops the matrix).
+    """
+    from transformer_vq.ablate.report import write_ablation_report
+
+    matrix = matrix or MATRICES[cfg.matrix]
+    work = Path(cfg.resolved_work_dir())
+    jobs = [(cell, seed) for cell in matrix.cells for seed in cfg.seeds]
+    configs = {job: cell_config(cfg, matrix, *job, work) for job in jobs}
+    _hold_settings(work, cfg, matrix)
+    progress = _Progress(len(jobs), cfg.steps, log)
+    records = []
+    for index, (cell, seed) in enumerate(jobs, 1):
+        done = work / "cells" / f"{cell_id(cell, seed)}.json"
+        if done.is_file():
+            log(f"[{index}/{len(jobs)}] {cell_id(cell, seed)}: finished earlier, skipped")
+            records.append(json.loads(done.read_text()))
+            continue
+        train_cell = _train_cell if isolate else _train_cell_here
+        record = train_cell(configs[(cell, seed)], cell, seed, progress.cell(index, cell_id(cell, seed)))
+        if record["status"] == "done":
+            fileio.atomic_write_text(done, json.dumps(record))
+        records.append(record)
+    return write_ablation_report(cfg, matrix, records)
+
+
+def _hold_settings(work: Path, cfg: AblateConfig, matrix: Matrix) -> None:
+    """Record the settings in a new work directory; refuse to continue one started with other settings."""
+    settings = {"matrix": dataclasses.asdict(matrix), "settings": {k: v for k, v in cfg.to_dict().items()
+                                                                    if k not in ("out", "name", "threads")}}
+    settings = json.loads(json.dumps(settings))  # tuples as the file holds them: lists
+    path = work / "settings.json"
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if saved != settings:
+            changed = sorted(k for k in settings["settings"] if saved["settings"].get(k) != settings["settings"][k])
+            raise ConfigError(f"{work} holds a matrix started with other settings ({', '.join(changed) or 'cells'} "
+                              f"differ); give another --work-dir, or remove {work} to start over")
+        return
+    (work / "cells").mkdir(parents=True, exist_ok=True)
+    fileio.atomic_write_text(path, json.dumps(settings, indent=2))
+
+
+def _train_cell_here(run_cfg, cell: str, seed: int, progress) -> dict:
+    """Train one cell in this process; its record."""
+    from transformer_vq.train import train
+
+    begin = time.perf_counter()
+    progress(_last_step(Path(run_cfg.train.run_dir)))
+    result = train(run_cfg, resume="auto")
+    progress(result.step, finished=True)
+    if result.exit_code:
+        raise KeyboardInterrupt  # stopped by a signal: the checkpoint is saved, the matrix resumes from it
+    return cell_record(cell, seed, Path(run_cfg.train.run_dir), time.perf_counter() - begin)
+
+
+def _train_cell(run_cfg, cell: str, seed: int, progress) -> dict:
+    """Train one cell in a child process, following its metrics for the progress line; its record."""
+    run_dir = Path(run_cfg.train.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    request = run_dir / "request.json"
+    fileio.atomic_write_text(request, run_cfg.to_json())
+    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    begin = time.perf_counter()
+    with open(run_dir / "train.log", "a") as out:
+        child = subprocess.Popen(child_command(request), stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            while child.poll() is None:
+                time.sleep(POLL_S)
+                progress(_last_step(run_dir))
+        except BaseException:
+            child.terminate()  # the child saves a checkpoint on SIGTERM: the matrix resumes from it
+            child.wait()
+            raise
+    wall = time.perf_counter() - begin
+    progress(_last_step(run_dir), finished=True)
+    if child.returncode != 0:
+        lines = (run_dir / "train.log").read_text(errors="replace").strip().splitlines() or ["no output"]
+        return {"cell": cell, "seed": seed, "status": "error", "error": lines[-1][:300], "wall_s": round(wall, 2)}
+    return cell_record(cell, seed, run_dir, wall)
+
+
+def _last_step(run_dir: Path) -> int:
+    rows, _ = read_metrics(run_dir)
+    return rows[-1]["step"] if rows else 0
+
+
+class _Progress:
+    """``[cell i/n] name  step s/S  eta ...``: one line per update on a terminal (rewritten in place), one every
+    tenth of a cell otherwise. The estimate is this invocation's seconds per trained step times the steps left."""
+
+    def __init__(self, n_jobs: int, steps: int, log):
+        self.n_jobs, self.steps, self.log = n_jobs, steps, log
+        self.start = time.perf_counter()
+        self.trained = 0  # steps trained by this invocation in finished cells
+        self.tty = sys.stdout.isatty() and log is print
+
+    def cell(self, index: int, name: str):
+        first = {"step": None, "shown": -1}
+
+        def update(step: int, finished: bool = False) -> None:
+            if first["step"] is None:
+                first["step"] = step  # a resumed cell starts at its checkpoint
+            done = self.trained + step - first["step"]
+            rate = (time.perf_counter() - self.start) / done if done > 0 else None
+            left = (self.n_jobs - index) * self.steps + self.steps - step
+            eta = "?" if rate is None else _duration(rate * left)
+            line = f"[cell {index}/{self.n_jobs}] {name}  step {step}/{self.steps}  eta {eta}"
+            if finished:
+                self.trained = done
+                print("\r" + line + "  done", flush=True) if self.tty else self.log(line + "  done")
+            elif self.tty:
+                print("\r" + line, end="", flush=True)
+            elif step * 10 // self.steps > first["shown"]:
+                first["shown"] = step * 10 // self.steps
+                self.log(line)
+
+        return update
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
+        f"{seconds // 60}m{seconds % 60:02d}s"

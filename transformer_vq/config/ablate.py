@@ -1,0 +1,94 @@
+"""The experiment matrices of ``tvq ablate`` and the settings they share (torch-free, so ``tvq --help`` stays fast).
+
+A matrix is a set of named cells, each a list of ``--set`` style overrides (``attn_type=full``) on one base model;
+every cell is trained with the same data, steps, batch and seeds (docs/quality.md). The settings of one run of a
+matrix are an :class:`AblateConfig`, whose fields are the ``tvq ablate`` flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from transformer_vq.config.fields import check, option
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A named set of cells: ``cells`` maps a cell name to its overrides, applied on top of ``base``."""
+
+    name: str
+    description: str
+    cells: dict
+    """cell name -> tuple of ``KEY=VALUE`` overrides (``--set`` syntax: a model or train field)."""
+    reference: str
+    """The cell every other cell's bpb is divided by in the table."""
+    base: tuple = ()
+    """Overrides shared by every cell (on top of the preset)."""
+
+
+# Every matrix trains the small preset with windows of 128 keys, so a 2,048-token sequence spans 16 blocks and most
+# keys lie beyond the two-block window: the compressive cache has something to carry.
+BASE = ("block_len=128", "flash_chunk_len=128")
+MATRICES = {m.name: m for m in (
+    Matrix("attention", "VQ (S = 512) vs the same GAU with unquantized keys, VQ without the compressive cache, "
+                        "and FLASH (the paper's Table 2 direction)",
+           {"vq": ("n_code=512",), "full": ("attn_type=full",),
+            "vq-window-only": ("n_code=512", "compressive_cache=false"), "flash": ("attn_type=flash",)},
+           reference="full", base=BASE),
+    Matrix("codebook", "codebook size S from 32 to 512 (the paper's Table 1 direction: more codes, lower bpb)",
+           {f"S{s}": (f"n_code={s}",) for s in (32, 64, 128, 256, 512)}, reference="S512", base=BASE),
+    Matrix("bias-span", "the window position bias over the whole two-block window vs over one block (the "
+                        "authors' span); needs the model field bias_span",
+           {"window": ("n_code=512", "bias_span=window"), "block": ("n_code=512", "bias_span=block")},
+           reference="window", base=BASE),
+    Matrix("codebook-care", "dead-code restart off vs on (codes unused for 50 updates re-seeded from recent keys); "
+                            "codebook usage perplexity and unused codes over training",
+           {"restart-off": ("n_code=512", "dead_code_restart=0"), "restart-on": ("n_code=512", "dead_code_restart=50")},
+           reference="restart-off", base=BASE),
+)}
+"""The matrices ``tvq ablate`` ships, by name."""
+
+
+@dataclass(frozen=True)
+class AblateConfig:
+    """One run of an experiment matrix: which matrix, and the data, length, steps, batch and seeds of every cell."""
+
+    matrix: str = option("attention", "The matrix to run.", choices=tuple(MATRICES))
+    seeds: tuple[int, ...] = option((0, 1), "Seeds; every cell is trained once per seed (the spread over seeds is "
+                                            "reported).", min=0)
+    steps: int = option(600, "Optimizer steps per cell.", min=1)
+    preset: str = option("small", "Model preset every cell starts from (before the matrix's overrides).")
+    data: str = option("gcide", "Corpus (as tvq train --data).")
+    data_path: str | None = option(None, "Local copy of the corpus (as tvq train --data-path).")
+    seq_len: int = option(2048, "Tokens per sequence; the attention state is carried across its windows.", min=1,
+                          k_suffix=True)
+    update_len: int = option(256, "Backprop window (one optimizer step each).", min=1, k_suffix=True)
+    batch_size: int = option(8, "Sequences per batch.", min=1)
+    eval_every: int = option(0, "Validate every this many steps (0 = steps / 8).", min=0)
+    eval_tokens: int = option(65536, "Validation tokens per evaluation (0 = the whole split).", min=0)
+    ckpt_every: int = option(100, "Checkpoint every this many steps (a killed matrix resumes from there).", min=1)
+    threads: int = option(0, "CPU threads per cell (0 = PyTorch's default).", min=0)
+    device: str = option("auto", "'auto', 'cpu' or 'cuda'.", choices=("auto", "cpu", "cuda"))
+    overrides: tuple[str, ...] = option((), "Extra KEY=VALUE overrides applied to every cell (after the matrix's "
+                                            "base, before the cell's own).", flag="set", allow_empty=True)
+    work_dir: str | None = option(None, "Where the cells' run directories and finished records go (default "
+                                        "runs/ablate-<matrix>); rerunning with the same one resumes the matrix.")
+    out: str = option("benchmarks/results", "Directory of the report: <name>.json, <name>.md and the PNG plots.")
+    name: str | None = option(None, "File name stem of the report (default ablate-<matrix>).")
+
+    def __post_init__(self):
+        check(self)
+
+    @property
+    def resolved_eval_every(self) -> int:
+        return self.eval_every or max(1, self.steps // 8)
+
+    def resolved_work_dir(self) -> str:
+        return self.work_dir or f"runs/ablate-{self.matrix}"
+
+    def resolved_name(self) -> str:
+        return self.name or f"ablate-{self.matrix}"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

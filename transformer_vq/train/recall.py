@@ -1,0 +1,122 @@
+"""Scoring the recall probe (:mod:`transformer_vq.data.recall`): accuracy of the answers by distance in blocks.
+
+Each episode is read as the training loop reads it: from its first byte with a fresh state, in windows whose
+state is carried to the next, so a query's pair is reachable only through what the state keeps (the two-block
+window; the compressive cache of Transformer-VQ; every key and value for full attention). A query counts as
+answered when the model's most likely next byte is right at every answer position (teacher forcing: the first
+answer byte is in the input when the second is predicted).
+
+Distances are measured in blocks of the model's ``block_len`` L and bucketed by powers of two: ``0-2`` (the pair
+is at most two blocks back: the window can see it), ``2-4``, ``4-8``, ``8-16``, ... Chance is the probability of
+guessing a value, ``10 ** -value_len``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from transformer_vq.data.corpus import Corpus
+from transformer_vq.data.errors import DataError
+from transformer_vq.data.recall import recall_episode, spec_of
+from transformer_vq.train.inference import evaluating
+
+
+def distance_bucket(distance: int, block_len: int) -> int:
+    """Bucket index of a distance in tokens: 0 for under 2 blocks, k for ``[2**k, 2**(k+1))`` blocks."""
+    blocks = distance // block_len
+    return 0 if blocks < 2 else blocks.bit_length() - 1
+
+
+def bucket_label(index: int) -> str:
+    """``"0-2"``, ``"2-4"``, ``"4-8"``, ...: the bucket's range in blocks."""
+    return "0-2" if index == 0 else f"{2 ** index}-{2 ** (index + 1)}"
+
+
+def accuracy_by_distance(correct, distances, block_len: int) -> list[dict]:
+    """Per distance bucket (in blocks of ``block_len``): queries, correct answers and accuracy, from the first
+    bucket to the farthest bucket that holds a query (empty buckets between have accuracy None)."""
+    correct, distances = np.asarray(correct, dtype=bool), np.asarray(distances, dtype=np.int64)
+    if correct.shape != distances.shape:
+        raise ValueError(f"correct {correct.shape} and distances {distances.shape} must have the same shape")
+    if block_len < 1:
+        raise ValueError(f"block_len must be positive, got {block_len}")
+    buckets = np.array([distance_bucket(int(d), block_len) for d in distances], dtype=np.int64)
+    rows = []
+    for index in range(int(buckets.max()) + 1 if len(buckets) else 0):
+        chosen = buckets == index
+        n, right = int(chosen.sum()), int(correct[chosen].sum())
+        rows.append({"bucket": bucket_label(index), "lo_blocks": 0 if index == 0 else 2 ** index,
+                     "hi_blocks": 2 ** (index + 1), "queries": n, "correct": right,
+                     "accuracy": right / n if n else None})
+    return rows
+
+
+@dataclass
+class RecallResult:
+    """What :func:`recall_accuracy` measured."""
+
+    split: str
+    episodes: int
+    block_len: int
+    chance: float
+    accuracy: float
+    """Over every query of the episodes."""
+    buckets: list[dict] = field(default_factory=list)
+    """:func:`accuracy_by_distance` rows."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def answer_predictions(model: torch.nn.Module, rows: torch.Tensor, window_len: int) -> torch.Tensor:
+    """``[B, T]`` most likely byte at every position of ``rows`` ``[B, T]`` (position 0 gets -1), predicted from
+    the bytes before it with the state carried from window to window, starting fresh."""
+    predicted = torch.full_like(rows, -1)
+    state = None
+    length = rows.shape[1]
+    for start in range(0, length, window_len):  # whole windows, as in training (the last logit predicts nothing)
+        end = min(start + window_len, length)
+        out = model(rows[:, start:end], state=state)
+        state = out.state
+        predicted[:, start + 1:end + 1] = out.logits.argmax(dim=-1)[:, :min(end + 1, length) - start - 1]
+    return predicted
+
+
+def recall_accuracy(model: torch.nn.Module, corpus: Corpus, split: str = "validation", *, block_len: int,
+                    window_len: int, batch_size: int = 16, max_episodes: int = 0) -> RecallResult:
+    """Answer accuracy of ``model`` on the episodes of ``split`` of a recall-probe corpus, by distance in blocks of
+    ``block_len`` (``max_episodes``: only the first this many; 0 = all)."""
+    spec = spec_of(corpus)
+    if spec is None:
+        raise DataError(f"corpus {corpus.name!r} is not the recall probe; train with --data recall")
+    n_episodes = corpus.metadata["episodes"][split] if not max_episodes else \
+        min(max_episodes, corpus.metadata["episodes"][split])
+    seed, device = corpus.metadata["seed"], next(model.parameters()).device
+    correct, distances = [], []
+    with evaluating(model):
+        for first in range(0, n_episodes, batch_size):
+            episodes = [recall_episode(spec, seed, split, i) for i in range(first, min(first + batch_size, n_episodes))]
+            rows = torch.from_numpy(np.stack([e.tokens for e in episodes]).astype(np.int64)).to(device)
+            predicted = answer_predictions(model, rows, window_len).cpu().numpy()
+            for b, episode in enumerate(episodes):
+                # a query is right when every answer byte is: [n_queries, value_len] -> [n_queries]
+                correct.append((predicted[b][episode.answer_pos] == episode.tokens[episode.answer_pos]).all(axis=1))
+                distances.append(episode.distances)
+    correct, distances = np.concatenate(correct), np.concatenate(distances)
+    return RecallResult(split=split, episodes=n_episodes, block_len=block_len, chance=spec.chance,
+                        accuracy=float(correct.mean()), buckets=accuracy_by_distance(correct, distances, block_len))
+
+
+def recall_table(result: dict) -> str:
+    """A markdown table of one :meth:`RecallResult.to_dict`: accuracy by distance bucket, then overall and chance."""
+    lines = [f"recall accuracy by distance (blocks of L = {result['block_len']}; {result['episodes']} episodes of "
+             f"{result['split']}; chance {result['chance']:.1%})", "",
+             "| distance (blocks) | queries | accuracy |", "|---|---:|---:|"]
+    for row in result["buckets"]:
+        accuracy = "-" if row["accuracy"] is None else f"{row['accuracy']:.1%}"
+        lines.append(f"| {row['bucket']} | {row['queries']} | {accuracy} |")
+    lines.append(f"| all | {sum(r['queries'] for r in result['buckets'])} | {result['accuracy']:.1%} |")
+    return "\n".join(lines)
