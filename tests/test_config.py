@@ -66,10 +66,8 @@ def test_groups_follow_head_type():
 
 def test_enumerations_and_training_only_fields_live_on_the_config():
     from transformer_vq.config import ATTN_TYPES, HEAD_TYPES, REDUCTIONS, TRAINING_ONLY_FIELDS
-    from transformer_vq.train.checkpoint import TRAINING_ONLY_FIELDS as used_by_checkpoints
 
     assert (HEAD_TYPES, ATTN_TYPES, REDUCTIONS) == (("shga", "mqa", "mha"), ("vq", "full", "flash_quad", "flash"),
                                                     ("serial", "matmul", "assoc"))
-    assert used_by_checkpoints is TRAINING_ONLY_FIELDS
     assert TRAINING_ONLY_FIELDS == {"dropsin", "dropres", "droplyr", "commit_coef", "ema_rate", "dead_code_restart",
-                                    "reduction", "mask_rate"}
+                                    "reduction", "mask_rate", "attn_backend"}

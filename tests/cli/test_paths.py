@@ -142,7 +142,8 @@ def test_config_file_of_the_wrong_shape(capsys, corpus, tmp_path, text, message)
 def test_config_file_with_an_unknown_key(capsys, corpus, tmp_path):
     (tmp_path / "run.yaml").write_text("model:\n  nope: 1\n")
     line = error_line(capsys, tiny_train(corpus, tmp_path / "run", "--config", str(tmp_path / "run.yaml")))
-    assert line.startswith("error: unknown model config key(s): nope; known keys: abs_pos, attn_type, bias_span, block_len")
+    assert line.startswith("error: unknown model config key(s): nope; known keys: abs_pos, attn_backend, attn_type, "
+                           "bias_span, block_len")
 
 
 def test_corrupted_run_config(capsys, corpus, finished_run):

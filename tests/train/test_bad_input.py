@@ -64,9 +64,11 @@ def test_tokens_outside_the_vocabulary(capsys, corpus_file, tmp_path):
 
 def test_unknown_config_key(capsys):
     err = run_train(capsys, "learning_rate=1e-3")
-    assert err.startswith("error: unknown config key(s): learning_rate; known keys: abs_pos, attn_type, batch_size")
+    assert err.startswith("error: unknown config key(s): learning_rate; known keys: abs_pos, attn_backend, attn_type, "
+                          "batch_size")
     err = run_train(capsys, "model.dmodel=64")
-    assert err.startswith("error: unknown model config key(s): dmodel; known keys: abs_pos, attn_type, bias_span, block_len")
+    assert err.startswith("error: unknown model config key(s): dmodel; known keys: abs_pos, attn_backend, attn_type, "
+                          "bias_span, block_len")
 
 
 @pytest.mark.parametrize("item, message", [

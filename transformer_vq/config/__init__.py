@@ -6,8 +6,8 @@ help text and rules (``transformer_vq.config.fields``); ``transformer_vq.config.
 command-line flags."""
 
 from transformer_vq.config.arch import LM_ARCHS, LM_PRESETS
-from transformer_vq.config.choices import (ATTN_TYPES, DEVICES, HEAD_TYPES, OP_METHODS, OPTIMIZERS, PRECISIONS,
-                                           REDUCTIONS)
+from transformer_vq.config.choices import (ATTN_BACKENDS, ATTN_TYPES, DEVICES, HEAD_TYPES, OP_METHODS, OPTIMIZERS,
+                                           PRECISIONS, REDUCTIONS)
 from transformer_vq.config.classify import (CLASSIFY_ARCHS, CLASSIFY_PRESETS, ClassifyConfig, ClassifyEvalConfig,
                                             ClassifyTrainConfig, classify_config)
 from transformer_vq.config.fields import ConfigError
@@ -18,7 +18,8 @@ from transformer_vq.config.model import PRESETS, TRAINING_ONLY_FIELDS, Transform
 from transformer_vq.config.train import PAPER_LR, RunConfig, TrainConfig, check_compatible
 
 __all__ = [
-    "ATTN_TYPES", "CLASSIFY_ARCHS", "LM_ARCHS", "LM_PRESETS", "CLASSIFY_PRESETS", "ClassifyConfig", "ClassifyEvalConfig", "ClassifyTrainConfig",
+    "ATTN_BACKENDS", "ATTN_TYPES", "CLASSIFY_ARCHS", "LM_ARCHS", "LM_PRESETS", "CLASSIFY_PRESETS", "ClassifyConfig",
+    "ClassifyEvalConfig", "ClassifyTrainConfig",
     "classify_config", "DEVICES", "HEAD_TYPES", "LONGVQ_PRESETS", "LongVQConfig", "NORMS", "longvq_preset",
     "OPTIMIZERS", "OP_METHODS", "PAPER_LR", "PRECISIONS", "PRESETS",
     "REDUCTIONS", "TRAINING_ONLY_FIELDS", "ConfigError", "EvalConfig", "RunConfig", "SampleConfig", "TrainConfig",

@@ -11,6 +11,8 @@ NONCAUSAL_ATTN_TYPES = ("vq", "full")
 """The attention types that have a non-causal (encoder) form."""
 REDUCTIONS = ("serial", "matmul", "assoc")
 """How the per-code cache is accumulated across blocks (the paper's App. B and E)."""
+ATTN_BACKENDS = ("eager", "triton")
+"""How the VQ operator computes whole blocks: 'eager' (torch ops) or 'triton' (fused kernels; docs/operator.md)."""
 PRECISIONS = ("float32", "bfloat16")
 OPTIMIZERS = ("adamw", "adafactor")
 DEVICES = ("auto", "cpu", "cuda")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from transformer_vq.config.choices import ATTN_TYPES, BIAS_SPANS, HEAD_TYPES, NONCAUSAL_ATTN_TYPES, REDUCTIONS
+from transformer_vq.config.choices import (ATTN_BACKENDS, ATTN_TYPES, BIAS_SPANS, HEAD_TYPES, NONCAUSAL_ATTN_TYPES,
+                                           REDUCTIONS)
 from transformer_vq.config.fields import ConfigError, check, fields_of, option
 
 PROBABILITY = dict(min=0.0, max=1.0, max_open=True)
@@ -36,6 +37,9 @@ class TransformerVQConfig:
                                   "'flash'.", choices=ATTN_TYPES)
     reduction: str = option("serial", "How the per-code cache is accumulated across blocks: 'serial', 'matmul' "
                                       "or 'assoc' (App. B/E).", choices=REDUCTIONS, training_only=True)
+    attn_backend: str = option("eager", "How causal VQ attention computes whole blocks: 'eager' (torch ops) or "
+                                        "'triton' (fused kernels on CUDA; pip install -e \".[triton]\").",
+                               choices=ATTN_BACKENDS, training_only=True)
     commit_coef: float = option(1e-4, "Commitment loss coefficient beta (Eq. 35).", min=0.0, training_only=True)
     ema_rate: float = option(0.99, "Codebook EMA rate gamma.", min=0.0, max=1.0, min_open=True, max_open=True,
                              training_only=True)
@@ -90,6 +94,10 @@ class TransformerVQConfig:
         if not self.causal and self.attn_type not in NONCAUSAL_ATTN_TYPES:
             extra.append(("causal", f"false is available for attn_type {' or '.join(map(repr, NONCAUSAL_ATTN_TYPES))}"
                                     f", got attn_type {self.attn_type!r}"))
+        if self.attn_backend == "triton" and (self.attn_type != "vq" or not self.causal or self.quantize_queries
+                                              or not self.compressive_cache):
+            extra.append(("attn_backend", "'triton' applies to causal attn_type 'vq' with compressive_cache and "
+                                          "without quantize_queries"))
         check(self, extra)
 
     @property

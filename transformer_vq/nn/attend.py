@@ -1,6 +1,7 @@
 """Which operator a gated attention unit calls, and with what: the one place that maps a model config to a kernel.
 
-* causal, ``attn_type`` 'vq': :func:`~transformer_vq.ops.vq.vq_attention` (keys quantized), or with
+* causal, ``attn_type`` 'vq': :func:`~transformer_vq.ops.vq.vq_attention` (keys quantized; whole blocks by
+  ``cfg.attn_backend``, eager torch ops or the fused Triton kernels), or with
   ``quantize_queries`` :func:`~transformer_vq.ops.vq_qk.vq_qk_attention` (queries too, scores from the code-pair
   table); the baselines through :data:`~transformer_vq.ops.KERNELS`;
 * non-causal (``causal=False``, an encoder): :func:`~transformer_vq.ops.vq_bidir.vq_bidir_attention` (with the
@@ -71,7 +72,7 @@ def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
     options = {"chunk_len": cfg.flash_chunk_len} if cfg.attn_type == "flash" else {}
     if keys is not None:
         options = {"z": keys.z, "codebook": keys.codebook, "reduction": cfg.reduction,
-                   "compressive_cache": cfg.compressive_cache}
+                   "compressive_cache": cfg.compressive_cache, "backend": cfg.attn_backend}
     return KERNELS[cfg.attn_type](q, k, v, bias, block_len=L, state=state, **options)
 
 

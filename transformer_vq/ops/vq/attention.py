@@ -17,19 +17,18 @@ Dv value width.
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
-from transformer_vq.config import REDUCTIONS
+from transformer_vq.config import ATTN_BACKENDS, REDUCTIONS
 from transformer_vq.ops.protocol import check_inputs
 from transformer_vq.ops.vq.kernels import attend_blocks, attend_within_block
 from transformer_vq.ops.vq.state import VQAttentionState
 
 
 def vq_attention(
-    q: torch.Tensor,
-    k_hat: torch.Tensor,
-    v: torch.Tensor,
-    bias: torch.Tensor,
+    q: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
     *,
     block_len: int,
     state: VQAttentionState | None = None,
@@ -38,6 +37,7 @@ def vq_attention(
     reduction: str = "serial",
     code_scores: torch.Tensor | None = None,
     compressive_cache: bool = True,
+    backend: str = "eager",
 ) -> tuple[torch.Tensor, VQAttentionState]:
     """Causal softmax attention over all past keys, in time linear in the sequence length.
 
@@ -58,11 +58,13 @@ def vq_attention(
             must equal that product in value, and gradients reach ``q`` through them only as the caller defines.
         compressive_cache: ``False`` drops the per-code cache: each query attends its two-block window only (the
             paper's Table 2 ablation). The state then carries the window keys alone (its cache stays empty).
+        backend: whole blocks by ``"eager"`` torch ops or ``"triton"`` fused kernels (docs/operator.md).
 
     Returns:
         ``(out, state)``: ``out`` is ``[B, H, T, Dv]``; ``state`` continues the sequences.
     """
     _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores)
+    blocks_kernel = _blocks_kernel(backend, q, code_scores, compressive_cache)
     (B, H, T, Dk), (G, S), L = q.shape, codebook.shape[:2], block_len
     if state is None:
         state = VQAttentionState.empty(B, G, S, Dk, v.shape[-1], dtype=v.dtype, device=v.device)
@@ -76,7 +78,7 @@ def vq_attention(
             kernel = attend_within_block
         else:
             stop = start + (T - start) // L * L
-            kernel = attend_blocks
+            kernel = blocks_kernel
         piece = slice(start, stop)
         out, state = kernel(q[:, :, piece], k_hat[:, :, piece], z[:, :, piece], v[:, :, piece], codebook,
                             bias[:, :, piece], L, state, reduction,
@@ -84,6 +86,20 @@ def vq_attention(
         outs.append(out)
         start = stop
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), state
+
+
+def _blocks_kernel(backend: str, q: torch.Tensor, code_scores, compressive_cache: bool):
+    """The kernel of whole blocks of ``backend``; triton is imported only when asked for (an optional extra)."""
+    if backend not in ATTN_BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(ATTN_BACKENDS)}, got {backend!r}")
+    if backend == "eager":
+        return attend_blocks
+    if importlib.util.find_spec("triton") is None:
+        raise ImportError("backend='triton' needs the triton package: pip install -e \".[triton]\"")
+    from transformer_vq.ops.vq.triton import attend_blocks_fused, check_fused_inputs
+
+    check_fused_inputs(q, code_scores, compressive_cache)
+    return attend_blocks_fused
 
 
 def _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores):

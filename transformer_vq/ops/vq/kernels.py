@@ -116,7 +116,7 @@ def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, re
     B, H, T, Dk = q.shape
     G, S, _ = codebook.shape
     R, N, Dv = H // G, T // L, v.shape[-1]
-    k_all, v_all, z_prev, has_prev_block = _prepend_previous_block(k_hat, z, v, L, state)
+    k_all, v_all, z_prev, has_prev_block = prepend_previous_block(k_hat, z, v, L, state)
 
     q_blocks = q.view(B, G, R, N, L, Dk).transpose(2, 3)  # (B, G, N, R, L, Dk)
     bias_blocks = bias.view(B, G, R, N, L, 2 * L).transpose(2, 3)  # (B, G, N, R, L, 2L)
@@ -152,12 +152,8 @@ def _cache_part(q, z_prev, v_all, codebook, L, state: VQAttentionState, reductio
     """
     B, H, T, _ = q.shape
     G, S, _ = codebook.shape
-    R, N, Dv = H // G, T // L, v_all.shape[-1]
-    v_prev = v_all[:, :, :T].view(B, G, N, L, Dv)  # block n-1 of each query block n
-    counts, means = summarize(z_prev, v_prev, S, state.cache_mean.dtype)  # (B, G, N, S), (B, G, N, S, Dv)
-    if not has_prev_block:
-        counts = torch.cat([torch.zeros_like(counts[:, :, :1]), counts[:, :, 1:]], dim=2)
-    prefix_count, prefix_mean = PREFIXES[reduction](state.cache_count, state.cache_mean, counts, means)
+    R, N = H // G, T // L
+    prefix_count, prefix_mean = block_prefixes(z_prev, v_all, S, L, state, reduction, has_prev_block)
     cache_count, cache_mean = prefix_count[:, :, :-1], prefix_mean[:, :, :-1]  # (B, G, N, S), (B, G, N, S, Dv)
 
     s_cache = codebook_scores(q, codebook, code_scores).view(B, G, R, N, L, S)
@@ -167,7 +163,23 @@ def _cache_part(q, z_prev, v_all, codebook, L, state: VQAttentionState, reductio
     return (s_cache, cache_mean), prefix_count[:, :, -1], prefix_mean[:, :, -1]
 
 
-def _prepend_previous_block(k_hat, z, v, L, state: VQAttentionState):
+def block_prefixes(z_prev, v_all, S, L, state: VQAttentionState, reduction, has_prev_block):
+    """The caches of ``N`` whole query blocks: the prefixes ``(B, G, N + 1, S)``, ``(B, G, N + 1, S, Dv)`` of the
+    reduction over the blocks before them, from the outputs of :func:`prepend_previous_block`.
+
+    Index ``i`` is the state's cache merged with blocks ``n-1 .. n+i-2``, the cache of query block ``i``; the last
+    (through every block) is the final state's cache.
+    """
+    B, G, N, _ = z_prev.shape
+    Dv = v_all.shape[-1]
+    v_prev = v_all[:, :, :N * L].view(B, G, N, L, Dv)  # block n-1 of each query block n
+    counts, means = summarize(z_prev, v_prev, S, state.cache_mean.dtype)  # (B, G, N, S), (B, G, N, S, Dv)
+    if not has_prev_block:
+        counts = torch.cat([torch.zeros_like(counts[:, :, :1]), counts[:, :, 1:]], dim=2)
+    return PREFIXES[reduction](state.cache_count, state.cache_mean, counts, means)
+
+
+def prepend_previous_block(k_hat, z, v, L, state: VQAttentionState):
     """The keys and values of blocks ``-1 .. N-1`` and the codes of the block before each query block.
 
     Block ``-1`` (the one before the first query block) comes from the state; at the start of a sequence it does not

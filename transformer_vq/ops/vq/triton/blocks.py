@@ -1,0 +1,51 @@
+"""Whole blocks of VQ attention through the fused Triton kernels: the ``backend="triton"`` counterpart of
+:func:`transformer_vq.ops.vq.kernels.attend_blocks`.
+
+What stays in torch: the window keys and values of blocks ``-1 .. N-1``, the per-block summaries and their prefix
+over blocks by the chosen reduction (:func:`transformer_vq.ops.vq.kernels.block_prefixes`), the log-counts and the
+final state. What is fused: every score against codewords and window keys, the softmax and the output, and their
+backward (:mod:`transformer_vq.ops.vq.triton.function`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from transformer_vq.ops.vq.cache import log_counts
+from transformer_vq.ops.vq.kernels import block_prefixes, prepend_previous_block
+from transformer_vq.ops.vq.state import VQAttentionState
+from transformer_vq.ops.vq.triton.function import FusedVQAttention
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+"""What the kernels compute in (``tl.dot`` takes no float64)."""
+
+
+def attend_blocks_fused(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, reduction, code_scores=None,
+                        compressive_cache=True):
+    """Queries of ``N`` whole blocks starting at a block boundary, with the arguments of ``attend_blocks``.
+
+    ``code_scores`` must be ``None`` (the kernels compute the codeword scores themselves) and ``compressive_cache``
+    true (:func:`check_fused_inputs`).
+    """
+    S = codebook.shape[1]
+    k_all, v_all, z_prev, has_prev = prepend_previous_block(k_hat, z, v, L, state)
+    prefix_count, prefix_mean = block_prefixes(z_prev, v_all, S, L, state, reduction, has_prev)
+    log_count = log_counts(prefix_count[:, :, :-1], torch.float32)  # (B, G, N, S): counts carry no gradient
+    out = FusedVQAttention.apply(q, k_all, v_all, bias, codebook, log_count, prefix_mean[:, :, :-1], L, has_prev)
+    return out, VQAttentionState(state.offset + z.shape[2], prefix_count[:, :, -1], prefix_mean[:, :, -1],
+                                 k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:])
+
+
+def check_fused_inputs(q: torch.Tensor, code_scores, compressive_cache: bool) -> None:
+    """Raise ``ValueError`` for what the fused kernels do not take."""
+    if not compressive_cache:
+        raise ValueError("backend='triton' attends the per-code cache: compressive_cache=False needs backend='eager'")
+    if code_scores is not None:
+        raise ValueError("backend='triton' computes the codeword scores itself: code_scores needs backend='eager'")
+    if q.dtype not in DTYPES:
+        raise ValueError(f"backend='triton' computes in float32, float16 or bfloat16, got {q.dtype}")
+    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(f"backend='triton' runs on CUDA tensors, got {q.device.type}; on a CPU set "
+                         "TRITON_INTERPRET=1 before the first import of triton to run its interpreter")
