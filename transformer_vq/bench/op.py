@@ -35,9 +35,12 @@ def op_cell(method: str, length: int, config: dict, repeats: int, warmup: int, b
     fn = method_fn(method, cfg, x)
     # The yardstick of this cell, measured in its own process right before it: on a shared machine the CPU time
     # available changes from minute to minute, so a peak measured once per run would not compare like with like.
-    result = {"status": "ok", "inputs_bytes": inputs_bytes, "matmul_gflops": matmul_gflops(DTYPES[cfg.precision])}
+    result = {"status": "ok", "inputs_bytes": inputs_bytes,
+              "matmul_gflops": matmul_gflops(DTYPES[cfg.precision], device=cfg.device)}
+    warmup = max(warmup, int(cfg.compile))  # compilation is never timed
     with torch.no_grad():
-        result["forward_s"], result["forward_samples"] = median_seconds(fn, repeats=repeats, warmup=warmup)
+        result["forward_s"], result["forward_samples"] = median_seconds(fn, repeats=repeats, warmup=warmup,
+                                                                        device=cfg.device)
     if backward:
         for name in ("q", "k", "v", "bias"):
             x[name].requires_grad_()
@@ -50,7 +53,10 @@ def op_cell(method: str, length: int, config: dict, repeats: int, warmup: int, b
                 x[name].grad = None
             fn().backward(cotangent)
 
-        result["fwd_bwd_s"], result["fwd_bwd_samples"] = median_seconds(step, repeats=repeats, warmup=warmup)
+        result["fwd_bwd_s"], result["fwd_bwd_samples"] = median_seconds(step, repeats=repeats, warmup=warmup,
+                                                                        device=cfg.device)
+    if cfg.device == "cuda":  # the process's RSS says nothing of the GPU's memory
+        result["cuda_peak_bytes"] = torch.cuda.max_memory_allocated()
     return result
 
 
@@ -65,12 +71,12 @@ def paired_cell(methods: list[str], length: int, config: dict, rounds: int, warm
     fns = {m: method_fn(m, cfg, x) for m in methods}
     samples = {m: [] for m in methods}
     with torch.no_grad():
-        if warmup:
+        if warmup or cfg.compile:  # compilation is never timed
             for fn in fns.values():
                 fn()
         for _ in range(rounds):
             for method, fn in fns.items():
-                seconds, _ = median_seconds(fn, repeats=1, warmup=0)
+                seconds, _ = median_seconds(fn, repeats=1, warmup=0, device=cfg.device)
                 samples[method].append(seconds)
     return {"status": "ok", "samples": samples}
 
