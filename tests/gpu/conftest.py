@@ -1,27 +1,19 @@
 """Fixtures of the GPU tests (every test here is marked ``gpu`` and skipped without CUDA: see tests/conftest.py).
 
-The training helpers of tests/train (the tiny corpus and run config, ``torchrun``) serve these tests too: their
-directory is put on the import path rather than copied.
+The GPU tests train like tests/train does: its helpers (trainutil: the tiny corpus and run config, ``torchrun``) and
+its fixtures of the corpus and the data cache are used from there rather than copied.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
-import pytest
+TRAIN_TESTS = Path(__file__).resolve().parents[1] / "train"
+sys.path.insert(0, str(TRAIN_TESTS))
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-
-from trainutil import write_corpus  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Keep the data layer's cache out of the user's home directory."""
-    monkeypatch.setenv("TVQ_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
-
-
-@pytest.fixture(scope="session")
-def corpus_file(tmp_path_factory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("corpus") / "plays.txt")
+_spec = importlib.util.spec_from_file_location("train_tests_conftest", TRAIN_TESTS / "conftest.py")
+_train = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_train)
+_isolated_cache, corpus_file = _train._isolated_cache, _train.corpus_file

@@ -26,14 +26,6 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 L = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def compiled_op():
     """One inductor-compiled operator for every slow test (graphs are cached per shape, grad mode and reduction)."""
