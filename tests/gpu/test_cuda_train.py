@@ -71,7 +71,7 @@ def test_sample_on_cuda_is_reproducible(cuda_run, capsys):
 def test_compiled_training_on_cuda_equals_eager(corpus_file, tmp_path):
     eager, compiled = tmp_path / "eager", tmp_path / "compiled"
     train(tiny_config(corpus_file, eager, *STEPS, "device=cuda"))
-    train(tiny_config(corpus_file, compiled, *STEPS, "device=cuda", "compile=true"))
+    train(tiny_config(corpus_file, compiled, *STEPS, "device=cuda", "torch_compile=true"))
     # fused kernels round differently from eager ones: float32 steps agree to ~1e-6 relative
     for a, b in zip(losses(compiled), losses(eager), strict=True):
         assert abs(a - b) < 1e-4 * abs(b), (a, b)

@@ -154,5 +154,8 @@ def test_compile_units_refuses_a_model_without_units():
 
 
 def test_compile_is_a_train_option():
-    assert not load_config("tiny").train.compile
-    assert load_config("tiny", overrides=["compile=true"]).train.compile
+    from transformer_vq.cli import build_parser
+
+    assert not load_config("tiny").train.torch_compile
+    assert load_config("tiny", overrides=["torch_compile=true"]).train.torch_compile
+    assert build_parser().parse_args(["train", "--compile"]).torch_compile is True

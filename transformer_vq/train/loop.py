@@ -121,7 +121,7 @@ class _Trainer:
         self.model.train()
         if dist_info.fsdp:
             shard_model(self.model, tc.precision)  # before the optimizer: its parameters become the shards
-        if tc.compile:
+        if tc.torch_compile:
             compile_units(self.model)  # after sharding, as FSDP2 asks; the weights and checkpoints stay the same
         self.optimizer = build_optimizer(self.model, tc)
         self.scheduler = build_scheduler(self.optimizer, tc)
