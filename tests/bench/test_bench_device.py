@@ -26,9 +26,9 @@ def test_cuda_without_a_gpu_is_refused_before_writing_anything(tmp_path, capsys)
 
 @pytest.mark.slow
 def test_compiled_methods_report_every_figure():
-    result = run_op_bench(OpBenchConfig(methods=("vq-serial", "sdpa"), compile=True, paired=(32,), **TINY),
+    result = run_op_bench(OpBenchConfig(methods=("vq-serial", "sdpa"), torch_compile=True, paired=(32,), **TINY),
                           log=lambda line: None)
-    assert result["config"]["compile"] is True
+    assert result["config"]["torch_compile"] is True
     for row in result["rows"]:
         assert row["status"] == "ok", row
         assert row["forward_s"] > 0 and row["fwd_bwd_s"] > 0 and row["forward_gflops"] > 0

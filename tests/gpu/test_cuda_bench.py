@@ -19,7 +19,7 @@ TINY = ["--d-k", "8", "--d-v", "16", "--n-code", "8", "--block-len", "16", "--fl
 METHODS = ["vq-serial", "vq-matmul", "vq-assoc", "vq-qk", "sdpa", "full", "flash"]
 
 
-@pytest.mark.parametrize("extra", [[], ["--compile", "--no-isolate"]], ids=["eager-isolated", "compiled"])
+@pytest.mark.parametrize("extra", [[], ["--torch-compile", "--no-isolate"]], ids=["eager-isolated", "compiled"])
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
 def test_bench_op_on_cuda(tmp_path, capsys, precision, extra):
     argv = ["bench", "op", "--device", "cuda", "--precision", precision, "--methods", *METHODS, *TINY, *extra,

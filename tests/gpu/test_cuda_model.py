@@ -1,5 +1,5 @@
 """The model on CUDA: float32 equals the CPU, bfloat16 autocast (forward and backward, state carried) is finite and
-close to float32, and the compiled units (``tvq train --compile``, Triton kernels on a GPU) equal eager.
+close to float32, and the compiled units (``tvq train --torch-compile``, Triton kernels on a GPU) equal eager.
 
 Run with ``python -m pytest -m gpu tests/gpu`` on a machine with a GPU (skipped elsewhere).
 """

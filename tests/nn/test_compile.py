@@ -1,4 +1,4 @@
-"""torch.compile (``tvq train --compile``): the compiled operator and units equal eager, and recompiles stay bounded.
+"""torch.compile (``tvq train --torch-compile``): the compiled operator and units equal eager, and recompiles stay bounded.
 
 Compiling with inductor costs one to two minutes per graph on a shared 2-core CPU with a cold cache (seconds with a
 warm one), so the default suite traces without generating code: the operator through ``aot_eager`` (the forward and
@@ -158,4 +158,4 @@ def test_compile_is_a_train_option():
 
     assert not load_config("tiny").train.torch_compile
     assert load_config("tiny", overrides=["torch_compile=true"]).train.torch_compile
-    assert build_parser().parse_args(["train", "--compile"]).torch_compile is True
+    assert build_parser().parse_args(["train", "--torch-compile"]).torch_compile is True

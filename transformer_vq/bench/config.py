@@ -76,8 +76,9 @@ class OpBenchConfig(BenchConfig):
     repeats: int = option(3, "Timed runs per cell, after one warm-up (median reported); cells estimated above 5 s "
                              "run once.", min=1)
     backward: bool = option(True, "Also time forward + backward (gradients of q, k, v and the bias).")
-    compile: bool = option(False, "Time every method under torch.compile (fixed shapes, compiled in an untimed "
-                                  "warm-up): the elementwise passes fused, as tvq train --compile runs them.")
+    torch_compile: bool = option(False, "Time every method under torch.compile (fixed shapes, compiled in an "
+                                        "untimed warm-up): the elementwise passes fused, as tvq train --torch-compile "
+                                        "runs them.")
     budget_s: float = _OP["budget_s"]
     isolate: bool = _OP["isolate"]
     mem_limit_gib: float = _OP["mem_limit_gib"]

@@ -37,7 +37,7 @@ def op_cell(method: str, length: int, config: dict, repeats: int, warmup: int, b
     # available changes from minute to minute, so a peak measured once per run would not compare like with like.
     result = {"status": "ok", "inputs_bytes": inputs_bytes,
               "matmul_gflops": matmul_gflops(DTYPES[cfg.precision], device=cfg.device)}
-    warmup = max(warmup, int(cfg.compile))  # compilation is never timed
+    warmup = max(warmup, int(cfg.torch_compile))  # compilation is never timed
     with torch.no_grad():
         result["forward_s"], result["forward_samples"] = median_seconds(fn, repeats=repeats, warmup=warmup,
                                                                         device=cfg.device)
@@ -71,7 +71,7 @@ def paired_cell(methods: list[str], length: int, config: dict, rounds: int, warm
     fns = {m: method_fn(m, cfg, x) for m in methods}
     samples = {m: [] for m in methods}
     with torch.no_grad():
-        if warmup or cfg.compile:  # compilation is never timed
+        if warmup or cfg.torch_compile:  # compilation is never timed
             for fn in fns.values():
                 fn()
         for _ in range(rounds):

@@ -116,9 +116,9 @@ def make_inputs(cfg: OpBenchConfig, length: int) -> dict:
 
 def method_fn(method: str, cfg: OpBenchConfig, x: dict):
     """A closure computing the method's output from the tensors in ``x`` (under ``torch.compile`` with
-    ``cfg.compile``: its first call, and its first with gradients, compile)."""
+    ``cfg.torch_compile``: its first call, and its first with gradients, compile)."""
     fn = _eager_fn(method, cfg, x)
-    return torch.compile(fn, dynamic=False) if cfg.compile else fn
+    return torch.compile(fn, dynamic=False) if cfg.torch_compile else fn
 
 
 def _eager_fn(method: str, cfg: OpBenchConfig, x: dict):

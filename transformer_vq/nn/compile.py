@@ -1,4 +1,4 @@
-"""``torch.compile`` of the gated attention units (``tvq train --compile``).
+"""``torch.compile`` of the gated attention units (``tvq train --torch-compile``).
 
 Eagerly, the operator is a chain of elementwise passes over ``T x (S + 2L)`` scores (bias add, mask, exponent,
 normalizer) between its matmuls, and the unit adds its own (norms, SiLU, gate, straight-through estimator): each pass
