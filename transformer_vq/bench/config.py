@@ -21,6 +21,7 @@ BENCH_MODEL = PRESETS["small"].replace(n_layers=1, n_code=128, block_len=128, fl
 LONGVQ_BENCH_PRESETS = {name: longvq_preset(name, n_layers=1, n_classes=2, causal=False, dropout=0.0)
                         for name in LONGVQ_PRESETS}
 LENGTHS = dict(min=1, k_suffix=True)
+BENCH_DEVICES = ("cpu", "cuda")
 # each model class a benchmark may nest -> its presets (``--preset``)
 MODEL_PRESETS = {TransformerVQConfig: PRESETS, LongVQConfig: LONGVQ_BENCH_PRESETS}
 
@@ -70,9 +71,14 @@ class OpBenchConfig(BenchConfig):
                                       "vq-bidir, vq-qk-bidir, sdpa-bidir.", choices=OP_METHODS)
     batch_size: int = option(1, "Batch size B.", min=1)
     precision: str = _OP["precision"]
+    device: str = option("cpu", "Where the operator runs: 'cpu' or 'cuda' (the matmul yardstick runs there too).",
+                         choices=BENCH_DEVICES)
     repeats: int = option(3, "Timed runs per cell, after one warm-up (median reported); cells estimated above 5 s "
                              "run once.", min=1)
     backward: bool = option(True, "Also time forward + backward (gradients of q, k, v and the bias).")
+    torch_compile: bool = option(False, "Time every method under torch.compile (fixed shapes, compiled in an "
+                                        "untimed warm-up): the elementwise passes fused, as tvq train --torch-compile "
+                                        "runs them.")
     budget_s: float = _OP["budget_s"]
     isolate: bool = _OP["isolate"]
     mem_limit_gib: float = _OP["mem_limit_gib"]

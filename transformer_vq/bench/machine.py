@@ -17,38 +17,55 @@ from pathlib import Path
 import torch
 
 
-def median_seconds(fn, *, repeats: int, warmup: int = 1) -> tuple[float, list[float]]:
-    """Median wall time of ``fn()`` over ``repeats`` runs after ``warmup`` untimed runs, and every sample."""
+def synchronizer(device: str = "cpu"):
+    """A call that waits until the device has finished its queued work: CUDA runs asynchronously, so a timer read
+    without it measures the launches, not the work (a no-op on a CPU)."""
+    return torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+
+def median_seconds(fn, *, repeats: int, warmup: int = 1, device: str = "cpu") -> tuple[float, list[float]]:
+    """Median wall time of ``fn()`` on ``device`` over ``repeats`` runs after ``warmup`` untimed runs, and every
+    sample."""
+    sync = synchronizer(device)
     for _ in range(warmup):
         fn()
     samples = []
     for _ in range(repeats):
+        sync()
         start = time.perf_counter()
         fn()
+        sync()
         samples.append(time.perf_counter() - start)
     return statistics.median(samples), samples
 
 
 def matmul_gflops(dtype: torch.dtype = torch.float32, max_size: int = 2048, repeats: int = 5,
-                  probe_s: float = 0.05) -> float:
-    """Median GFLOP/s of a square matmul (``2 n^3`` FLOPs) in ``dtype`` on the CPU.
+                  probe_s: float = 0.05, device: str = "cpu") -> float:
+    """Median GFLOP/s of a square matmul (``2 n^3`` FLOPs) in ``dtype`` on ``device`` (a GPU's: up to ``n = 8
+    max_size``, enough work to fill it).
 
     ``n`` doubles from 256 up to ``max_size`` while one product takes under ``probe_s``: a CPU without
     native bfloat16 (AVX2 only) needs ~90 s for one 2048 x 2048 bfloat16 product, so a fixed size could
     stall every benchmark; the rate of a large enough product does not depend on its size.
     """
-    size = 256
+    size, sync = 256, synchronizer(device)
+    max_size *= 1 if device == "cpu" else 8
     while True:
         gen = torch.Generator().manual_seed(0)
-        a = torch.randn(size, size, generator=gen).to(dtype)
-        b = torch.randn(size, size, generator=gen).to(dtype)
-        out = torch.empty(size, size, dtype=dtype)
+        a = torch.randn(size, size, generator=gen).to(device, dtype)
+        b = torch.randn(size, size, generator=gen).to(device, dtype)
+        out = torch.empty(size, size, dtype=dtype, device=device)
+        if device != "cpu":
+            torch.mm(a, b, out=out)  # a GPU's first product of a size pays for library setup and kernel selection
+        sync()
         start = time.perf_counter()
         torch.mm(a, b, out=out)
+        sync()
         if size >= max_size or time.perf_counter() - start >= probe_s:
             break
         size *= 2
-    seconds, _ = median_seconds(lambda: torch.mm(a, b, out=out), repeats=repeats, warmup=0)
+    # the last probe ran this product once already: no further warm-up
+    seconds, _ = median_seconds(lambda: torch.mm(a, b, out=out), repeats=repeats, warmup=0, device=device)
     return 2 * size**3 / seconds / 1e9
 
 
@@ -123,6 +140,8 @@ def machine_info(*, measure_peak: bool = True) -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": numpy.__version__,
+        # the GPUs a benchmark on --device cuda ran on (none: an empty list)
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         **git_commit(),
     }
     if measure_peak:

@@ -35,9 +35,12 @@ def op_cell(method: str, length: int, config: dict, repeats: int, warmup: int, b
     fn = method_fn(method, cfg, x)
     # The yardstick of this cell, measured in its own process right before it: on a shared machine the CPU time
     # available changes from minute to minute, so a peak measured once per run would not compare like with like.
-    result = {"status": "ok", "inputs_bytes": inputs_bytes, "matmul_gflops": matmul_gflops(DTYPES[cfg.precision])}
+    result = {"status": "ok", "inputs_bytes": inputs_bytes,
+              "matmul_gflops": matmul_gflops(DTYPES[cfg.precision], device=cfg.device)}
+    warmup = max(warmup, int(cfg.torch_compile))  # compilation is never timed
     with torch.no_grad():
-        result["forward_s"], result["forward_samples"] = median_seconds(fn, repeats=repeats, warmup=warmup)
+        result["forward_s"], result["forward_samples"] = median_seconds(fn, repeats=repeats, warmup=warmup,
+                                                                        device=cfg.device)
     if backward:
         for name in ("q", "k", "v", "bias"):
             x[name].requires_grad_()
@@ -50,7 +53,10 @@ def op_cell(method: str, length: int, config: dict, repeats: int, warmup: int, b
                 x[name].grad = None
             fn().backward(cotangent)
 
-        result["fwd_bwd_s"], result["fwd_bwd_samples"] = median_seconds(step, repeats=repeats, warmup=warmup)
+        result["fwd_bwd_s"], result["fwd_bwd_samples"] = median_seconds(step, repeats=repeats, warmup=warmup,
+                                                                        device=cfg.device)
+    if cfg.device == "cuda":  # the process's RSS says nothing of the GPU's memory
+        result["cuda_peak_bytes"] = torch.cuda.max_memory_allocated()
     return result
 
 
@@ -65,12 +71,12 @@ def paired_cell(methods: list[str], length: int, config: dict, rounds: int, warm
     fns = {m: method_fn(m, cfg, x) for m in methods}
     samples = {m: [] for m in methods}
     with torch.no_grad():
-        if warmup:
+        if warmup or cfg.torch_compile:  # compilation is never timed
             for fn in fns.values():
                 fn()
         for _ in range(rounds):
             for method, fn in fns.items():
-                seconds, _ = median_seconds(fn, repeats=1, warmup=0)
+                seconds, _ = median_seconds(fn, repeats=1, warmup=0, device=cfg.device)
                 samples[method].append(seconds)
     return {"status": "ok", "samples": samples}
 
@@ -84,7 +90,7 @@ def run_paired(cfg: OpBenchConfig, log=print) -> list[dict]:
         result = run_cell("transformer_vq.bench.op:paired_cell",
                           {"methods": list(cfg.methods), "length": length, "config": asdict(cfg),
                            "rounds": cfg.repeats, "warmup": not slow},
-                          isolate=cfg.isolate, timeout_s=3600.0, mem_limit_gib=cfg.mem_limit_gib or None)
+                          isolate=cfg.isolate, timeout_s=3600.0, mem_limit_gib=_host_memory_limit(cfg))
         if result.get("status") != "ok":
             out.append({"T": length, **result})
             log(f"paired T={length}: {result.get('status')}: {result.get('error', '')}")
@@ -128,7 +134,8 @@ def run_op_bench(cfg: OpBenchConfig, log=print) -> dict:
             result = run_cell("transformer_vq.bench.op:op_cell",
                               {"method": method, "length": length, "config": asdict(cfg), "repeats": repeats,
                                "warmup": warmup, "backward": backward},
-                              isolate=cfg.isolate, timeout_s=max(600.0, 3 * expected), mem_limit_gib=cfg.mem_limit_gib or None)
+                              isolate=cfg.isolate, timeout_s=max(600.0, 3 * expected),
+                              mem_limit_gib=_host_memory_limit(cfg))
             row.update(result)
             if result.get("status") == "ok":
                 row["forward_gflops"] = flops / result["forward_s"] / 1e9
@@ -141,6 +148,13 @@ def run_op_bench(cfg: OpBenchConfig, log=print) -> dict:
             log(_line(row))
     return {"benchmark": "op", "config": asdict(cfg), "machine": machine, "rows": rows, "speedups": speedups(rows),
             "paired": run_paired(cfg, log), "load_average_end": machine_info(measure_peak=False)["load_average_start"]}
+
+
+def _host_memory_limit(cfg: OpBenchConfig) -> float | None:
+    """The address-space limit of a cell's process in GiB (None: none). Not on a GPU: the CUDA driver reserves far more
+    address space than the machine has memory when it starts, so any such limit stops it (the GPU's own memory running
+    out is reported as ``oom`` all the same)."""
+    return None if cfg.device == "cuda" else cfg.mem_limit_gib or None
 
 
 def speedups(rows: list[dict]) -> list[dict]:

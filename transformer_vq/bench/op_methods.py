@@ -107,13 +107,22 @@ def make_inputs(cfg: OpBenchConfig, length: int) -> dict:
     z = torch.randint(0, m.n_code, (b, g, length), generator=gen)
     v = torch.nn.functional.silu(torch.randn(b, g, length, m.d_v, generator=gen))
     bias = 0.1 * torch.randn(b, h, length, 2 * m.block_len, generator=gen)
-    return {"q": lookup(codebook_q, z_q).to(dtype), "k": lookup(codebook, z).to(dtype), "z": z, "z_q": z_q,
-            "v": v.to(dtype), "codebook": codebook.to(dtype), "codebook_q": codebook_q.to(dtype),
-            "bias": bias.to(dtype)}
+    # drawn on the CPU (the same numbers on every device), then moved
+    inputs = {"q": lookup(codebook_q, z_q).to(dtype), "k": lookup(codebook, z).to(dtype), "z": z, "z_q": z_q,
+              "v": v.to(dtype), "codebook": codebook.to(dtype), "codebook_q": codebook_q.to(dtype),
+              "bias": bias.to(dtype)}
+    return {name: t.to(cfg.device) for name, t in inputs.items()}
 
 
 def method_fn(method: str, cfg: OpBenchConfig, x: dict):
-    """A closure computing the method's output from the tensors in ``x``."""
+    """A closure computing the method's output from the tensors in ``x`` (under ``torch.compile`` with
+    ``cfg.torch_compile``: its first call, and its first with gradients, compile)."""
+    fn = _eager_fn(method, cfg, x)
+    return torch.compile(fn, dynamic=False) if cfg.torch_compile else fn
+
+
+def _eager_fn(method: str, cfg: OpBenchConfig, x: dict):
+    """The closure of :func:`method_fn`, uncompiled."""
     L = cfg.model.block_len
     codes = {"z": x["z"], "codebook": x["codebook"]}
     if method == "vq-qk":

@@ -67,8 +67,10 @@ def run(args) -> int:
     import importlib
 
     from transformer_vq.bench.report import table, write_report
+    from transformer_vq.cli.errors import check_device
 
     cfg = bench_config(args)
+    check_device(getattr(cfg, "device", "cpu"))  # before any cell starts
     module_name, function_name = BENCHES[args.bench][1].split(":")
     result = getattr(importlib.import_module(module_name), function_name)(cfg, log=print)
     print()

@@ -68,6 +68,9 @@ class TrainConfig:
     parallel: str = option("ddp", "How torchrun workers share the model: 'ddp' (a full copy each) or 'fsdp' (weights, "
                                   "gradients and optimizer state sharded; also one process without torchrun); see "
                                   "docs/distributed.md.", choices=PARALLELS)
+    torch_compile: bool = option(False, "Compile every gated attention unit with torch.compile (fused elementwise "
+                                        "work; the first steps and the final evaluation wait for compilation); see "
+                                        "docs/training.md.")
     threads: int = option(0, "CPU threads for PyTorch (0 = PyTorch's default, one per core); see "
                              "docs/training.md on shared CPUs.", min=0)
     log_every: int = option(10, "Print a line every this many steps when not on a terminal (metrics.jsonl gets "

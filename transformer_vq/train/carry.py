@@ -20,8 +20,14 @@ _TUPLE = "__tuple__"
 
 
 def to_plain(obj):
-    """A representation of ``obj`` made of dicts, lists, tensors and numbers only."""
-    if isinstance(obj, torch.Tensor) or obj is None or isinstance(obj, (bool, int, float, str)):
+    """A representation of ``obj`` made of dicts, lists, CPU tensors and numbers only.
+
+    GPU tensors are copied to the CPU: the plain form is gathered from every worker to rank 0 and written into a
+    checkpoint, and a pickled CUDA tensor would be rebuilt on the GPU of the worker that sent it.
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         cls = type(obj)

@@ -34,6 +34,7 @@ from transformer_vq import fileio
 from transformer_vq.config import RunConfig
 from transformer_vq.data.batches import check_vocab, corpus_batches
 from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte, corpus_tokens_per_word
+from transformer_vq.nn.compile import compile_units
 from transformer_vq.train.build import build_model, load_corpus_for, resolve_device, save_run_tokenizer
 from transformer_vq.train.carry import from_plain, to_plain
 from transformer_vq.train.checkpoint import nonfinite_names, save_checkpoint, save_sharded_checkpoint, step_name
@@ -121,6 +122,8 @@ class _Trainer:
         self.model.train()
         if dist_info.fsdp:
             shard_model(self.model, tc.precision)  # before the optimizer: its parameters become the shards
+        if tc.torch_compile:
+            compile_units(self.model)  # after sharding, as FSDP2 asks; the weights and checkpoints stay the same
         self.optimizer = build_optimizer(self.model, tc)
         self.scheduler = build_scheduler(self.optimizer, tc)
         # dropout differs between workers, as their data does
