@@ -62,8 +62,11 @@ def test_presets_and_defaults_of_each_architecture():
     (lambda: load_config(arch="longvq", base=load_config("tiny")), "--arch: the run being resumed trained a 'tvq' "
                                                                    "model, not 'longvq'; leave --arch out to continue "
                                                                    "it, or start a new run with another --run-dir"),
+    (lambda: load_config("tiny", arch="longvq", overrides=["torch_compile=true"]),
+     "invalid RunConfig: torch_compile compiles Transformer-VQ's gated attention units, which a LongVQ model has none "
+     "of (leave it off)"),
 ], ids=["preset-of-other-arch", "tvq-preset", "arch", "saved-arch", "top-level-key", "longvq-field", "tvq-fields",
-        "classifier", "block-len", "model-class", "resume-other-arch"])
+        "classifier", "block-len", "model-class", "resume-other-arch", "compile"])
 def test_config_errors_name_the_problem(build, message):
     with pytest.raises(ConfigError) as err:
         build()

@@ -159,9 +159,13 @@ class RunConfig:
 
 
 def check_compatible(model: TransformerVQConfig | LongVQConfig, train: TrainConfig) -> None:
-    """The constraints that tie the training windows to the model's block length."""
+    """The constraints that tie the training settings to the model: windows to its block length, compilation to
+    its units."""
     if train.update_len % model.block_len != 0:
         multiple = max(1, train.update_len // model.block_len) * model.block_len
         text = (f"must be a multiple of the model's block_len={model.block_len} (e.g. {multiple}, or change "
                 f"block_len), got {train.update_len}")
         raise ConfigError(f"invalid RunConfig: update_len {text}", [("update_len", text)], TrainConfig)
+    if train.torch_compile and isinstance(model, LongVQConfig):
+        text = "compiles Transformer-VQ's gated attention units, which a LongVQ model has none of (leave it off)"
+        raise ConfigError(f"invalid RunConfig: torch_compile {text}", [("torch_compile", text)], TrainConfig)
