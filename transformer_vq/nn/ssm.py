@@ -92,9 +92,10 @@ def decay_powers(decay: torch.Tensor, length: int) -> DecayPowers:
     return DecayPowers(coarse=torch.exp(steps[:n_chunks] * chunk * log_q), fine=torch.exp(steps[:chunk] * log_q))
 
 
-def ema_kernel(coef: EMACoefficients, length: int) -> torch.Tensor:
-    """``[D, T]``: the causal kernel ``K[t] = sum_j eta_j alpha_j beta_j q_j^t``."""
-    powers = decay_powers(coef.decay, length)
+def ema_kernel(coef: EMACoefficients, length: int, powers: DecayPowers | None = None) -> torch.Tensor:
+    """``[D, T]``: the causal kernel ``K[t] = sum_j eta_j alpha_j beta_j q_j^t`` (``powers``: those of
+    :func:`decay_powers` for ``length``, when the caller already has them)."""
+    powers = decay_powers(coef.decay, length) if powers is None else powers
     scaled = (coef.weight_out * coef.weight_in).unsqueeze(-1) * powers.coarse  # (D, N, n_chunks)
     kernel = torch.bmm(scaled.transpose(1, 2), powers.fine)  # (D, n_chunks, chunk): K[c chunk + r]
     return kernel.flatten(1)[:, :length]
@@ -117,8 +118,8 @@ def ema_conv(x: torch.Tensor, coef: EMACoefficients,
     the output and the final state are sums over ``N`` and ``T``: linear in ``T``.
     """
     B, T, D = x.shape
-    y = causal_fft_conv(x, ema_kernel(coef, T))
-    powers = decay_powers(coef.decay, T)
+    powers = decay_powers(coef.decay, T)  # shared by the kernel, the final state and the state's output
+    y = causal_fft_conv(x, ema_kernel(coef, T, powers))
     C, n_chunks = powers.chunk, powers.coarse.shape[-1]
     # h_last[j] = q^T h[j] + sum_s alpha beta q^(T-1-s) x_s: with u = T-1-s = c C + r, a product over chunks
     reversed_x = torch.nn.functional.pad(x.flip(1), (0, 0, 0, n_chunks * C - T)).view(B, n_chunks, C, D)
