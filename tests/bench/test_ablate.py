@@ -4,8 +4,10 @@ matrices' configs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -84,6 +86,24 @@ def test_markdown_table_by_hand(tmp_path):
     assert "| S4 | n_code=4 | 2 | 2.1000 +- 0.1414 | 2.0000 .. 2.2000 | 1.0500 | 11 |" in text
 
 
+def test_a_cell_finished_by_another_matrix_is_reused_not_retrained(finished, tmp_path):
+    """S8 at the same settings is the same training in any matrix: a sibling work directory's record is copied."""
+    cfg, result, _ = finished
+    other = Matrix("other", "S8 again and S2", {"S2": ("n_code=2",), "eight": ("n_code=8",)}, reference="eight",
+                   base=("block_len=8",))
+    sibling = dataclasses.replace(cfg, work_dir=str(Path(cfg.work_dir).parent / "work-other"),
+                                  out=str(tmp_path), name="other")
+    lines = []
+    again = run_ablation(sibling, matrix=other, isolate=False, log=lines.append)
+    reused = [line for line in lines if line.endswith("reused")]
+    assert reused == [f"[2/2] eight-seed0: identical to {Path(cfg.work_dir).resolve()}/runs/S8-seed0, reused"]
+    eight = again["cells"][1]
+    source = next(r for r in result["cells"] if r["cell"] == "S8")
+    assert eight["cell"] == "eight" and eight["final_bpb"] == source["final_bpb"]
+    assert not (Path(sibling.work_dir) / "runs" / "eight-seed0" / "metrics.jsonl").exists()
+    assert (Path(sibling.work_dir) / "runs" / "S2-seed0" / "metrics.jsonl").is_file()  # S2 is new: trained
+
+
 def _machine():
     return {"cpu": "cpu", "logical_cpus": 2, "torch_threads": 2, "memory_gib": 1, "cpu_flags": [],
             "load_average_start": None, "torch": "t", "numpy": "n", "python": "p", "commit": "c", "date_utc": "d"}
@@ -96,19 +116,10 @@ def test_other_settings_in_the_same_work_dir_are_refused(finished):
                      matrix=TINY, isolate=False, log=lambda *a: None)
 
 
-@pytest.mark.parametrize("name", [m for m in MATRICES if m != "bias-span"])
+@pytest.mark.parametrize("name", list(MATRICES))
 def test_shipped_matrices_build_their_configs(name, tmp_path):
     cfg = AblateConfig(matrix=name)
     matrix = MATRICES[name]
     configs = [cell_config(cfg, matrix, cell, 0, tmp_path) for cell in matrix.cells]
     assert {c.train.seq_len for c in configs} == {2048} and {c.model.block_len for c in configs} == {128}
     assert all(c.train.data == "gcide" for c in configs)
-
-
-def test_a_matrix_needing_a_missing_field_fails_with_its_name(tmp_path):
-    from transformer_vq.config import TransformerVQConfig
-
-    if "bias_span" in TransformerVQConfig.__dataclass_fields__:
-        pytest.skip("bias_span exists: the bias-span matrix builds")
-    with pytest.raises(ConfigError, match="matrix 'bias-span', cell 'window': unknown config key"):
-        cell_config(AblateConfig(matrix="bias-span"), MATRICES["bias-span"], "window", 0, tmp_path)

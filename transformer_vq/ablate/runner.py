@@ -8,6 +8,10 @@ Layout of the work directory (default ``runs/ablate-<matrix>``):
 * ``cells/<cell>-seed<k>.json``: the record of a finished training. A rerun skips the trainings that have one and
   resumes the others from their last checkpoint.
 
+Matrices share cells (the codebook matrix's ``S512`` is the attention matrix's ``vq``): a training whose run config
+equals, up to its name, directory and thread count, one finished in a sibling work directory (another
+``runs/ablate-*`` by default) is not repeated; its record is copied, with ``reused_from`` naming the source.
+
 The report (JSON, markdown, plots) is written by :mod:`transformer_vq.ablate.report` when every cell is done.
 """
 
@@ -52,8 +56,13 @@ def run_ablation(cfg: AblateConfig, *, matrix: Matrix | None = None, isolate: bo
             log(f"[{index}/{len(jobs)}] {cell_id(cell, seed)}: finished earlier, skipped")
             records.append(json.loads(done.read_text()))
             continue
-        train_cell = _train_cell if isolate else _train_cell_here
-        record = train_cell(configs[(cell, seed)], cell, seed, progress.cell(index, cell_id(cell, seed)))
+        record = _finished_elsewhere(work, configs[(cell, seed)])
+        if record is not None:
+            log(f"[{index}/{len(jobs)}] {cell_id(cell, seed)}: identical to {record['reused_from']}, reused")
+            record = {**record, "cell": cell, "seed": seed}
+        else:
+            train_cell = _train_cell if isolate else _train_cell_here
+            record = train_cell(configs[(cell, seed)], cell, seed, progress.cell(index, cell_id(cell, seed)))
         if record["status"] == "done":
             fileio.atomic_write_text(done, json.dumps(record))
         records.append(record)
@@ -77,10 +86,40 @@ def _hold_settings(work: Path, cfg: AblateConfig, matrix: Matrix) -> None:
     fileio.atomic_write_text(path, json.dumps(settings, indent=2))
 
 
+def _training_key(request: dict) -> str:
+    """What makes two trainings the same: the run config without the cell's name, directory and thread count."""
+    train = {k: v for k, v in request["train"].items() if k not in ("name", "run_dir", "threads")}
+    return json.dumps({**request, "train": train}, sort_keys=True)
+
+
+def _write_request(run_cfg) -> Path:
+    """The cell's run config as ``request.json`` in its run directory: what the child trains, and what a later
+    matrix compares its own cells with."""
+    run_dir = Path(run_cfg.train.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    request = run_dir / "request.json"
+    fileio.atomic_write_text(request, run_cfg.to_json())
+    return request
+
+
+def _finished_elsewhere(work: Path, run_cfg) -> dict | None:
+    """The record of a finished training, in a sibling work directory, identical to ``run_cfg`` (None if none)."""
+    key = _training_key(json.loads(run_cfg.to_json()))
+    for request in sorted(work.resolve().parent.glob("*/runs/*/request.json")):
+        other = request.parent.parent.parent
+        record = other / "cells" / f"{request.parent.name}.json"
+        if other == work.resolve() or not record.is_file():
+            continue
+        if _training_key(json.loads(request.read_text())) == key:
+            return {**json.loads(record.read_text()), "reused_from": str(request.parent)}
+    return None
+
+
 def _train_cell_here(run_cfg, cell: str, seed: int, progress) -> dict:
     """Train one cell in this process; its record."""
     from transformer_vq.train import train
 
+    _write_request(run_cfg)
     begin = time.perf_counter()
     progress(_last_step(Path(run_cfg.train.run_dir)))
     result = train(run_cfg, resume="auto")
@@ -92,10 +131,8 @@ def _train_cell_here(run_cfg, cell: str, seed: int, progress) -> dict:
 
 def _train_cell(run_cfg, cell: str, seed: int, progress) -> dict:
     """Train one cell in a child process, following its metrics for the progress line; its record."""
-    run_dir = Path(run_cfg.train.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    request = run_dir / "request.json"
-    fileio.atomic_write_text(request, run_cfg.to_json())
+    request = _write_request(run_cfg)
+    run_dir = request.parent
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     begin = time.perf_counter()
     with open(run_dir / "train.log", "a") as out:

@@ -94,7 +94,11 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
     try:
         # locked before anything slow (loading the corpus): a second training is refused at once
         with hold_run_dir(cfg.train.resolved_run_dir(), dist_info):
-            return _Trainer(cfg, dist_info, device, model).run(resume, _skip_restore)
+            result = _Trainer(cfg, dist_info, device, model).run(resume, _skip_restore)
+        # no worker tears its process group down while another still talks to it (a gloo worker that left
+        # early was once seen to abort at exit, in CI)
+        dist_info.barrier()
+        return result
     finally:
         teardown_distributed(dist_info)
 
