@@ -4,6 +4,8 @@ in tests/gpu/test_cuda_bench.py."""
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 
@@ -32,4 +34,9 @@ def test_compiled_methods_report_every_figure():
     for row in result["rows"]:
         assert row["status"] == "ok", row
         assert row["forward_s"] > 0 and row["fwd_bwd_s"] > 0 and row["forward_gflops"] > 0
-    assert {p["method"] for p in result["paired"]} == {"vq-serial", "sdpa"}
+    paired = {p["method"]: p for p in result["paired"]}
+    # every method eager and compiled, interleaved; the compiled twin's gain is measured against its eager self
+    assert set(paired) == {"vq-serial", "sdpa", "vq-serial+compile", "sdpa+compile"}
+    twin, eager = paired["vq-serial+compile"], paired["vq-serial"]
+    assert twin["compile_speedup"] == statistics.median(e / c for e, c in zip(eager["samples"], twin["samples"]))
+    assert "compile_speedup" not in eager and twin["speedup"]["sdpa"] > 0 and 0 < twin["fraction_of_peak"]

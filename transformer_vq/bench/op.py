@@ -16,7 +16,7 @@ Cells whose estimated time exceeds the budget are not run and are reported as ``
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 
@@ -60,21 +60,32 @@ def op_cell(method: str, length: int, config: dict, repeats: int, warmup: int, b
     return result
 
 
+COMPILED = "+compile"
+"""Suffix of a method's compiled twin in the paired comparison (``vq-serial+compile``)."""
+
+
 def paired_cell(methods: list[str], length: int, config: dict, rounds: int, warmup: bool) -> dict:
-    """Forward times of several methods on the same inputs, interleaved: one call of each method per round.
+    """Forward times of several methods on the same inputs, interleaved: one call of each method per round, and
+    the matmul rate once per round (the yardstick each round's fraction of peak is taken against).
 
     Every round sees (nearly) the same load for every method, so the per-round time ratios are robust to a shared
-    machine whose load drifts; their median is the paired speedup.
+    machine whose load drifts; their median is the paired speedup. With ``torch_compile`` every method runs twice
+    per round, eager and compiled (``METHOD+compile``): the paired measure of what compiling buys.
     """
     cfg = OpBenchConfig.from_dict(config)
     x = make_inputs(cfg, length)
-    fns = {m: method_fn(m, cfg, x) for m in methods}
-    samples = {m: [] for m in methods}
+    eager = replace(cfg, torch_compile=False)
+    fns = {m: method_fn(m, eager, x) for m in methods}
+    if cfg.torch_compile:
+        fns.update({m + COMPILED: method_fn(m, cfg, x) for m in methods})
+    samples = {m: [] for m in fns}
+    samples["matmul_gflops"] = []
     with torch.no_grad():
         if warmup or cfg.torch_compile:  # compilation is never timed
             for fn in fns.values():
                 fn()
         for _ in range(rounds):
+            samples["matmul_gflops"].append(matmul_gflops(DTYPES[cfg.precision], device=cfg.device))
             for method, fn in fns.items():
                 seconds, _ = median_seconds(fn, repeats=1, warmup=0, device=cfg.device)
                 samples[method].append(seconds)
@@ -82,8 +93,9 @@ def paired_cell(methods: list[str], length: int, config: dict, rounds: int, warm
 
 
 def run_paired(cfg: OpBenchConfig, log=print) -> list[dict]:
-    """For each length of ``cfg.paired``: every method's median forward time and median per-round speedup of each
-    VQ method over each baseline that ran."""
+    """For each length of ``cfg.paired``: every method's median forward time, its median per-round fraction of the
+    matmul rate, the median per-round speedup of each VQ method over each (eager) baseline that ran, and for a
+    compiled twin its median per-round speedup over the eager method."""
     out = []
     for length in cfg.paired:
         slow = length > 8192
@@ -96,17 +108,32 @@ def run_paired(cfg: OpBenchConfig, log=print) -> list[dict]:
             log(f"paired T={length}: {result.get('status')}: {result.get('error', '')}")
             continue
         samples = result["samples"]
+        rates = samples.pop("matmul_gflops")
         for method, times in samples.items():
+            base = method.removesuffix(COMPILED)
+            flops = forward_flops(base, cfg, length)
             entry = {"T": length, "method": method, "forward_s": statistics.median(times), "samples": times,
+                     "matmul_gflops": statistics.median(rates),
+                     "fraction_of_peak": statistics.median(flops / t / 1e9 / r for t, r in zip(times, rates)),
                      "load_average_1min": result.get("load_average_1min"), "speedup": {}}
-            if is_vq(method):
-                for base in baselines_of(method):
-                    if base in samples:
-                        entry["speedup"][base] = statistics.median(b / m for b, m in zip(samples[base], times))
+            if is_vq(base):
+                for other in baselines_of(base):
+                    if other in samples:
+                        entry["speedup"][other] = _paired_ratio(samples[other], times)
+            if method != base:
+                entry["compile_speedup"] = _paired_ratio(samples[base], times)
             out.append(entry)
             speed = "  ".join(f"{v:.1f}x vs {k}" for k, v in entry["speedup"].items())
-            log(f"paired {method:>10} T={length:>7}  fwd {entry['forward_s']:.3f} s  {speed}")
+            if "compile_speedup" in entry:
+                speed += f"  {entry['compile_speedup']:.2f}x vs eager"
+            log(f"paired {method:>10} T={length:>7}  fwd {entry['forward_s']:.3f} s  "
+                f"{100 * entry['fraction_of_peak']:.0f}% of matmul  {speed}")
     return out
+
+
+def _paired_ratio(slower: list[float], faster: list[float]) -> float:
+    """The median over rounds of one method's time divided by another's (each round's pair saw the same load)."""
+    return statistics.median(a / b for a, b in zip(slower, faster))
 
 
 def run_op_bench(cfg: OpBenchConfig, log=print) -> dict:

@@ -84,12 +84,15 @@ def op_table(result: dict) -> str:
     if paired:
         lines += ["", "Paired forward times (all methods on the same inputs in one process, interleaved round by round; "
                   "speedup = median of the per-round ratios):", "",
-                  "| method | T | forward | speedup vs sdpa | speedup vs full | speedup vs sdpa-bidir | load |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+                  "| method | T | forward | % of matmul | speedup vs sdpa | speedup vs full | speedup vs sdpa-bidir "
+                  "| compiled vs eager | load |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for p in paired:
             sp = [f"{p['speedup'][b]:.1f}x" if b in p["speedup"] else "-" for b in ("sdpa", "full", "sdpa-bidir")]
-            lines.append(f"| {p['method']} | {p['T']} | {_seconds(p['forward_s'])} | {sp[0]} | {sp[1]} | {sp[2]} "
-                         f"| {p.get('load_average_1min', '-')} |")
+            peak = f"{100 * p['fraction_of_peak']:.0f}% of {p['matmul_gflops']:.0f}" if "fraction_of_peak" in p else "-"
+            comp = f"{p['compile_speedup']:.2f}x" if "compile_speedup" in p else "-"
+            lines.append(f"| {p['method']} | {p['T']} | {_seconds(p['forward_s'])} | {peak} | {sp[0]} | {sp[1]} "
+                         f"| {sp[2]} | {comp} | {p.get('load_average_1min', '-')} |")
     return "\n".join(lines + [""] + _machine_lines(result))
 
 
