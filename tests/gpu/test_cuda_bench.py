@@ -33,4 +33,5 @@ def test_bench_op_on_cuda(tmp_path, capsys, precision, extra):
         # the yardstick ran on the GPU: any GPU multiplies faster than 1 TFLOP/s, no CPU core does
         assert row["matmul_gflops"] > 1000, row
         assert row["cuda_peak_bytes"] > 0 and row["forward_s"] > 0 and row["fwd_bwd_s"] > 0
-    assert {p["method"] for p in result["paired"]} == set(METHODS)
+    twins = {m + "+compile" for m in METHODS} if extra else set()
+    assert {p["method"] for p in result["paired"]} == set(METHODS) | twins
