@@ -101,6 +101,7 @@ def test_a_cell_finished_by_another_matrix_is_reused_not_retrained(finished, tmp
     source = next(r for r in result["cells"] if r["cell"] == "S8")
     assert eight["cell"] == "eight" and eight["final_bpb"] == source["final_bpb"]
     assert not (Path(sibling.work_dir) / "runs" / "eight-seed0" / "metrics.jsonl").exists()
+    assert f"- eight seed 0: {Path(cfg.work_dir).resolve()}/runs/S8-seed0" in open(again["paths"]["md"]).read()
     assert (Path(sibling.work_dir) / "runs" / "S2-seed0" / "metrics.jsonl").is_file()  # S2 is new: trained
 
 

@@ -85,7 +85,9 @@ def table(result: dict) -> str:
                      f"{r['std_bpb']:.4f} | {min(r['final_bpb']):.4f} .. {max(r['final_bpb']):.4f} | "
                      f"{_ratio(r['ratio'])} | {r['train_seconds']:.0f} |{cb}")
     failures = [f"- {r['cell']} {text}" for r in rows for text in r["failed"]]
-    return "\n".join(lines + (["", "Failed:", *failures] if failures else []))
+    reused = [f"- {r['cell']} seed {r['seed']}: {r['reused_from']}" for r in result["cells"] if "reused_from" in r]
+    return "\n".join(lines + (["", "Failed:", *failures] if failures else [])
+                     + (["", "Identical trainings of another matrix, reused:", *reused] if reused else []))
 
 
 def _ratio(value: float | None) -> str:
