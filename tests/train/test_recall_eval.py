@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_vq.bench.recall_plot import comparison_table, plot_recall
+from transformer_vq.ablate.recall_plot import comparison_table, plot_recall
 from transformer_vq.cli import main
 from transformer_vq.config import RunConfig, TrainConfig, preset
 from transformer_vq.data.recall import ASSIGN, load_recall
