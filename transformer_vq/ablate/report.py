@@ -100,12 +100,11 @@ def _options(settings: dict) -> str:
 
 
 def recall_models(result: dict) -> dict[str, list[dict]]:
-    """The recall scores of the finished cells that have one, by cell (the seeds' runs), in the matrix's order."""
+    """The recall scores of the finished cells that have one, by cell (the seeds' runs), in the records' order."""
     models = {}
-    for cell in result["matrix"]["cells"]:
-        runs = [r["recall"] for r in result["cells"] if r["cell"] == cell and r["status"] == "done" and "recall" in r]
-        if runs:
-            models[cell] = runs
+    for record in result["cells"]:
+        if record["status"] == "done" and "recall" in record:
+            models.setdefault(record["cell"], []).append(record["recall"])
     return models
 
 
