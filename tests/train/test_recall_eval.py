@@ -1,9 +1,9 @@
 """Scoring the recall probe: accuracy by distance bucket (checked by hand and against a rule-based model whose reach
-is known), its table, the `tvq eval` output, the comparison table and plot, and a tiny training run."""
+is known), its table, the `tvq eval` output, and a tiny training run (comparing models on it:
+tests/bench/test_ablate_recall.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,15 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_vq.bench.recall_plot import comparison_table, plot_recall
 from transformer_vq.cli import main
 from transformer_vq.config import RunConfig, TrainConfig, preset
 from transformer_vq.data.recall import ASSIGN, load_recall
 from transformer_vq.train import train
 from transformer_vq.train.recall import accuracy_by_distance, distance_bucket, recall_accuracy, recall_table
-
-REPO = Path(__file__).resolve().parents[2]
-
 
 def test_distance_buckets_are_powers_of_two_blocks():
     assert [distance_bucket(d, 32) for d in (0, 63, 64, 127, 128, 255, 256, 511, 512)] == [0, 0, 1, 1, 2, 2, 3, 3, 4]
@@ -93,21 +89,6 @@ def test_recall_table():
         "| 0-2 | 1 | 100.0% |", "| 2-4 | 2 | 100.0% |", "| 4-8 | 0 | - |", "| 8-16 | 1 | 0.0% |", "| all | 4 | 75.0% |"])
 
 
-def test_comparison_table_and_plot(tmp_path):
-    def run(correct, accuracy):
-        return {"chance": 0.1, "block_len": 8, "accuracy": accuracy,
-                "buckets": accuracy_by_distance(correct, [3, 20, 40], 8)}
-
-    models = {"vq": [run([1, 1, 0], 2 / 3), run([1, 0, 0], 1 / 3)], "full": [run([1, 1, 1], 1.0)]}
-    assert comparison_table(models).splitlines() == [
-        "| distance (blocks) | vq | full |", "|---|---:|---:|",
-        "| 0-2 | 100.0% | 100.0% |", "| 2-4 | 50.0% [0%-100%] | 100.0% |", "| 4-8 | 0.0% | 100.0% |",
-        "| all | 50.0% [33%-67%] | 100.0% |", "",
-        "Mean answer accuracy over seeds [lowest-highest seed] (vq: 2, full: 1 seeds); chance 10.0%."]
-    path = plot_recall(models, tmp_path / "recall.png")
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
 def _tiny_recall_config(run_dir: Path, **model) -> RunConfig:
     return RunConfig(model=preset("tiny", **model), train=TrainConfig(
         data="recall", data_options={"n_pairs": 4, "train_episodes": 4, "eval_episodes": 2}, seq_len=128,
@@ -126,21 +107,3 @@ def test_training_and_tvq_eval_on_the_probe(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "recall accuracy by distance (blocks of L = 8; 2 episodes of validation; chance 10.0%)" in text
     assert "| distance (blocks) | queries | accuracy |" in text
-
-
-def test_memory_probe_script_at_a_tiny_size(tmp_path):
-    spec = importlib.util.spec_from_file_location("memory_probe", REPO / "benchmarks" / "memory_probe.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    assert script.parse_variant("w:compressive_cache=false,n_code=4") == ("w", {"compressive_cache": False,
-                                                                                "n_code": 4})
-    assert script.parse_variant("full") == ("full", {"attn_type": "full"})
-    size = script.SIZES["tiny"]
-    rows = [script.run_cell("full", {"attn_type": "full"}, 0, size, 2, 1, tmp_path, log=lambda *a: None),
-            script.run_cell("bad", {"no_such_field": 1}, 0, size, 2, 1, tmp_path, log=lambda *a: None)]
-    assert rows[0]["status"] == "ok" and rows[0]["config"]["model"]["attn_type"] == "full"
-    assert rows[1]["status"] == "skipped" and "no_such_field" in rows[1]["reason"]
-    table = script.report({"size": "tiny", "steps": 2, "rows": rows}, tmp_path, "probe")
-    assert "| distance (blocks) | full |" in table and "- bad seed 0 skipped: unknown model config key(s): " \
-                                                        "no_such_field" in table
-    assert {p.name for p in tmp_path.glob("probe.*")} == {"probe.json", "probe.md", "probe.png"}

@@ -6,6 +6,9 @@ reported as JSON, a markdown table and plots (docs/quality.md).
 
     result = run_ablation(AblateConfig(matrix="codebook", steps=300, seeds=(0, 1)))
     print(result["paths"]["md"])
+
+The ``recall`` matrix is the long-range memory probe: its own data and model, and every cell scored by recall
+accuracy against distance (``AblateConfig(matrix="recall")`` takes the matrix's defaults).
 """
 
 from transformer_vq.ablate.runner import run_ablation

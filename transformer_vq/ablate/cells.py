@@ -2,7 +2,8 @@
 run's ``metrics.jsonl``.
 
 A cell trains in a child process through :func:`transformer_vq.train.train` with ``resume="auto"``: a crash stays in
-its process, and a cell killed midway continues from its last checkpoint the next time the matrix runs.
+its process, and a cell killed midway continues from its last checkpoint the next time the matrix runs. A cell of a
+matrix with a probe is then scored in the same process (:func:`score_recall`, ``recall.json`` in its run directory).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def cell_config(cfg: AblateConfig, matrix: Matrix, cell: str, seed: int, work_di
     """
     train = {
         "name": cell_id(cell, seed), "run_dir": str(work_dir / "runs" / cell_id(cell, seed)), "seed": seed,
-        "data": cfg.data, "data_path": cfg.data_path, "steps": cfg.steps, "seq_len": cfg.seq_len,
-        "update_len": cfg.update_len, "batch_size": cfg.batch_size, "eval_every": cfg.resolved_eval_every,
+        "data": cfg.data, "data_path": cfg.data_path, "data_options": cfg.data_options, "steps": cfg.steps,
+        "seq_len": cfg.seq_len, "update_len": cfg.update_len, "batch_size": cfg.batch_size, "eval_every": cfg.resolved_eval_every,
         "eval_tokens": cfg.eval_tokens, "ckpt_every": cfg.ckpt_every, "keep_ckpts": 1, "threads": cfg.threads,
         "device": cfg.device, "sample_tokens": 0, "log_every": max(1, cfg.steps // 20),
     }
@@ -39,9 +40,30 @@ def cell_config(cfg: AblateConfig, matrix: Matrix, cell: str, seed: int, work_di
         raise ConfigError(f"matrix {matrix.name!r}, cell {cell!r}: {err}") from None
 
 
-def child_command(request: Path) -> list[str]:
-    """The command line of the process that trains one cell from its request file (the run config as JSON)."""
-    return [sys.executable, "-m", "transformer_vq.ablate.cells", str(request)]
+def child_command(request: Path, probe: str | None = None) -> list[str]:
+    """The command line of the process that trains one cell from its request file (the run config as JSON), then
+    scores it on ``probe`` (see :attr:`Matrix.probe`) when one is named."""
+    return [sys.executable, "-m", "transformer_vq.ablate.cells", str(request), *([probe] if probe else [])]
+
+
+def score_recall(run_cfg: RunConfig) -> dict:
+    """Score the trained recall-probe run of ``run_cfg`` on its test episodes, as ``tvq eval --split test`` does:
+    answer accuracy by distance (:meth:`~transformer_vq.train.recall.RecallResult.to_dict`), from its last
+    checkpoint, with the state carried across windows of its ``update_len``. Written to ``recall.json`` in the run
+    directory and returned."""
+    from transformer_vq import fileio
+    from transformer_vq.train.build import load_corpus_for, model_from_checkpoint
+    from transformer_vq.train.recall import recall_accuracy
+
+    run_dir = run_cfg.train.resolved_run_dir()
+    model, run_cfg, _ = model_from_checkpoint(str(run_dir), device=run_cfg.train.device)
+    corpus = load_corpus_for(run_cfg.train, run_dir=run_dir)
+    result = recall_accuracy(model, corpus, "test", block_len=run_cfg.model.block_len,
+                             window_len=run_cfg.train.update_len).to_dict()
+    fileio.atomic_write_text(run_dir / "recall.json", json.dumps(result))
+    print(f"recall on {result['episodes']} test episodes: accuracy {result['accuracy']:.1%} "
+          f"(chance {result['chance']:.0%})", flush=True)
+    return result
 
 
 def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -65,7 +87,8 @@ def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
 
 def cell_record(cell: str, seed: int, run_dir: Path, wall_s: float) -> dict:
     """What the report keeps of one finished cell: per-step training loss and bpb with the cumulative training
-    seconds, the validation curve on the same clock, codebook usage over training, and the final validation bpb."""
+    seconds, the validation curve on the same clock, codebook usage over training, the final validation bpb, and
+    the probe's score when the cell was scored (``recall``)."""
     train, evals = read_metrics(run_dir)
     elapsed, seconds = 0.0, {}
     for row in train:
@@ -85,15 +108,21 @@ def cell_record(cell: str, seed: int, run_dir: Path, wall_s: float) -> dict:
         record["codebook_perplexity"] = [row.get("codebook_perplexity") for row in train]
         record["codebook_unused"] = [row.get("codebook_unused") for row in train]
     record["final_bpb"] = record["validation"][-1]["bits_per_byte"] if evals else None
+    if (Path(run_dir) / "recall.json").is_file():
+        record["recall"] = json.loads((Path(run_dir) / "recall.json").read_text())
     return record
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Child process: train the cell of the request file, resuming its run directory when it has checkpoints."""
+    """Child process: train the cell of the request file, resuming its run directory when it has checkpoints, then
+    score it when a probe is named after the file."""
     from transformer_vq.train import train
 
-    request = json.loads(Path((argv or sys.argv[1:])[0]).read_text())
-    result = train(RunConfig.from_dict(request), resume="auto")
+    path, *probe = argv or sys.argv[1:]
+    run_cfg = RunConfig.from_dict(json.loads(Path(path).read_text()))
+    result = train(run_cfg, resume="auto")
+    if result.exit_code == 0 and probe == ["recall"]:
+        score_recall(run_cfg)
     return result.exit_code
 
 

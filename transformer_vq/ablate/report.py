@@ -3,7 +3,9 @@
 Every figure of the table and the plots is computed from the JSON's records, so a saved JSON regenerates them
 (:func:`write_outputs`). Files, under ``out`` with stem ``name``: ``NAME.json``, ``NAME.md``, ``NAME-curves.png``
 (validation bpb against steps and against training seconds), ``NAME-final.png`` (final bpb per cell with the spread
-over seeds) and, when the cells have codebooks, ``NAME-codebook.png`` (usage perplexity and unused codes over training).
+over seeds), when the cells have codebooks, ``NAME-codebook.png`` (usage perplexity and unused codes over training),
+and, when the cells were scored on the recall probe, ``NAME-recall.png`` (accuracy against distance; its table is in
+the markdown).
 """
 
 from __future__ import annotations
@@ -13,22 +15,22 @@ import json
 import statistics
 from pathlib import Path
 
+from transformer_vq.ablate.recall_plot import comparison_table
 from transformer_vq.bench.report import _machine_lines
-from transformer_vq.config.ablate import AblateConfig, Matrix
+from transformer_vq.config.ablate import AblateConfig, Matrix, flag_words
 
 TAIL = 10
 """Codebook figures of a cell are the mean over its last this many steps (one step's usage is noisy)."""
 
 
 def command_line(cfg: AblateConfig) -> str:
-    """The ``tvq ablate`` command that reruns ``cfg`` (the flags of every field that is not the default)."""
-    words = ["tvq", "ablate"]
+    """The ``tvq ablate`` command that reruns ``cfg`` (the flags of every field that is not the matrix's default)."""
+    words, defaults = ["tvq", "ablate"], AblateConfig(matrix=cfg.matrix)
     for field in dataclasses.fields(cfg):
         value = getattr(cfg, field.name)
-        if value == field.default or (field.name == "matrix"):
+        if value == getattr(defaults, field.name) or (field.name == "matrix"):
             continue
-        flag = "--" + field.metadata.get("flag", field.name.replace("_", "-"))
-        words += [flag, *map(str, value)] if isinstance(value, tuple) else [flag, str(value)]
+        words += flag_words(field.name, value)
     return " ".join(words[:2] + ["--matrix", cfg.matrix] + words[2:])
 
 
@@ -67,7 +69,8 @@ def table(result: dict) -> str:
     lines = [f"# tvq ablate: {result['matrix']['name']}", "", result["matrix"]["description"] + ".", "",
              f"- command: `{result['command']}`",
              f"- every cell: preset {s['preset']} with {' '.join(result['matrix']['base']) or 'no base overrides'}"
-             f"{' ' + ' '.join(s['overrides']) if s['overrides'] else ''}; data {s['data']}; {s['steps']} steps of "
+             f"{' ' + ' '.join(s['overrides']) if s['overrides'] else ''}; data {s['data']}{_options(s)}; "
+             f"{s['steps']} steps of "
              f"{s['batch_size']} x {s['update_len']} tokens, sequences of {s['seq_len']} with the state carried; "
              f"seeds {' '.join(map(str, s['seeds']))}; validation bpb on {s['eval_tokens'] or 'all'} tokens",
              *_machine_lines(result), "",
@@ -87,7 +90,32 @@ def table(result: dict) -> str:
     failures = [f"- {r['cell']} {text}" for r in rows for text in r["failed"]]
     reused = [f"- {r['cell']} seed {r['seed']}: {r['reused_from']}" for r in result["cells"] if "reused_from" in r]
     return "\n".join(lines + (["", "Failed:", *failures] if failures else [])
-                     + (["", "Identical trainings of another matrix, reused:", *reused] if reused else []))
+                     + (["", "Identical trainings of another matrix, reused:", *reused] if reused else [])
+                     + _recall_lines(result))
+
+
+def _options(settings: dict) -> str:
+    options = settings.get("data_options") or {}
+    return f" ({' '.join(f'{k}={v}' for k, v in options.items())})" if options else ""
+
+
+def recall_models(result: dict) -> dict[str, list[dict]]:
+    """The recall scores of the finished cells that have one, by cell (the seeds' runs), in the records' order."""
+    models = {}
+    for record in result["cells"]:
+        if record["status"] == "done" and "recall" in record:
+            models.setdefault(record["cell"], []).append(record["recall"])
+    return models
+
+
+def _recall_lines(result: dict) -> list[str]:
+    """The accuracy-by-distance table of the recall probe, when the cells were scored on it."""
+    models = recall_models(result)
+    if not models:
+        return []
+    first = next(iter(models.values()))[0]
+    return ["", f"## Recall accuracy against distance (test split, {first['episodes']} episodes, blocks of "
+                f"L = {first['block_len']})", "", comparison_table(models)]
 
 
 def _ratio(value: float | None) -> str:
@@ -109,6 +137,7 @@ def write_ablation_report(cfg: AblateConfig, matrix: Matrix, records: list[dict]
 def write_outputs(result: dict, out: str | Path, name: str) -> dict[str, Path]:
     """Write ``NAME.json``, ``NAME.md`` and the plots of ``result`` under ``out``; return their paths."""
     from transformer_vq.ablate.plots import plot_codebook, plot_curves, plot_final
+    from transformer_vq.ablate.recall_plot import plot_recall
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -121,4 +150,7 @@ def write_outputs(result: dict, out: str | Path, name: str) -> dict[str, Path]:
     if any("codebook_perplexity" in r for r in result["cells"]):
         paths["codebook"] = out / f"{name}-codebook.png"
         plot_codebook(result, paths["codebook"])
+    if recall_models(result):
+        paths["recall"] = plot_recall(recall_models(result), out / f"{name}-recall.png",
+                                      title=f"{result['matrix']['name']}: recall accuracy against distance")
     return paths

@@ -4,13 +4,15 @@ Layout of the work directory (default ``runs/ablate-<matrix>``):
 
 * ``settings.json``: the matrix and settings it was started with (a rerun with other settings is refused, so a
   resumed matrix never mixes two experiments);
-* ``runs/<cell>-seed<k>/``: the run directory of one training (checkpoints, ``metrics.jsonl``, ``train.log``);
+* ``runs/<cell>-seed<k>/``: the run directory of one training (checkpoints, ``metrics.jsonl``, ``train.log``, and
+  ``recall.json`` when the matrix has the recall probe);
 * ``cells/<cell>-seed<k>.json``: the record of a finished training. A rerun skips the trainings that have one and
   resumes the others from their last checkpoint.
 
 Matrices share cells (the codebook matrix's ``S512`` is the attention matrix's ``vq``): a training whose run config
 equals, up to its name, directory and thread count, one finished in a sibling work directory (another
-``runs/ablate-*`` by default) is not repeated; its record is copied, with ``reused_from`` naming the source.
+``runs/ablate-*`` by default) is not repeated; its record is copied, with ``reused_from`` naming the source (when the
+matrix has a probe, only a record that holds the probe's score is).
 
 The report (JSON, markdown, plots) is written by :mod:`transformer_vq.ablate.report` when every cell is done.
 """
@@ -26,9 +28,10 @@ import time
 from pathlib import Path
 
 from transformer_vq import fileio
-from transformer_vq.ablate.cells import cell_config, cell_id, cell_record, child_command, read_metrics
+from transformer_vq.ablate.cells import cell_config, cell_id, cell_record, child_command, read_metrics, score_recall
 from transformer_vq.config import ConfigError
-from transformer_vq.config.ablate import MATRICES, AblateConfig, Matrix
+from transformer_vq.config.ablate import MATRICES, AblateConfig, Matrix, default_of
+from transformer_vq.config.fields import fields_of
 
 POLL_S = 2.0
 """How often the progress line reads the running cell's metrics."""
@@ -56,13 +59,14 @@ def run_ablation(cfg: AblateConfig, *, matrix: Matrix | None = None, isolate: bo
             log(f"[{index}/{len(jobs)}] {cell_id(cell, seed)}: finished earlier, skipped")
             records.append(json.loads(done.read_text()))
             continue
-        record = _finished_elsewhere(work, configs[(cell, seed)])
+        record = _finished_elsewhere(work, configs[(cell, seed)], matrix.probe)
         if record is not None:
             log(f"[{index}/{len(jobs)}] {cell_id(cell, seed)}: identical to {record['reused_from']}, reused")
             record = {**record, "cell": cell, "seed": seed}
         else:
             train_cell = _train_cell if isolate else _train_cell_here
-            record = train_cell(configs[(cell, seed)], cell, seed, progress.cell(index, cell_id(cell, seed)))
+            record = train_cell(configs[(cell, seed)], cell, seed, progress.cell(index, cell_id(cell, seed)),
+                                matrix.probe)
         if record["status"] == "done":
             fileio.atomic_write_text(done, json.dumps(record))
         records.append(record)
@@ -76,7 +80,7 @@ def _hold_settings(work: Path, cfg: AblateConfig, matrix: Matrix) -> None:
     settings = json.loads(json.dumps(settings))  # tuples as the file holds them: lists
     path = work / "settings.json"
     if path.is_file():
-        saved = json.loads(path.read_text())
+        saved = _with_added_fields(json.loads(path.read_text()), settings)
         if saved != settings:
             changed = sorted(k for k in settings["settings"] if saved["settings"].get(k) != settings["settings"][k])
             raise ConfigError(f"{work} holds a matrix started with other settings ({', '.join(changed) or 'cells'} "
@@ -84,6 +88,16 @@ def _hold_settings(work: Path, cfg: AblateConfig, matrix: Matrix) -> None:
         return
     (work / "cells").mkdir(parents=True, exist_ok=True)
     fileio.atomic_write_text(path, json.dumps(settings, indent=2))
+
+
+def _with_added_fields(saved: dict, settings: dict) -> dict:
+    """``saved`` with the fields that AblateConfig and Matrix gained after it was written, at their defaults: a work
+    directory of an older version continues as long as they keep them."""
+    for key, cls in (("matrix", Matrix), ("settings", AblateConfig)):
+        for name, field in fields_of(cls).items():
+            if name in settings[key] and name not in saved[key]:
+                saved[key][name] = json.loads(json.dumps(default_of(field)))
+    return saved
 
 
 def _training_key(request: dict) -> str:
@@ -102,21 +116,25 @@ def _write_request(run_cfg) -> Path:
     return request
 
 
-def _finished_elsewhere(work: Path, run_cfg) -> dict | None:
-    """The record of a finished training, in a sibling work directory, identical to ``run_cfg`` (None if none)."""
+def _finished_elsewhere(work: Path, run_cfg, probe: str | None) -> dict | None:
+    """The record of a finished training, in a sibling work directory, identical to ``run_cfg`` and scored on
+    ``probe`` if one is named (None if none)."""
     key = _training_key(json.loads(run_cfg.to_json()))
     for request in sorted(work.resolve().parent.glob("*/runs/*/request.json")):
         other = request.parent.parent.parent
         record = other / "cells" / f"{request.parent.name}.json"
         if other == work.resolve() or not record.is_file():
             continue
+        record = json.loads(record.read_text())
+        if probe is not None and probe not in record:
+            continue
         if _training_key(json.loads(request.read_text())) == key:
-            return {**json.loads(record.read_text()), "reused_from": str(request.parent)}
+            return {**record, "reused_from": str(request.parent)}
     return None
 
 
-def _train_cell_here(run_cfg, cell: str, seed: int, progress) -> dict:
-    """Train one cell in this process; its record."""
+def _train_cell_here(run_cfg, cell: str, seed: int, progress, probe: str | None) -> dict:
+    """Train one cell in this process, and score it on ``probe``; its record."""
     from transformer_vq.train import train
 
     _write_request(run_cfg)
@@ -126,17 +144,20 @@ def _train_cell_here(run_cfg, cell: str, seed: int, progress) -> dict:
     progress(result.step, finished=True)
     if result.exit_code:
         raise KeyboardInterrupt  # stopped by a signal: the checkpoint is saved, the matrix resumes from it
+    if probe == "recall":
+        score_recall(run_cfg)
     return cell_record(cell, seed, Path(run_cfg.train.run_dir), time.perf_counter() - begin)
 
 
-def _train_cell(run_cfg, cell: str, seed: int, progress) -> dict:
-    """Train one cell in a child process, following its metrics for the progress line; its record."""
+def _train_cell(run_cfg, cell: str, seed: int, progress, probe: str | None) -> dict:
+    """Train one cell in a child process (which then scores it on ``probe``), following its metrics for the progress
+    line; its record."""
     request = _write_request(run_cfg)
     run_dir = request.parent
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     begin = time.perf_counter()
     with open(run_dir / "train.log", "a") as out:
-        child = subprocess.Popen(child_command(request), stdout=out, stderr=subprocess.STDOUT, env=env)
+        child = subprocess.Popen(child_command(request, probe), stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             while child.poll() is None:
                 time.sleep(POLL_S)

@@ -2,15 +2,18 @@
 
 A matrix is a set of named cells, each a list of ``--set`` style overrides (``attn_type=full``) on one base model;
 every cell is trained with the same data, steps, batch and seeds (docs/quality.md). The settings of one run of a
-matrix are an :class:`AblateConfig`, whose fields are the ``tvq ablate`` flags.
+matrix are an :class:`AblateConfig`, whose fields are the ``tvq ablate`` flags; a matrix may replace their defaults
+(the recall matrix trains on ``--data recall`` unless told otherwise) and may score every cell on a probe after its
+training.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 
-from transformer_vq.config.fields import check, option
+from transformer_vq.config.fields import check, fields_of, flag_of, option
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,36 @@ class Matrix:
     """The cell every other cell's bpb is divided by in the table."""
     base: tuple = ()
     """Overrides shared by every cell (on top of the preset)."""
+    defaults: tuple = ()
+    """``(AblateConfig field, value)`` pairs replacing that field's default for this matrix (a value given still
+    wins)."""
+    probe: str | None = None
+    """``"recall"``: after its training every cell is scored on the recall probe's test episodes (accuracy by
+    distance); None: bpb only."""
+
+    def __post_init__(self):
+        if self.probe not in PROBES:
+            raise ValueError(f"matrix {self.name!r}: probe must be one of {', '.join(map(str, PROBES))}, "
+                             f"got {self.probe!r}")
+
+
+def default_of(field: dataclasses.Field):
+    """A dataclass field's default value (a fresh one for a field with a default factory)."""
+    return field.default_factory() if field.default is dataclasses.MISSING else field.default
+
+
+def flag_words(name: str, value) -> list[str]:
+    """The ``tvq ablate`` flag words that set the field ``name`` to ``value``: ``["--steps", "300"]``,
+    ``["--seeds", "0", "1"]``, one ``--data-option KEY=VALUE`` per item of a mapping."""
+    flag = flag_of(fields_of(AblateConfig)[name])
+    if isinstance(value, dict):  # written as parse_data_options reads them back (JSON scalars and lists are YAML)
+        items = [f"{key}={v if isinstance(v, str) else json.dumps(v)}" for key, v in value.items()]
+        return [word for item in items for word in (flag, item)]
+    return [flag, *map(str, value)] if isinstance(value, tuple) else [flag, str(value)]
+
+
+PROBES = (None, "recall")
+"""What a cell can be scored on after its training, besides its validation bpb."""
 
 
 # Every matrix trains the small preset with windows of 128 keys, so a 2,048-token sequence spans 16 blocks and most
@@ -46,13 +79,27 @@ MATRICES = {m.name: m for m in (
                             "codebook usage perplexity and unused codes over training",
            {"restart-off": ("n_code=512", "dead_code_restart=0"), "restart-on": ("n_code=512", "dead_code_restart=50")},
            reference="restart-off", base=BASE),
+    # The model of the probe is sized for a 2-core CPU (docs/quality.md, "Memory probe"): 1,024-byte episodes are 32
+    # blocks of 32, so pairs and queries lie up to 16-32 blocks apart, far beyond the two-block window.
+    Matrix("recall", "long-range recall (--data recall): VQ vs VQ without the compressive cache vs unquantized keys, "
+                     "scored by answer accuracy against distance",
+           {"vq": (), "vq-window-only": ("compressive_cache=false",), "full": ("attn_type=full",)},
+           reference="full", base=("d_model=128", "d_k=32", "d_v=256", "n_layers=2", "n_code=64", "block_len=32",
+                                   "dropsin=0.0", "warmup_steps=50"),
+           defaults=(("data", "recall"), ("seq_len", 1024), ("update_len", 128), ("batch_size", 8), ("steps", 3000),
+                     ("data_options", {"n_pairs": 8, "train_episodes": 2048, "eval_episodes": 64})),
+           probe="recall"),
 )}
 """The matrices ``tvq ablate`` ships, by name."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class AblateConfig:
-    """One run of an experiment matrix: which matrix, and the data, length, steps, batch and seeds of every cell."""
+    """One run of an experiment matrix: which matrix, and the data, length, steps, batch and seeds of every cell.
+
+    Fields are given by keyword; one not given takes the matrix's default (:attr:`Matrix.defaults`), else its own:
+    ``AblateConfig(matrix="recall", steps=100)`` trains on the recall data, as ``tvq ablate --matrix recall`` does.
+    """
 
     matrix: str = option("attention", "The matrix to run.", choices=tuple(MATRICES))
     seeds: tuple[int, ...] = option((0, 1), "Seeds; every cell is trained once per seed (the spread over seeds is "
@@ -61,6 +108,9 @@ class AblateConfig:
     preset: str = option("small", "Model preset every cell starts from (before the matrix's overrides).")
     data: str = option("gcide", "Corpus (as tvq train --data).")
     data_path: str | None = option(None, "Local copy of the corpus (as tvq train --data-path).")
+    data_options: dict = option(factory=dict, help="Keyword options of the corpus loader (as tvq train "
+                                "--data-option; given, they replace the matrix's); repeatable KEY=VALUE.",
+                                flag="data-option")
     seq_len: int = option(2048, "Tokens per sequence; the attention state is carried across its windows.", min=1,
                           k_suffix=True)
     update_len: int = option(256, "Backprop window (one optimizer step each).", min=1, k_suffix=True)
@@ -77,7 +127,17 @@ class AblateConfig:
     out: str = option("benchmarks/results", "Directory of the report: <name>.json, <name>.md and the PNG plots.")
     name: str | None = option(None, "File name stem of the report (default ablate-<matrix>).")
 
-    def __post_init__(self):
+    def __init__(self, **values):
+        fields = fields_of(AblateConfig)
+        matrix = MATRICES.get(values.get("matrix", fields["matrix"].default))
+        # a copy of a mapping default: the config must not share (and let a caller change) the matrix's own
+        defaults = {k: dict(v) if isinstance(v, dict) else v for k, v in (matrix.defaults if matrix else ())}
+        values = {**defaults, **values}
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise TypeError(f"AblateConfig got unknown field(s) {', '.join(unknown)}")
+        for name, field in fields.items():
+            object.__setattr__(self, name, values[name] if name in values else default_of(field))
         check(self)
 
     @property
