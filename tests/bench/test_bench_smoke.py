@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from transformer_vq.bench.config import (LONGVQ_BENCH_PRESETS, DecodeBenchConfig, LongVQBenchConfig, OpBenchConfig,
                                          TrainBenchConfig)
@@ -125,8 +126,9 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["op", "--methods", "nope"], "error: --methods: must be one of vq-serial, vq-matmul, vq-assoc, vq-qk, sdpa, "
-                                  "full, flash, flash_quad, vq-bidir, vq-qk-bidir, sdpa-bidir, got 'nope'"),
+    (["op", "--methods", "nope"], "error: --methods: must be one of vq-serial, vq-matmul, vq-assoc, vq-triton, "
+                                  "vq-qk, sdpa, full, flash, flash_quad, vq-bidir, vq-qk-bidir, sdpa-bidir, "
+                                  "got 'nope'"),
     (["op", "--lengths", "0"], "error: --lengths: must be a positive integer, got '0'"),
     (["op", "--lengths", "2k", "-1"], "error: --lengths: must be a positive integer, got '-1'"),
     (["op", "--budget-s", "nan"], "error: --budget-s: must be a finite number, got 'nan'"),
@@ -244,3 +246,24 @@ def test_longvq_bench_estimates_transformer_quadratic_longvq_linear():
     assert _estimate("transformer", (1024, 1.0, 2.0), 4096) == (16.0, 32.0)
     assert _estimate("longvq-relu2", (1024, 1.0, None), 4096) == (4.0, 12.0)  # no backward yet: 3x the forward
     assert _estimate("longvq", None, 4096) == (None, None)
+
+
+def test_triton_method_computes_what_the_eager_operator_does(monkeypatch):
+    """``vq-triton`` times the fused kernels (here under Triton's interpreter) on the inputs every method reads."""
+    pytest.importorskip("triton")
+    import transformer_vq.ops.vq.triton as fused_ops
+    from transformer_vq.bench.op_methods import make_inputs, method_fn
+
+    calls = []
+    kernel = fused_ops.attend_blocks_fused
+    monkeypatch.setattr(fused_ops, "attend_blocks_fused", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+
+    cfg = OpBenchConfig(methods=("vq-triton", "vq-serial"), lengths=(64,), repeats=1, isolate=False,
+                        model=PRESETS["enwik8"].replace(d_k=16, d_v=32, n_code=16, block_len=16))
+    x = make_inputs(cfg, 64)
+    fused, eager = method_fn("vq-triton", cfg, x)(), method_fn("vq-serial", cfg, x)()
+    assert calls and fused.shape == eager.shape == (1, 1, 64, 32)
+    torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-5)
+    result = run_op_bench(cfg, log=lambda line: None)
+    row = next(r for r in result["rows"] if r["method"] == "vq-triton")
+    assert row["status"] == "ok" and row["forward_flops"] == forward_flops("vq-serial", cfg, 64)

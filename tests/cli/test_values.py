@@ -118,8 +118,9 @@ TOOLS = {
     "bench-budget-zero": (["bench", "op", "--budget-s", "0"], "--budget-s: must be > 0, got '0'"),
     "bench-budget-inf": (["bench", "op", "--budget-s", "inf"], f"--budget-s: {FINITE}, got 'inf'"),
     "bench-methods-unknown": (["bench", "op", "--methods", "foo"], "--methods: must be one of vq-serial, vq-matmul, "
-                                                                   "vq-assoc, vq-qk, sdpa, full, flash, flash_quad, "
-                                                                   "vq-bidir, vq-qk-bidir, sdpa-bidir, got 'foo'"),
+                                                                   "vq-assoc, vq-triton, vq-qk, sdpa, full, flash, "
+                                                                   "flash_quad, vq-bidir, vq-qk-bidir, sdpa-bidir, "
+                                                                   "got 'foo'"),
     "tokenizer-vocab-size-zero": (["tokenizer", "--data-path", ".", "--vocab-size", "0"],
                                   "--vocab-size: must be >= 300, got '0'"),
     "tokenizer-vocab-size-word": (["tokenizer", "--data-path", ".", "--vocab-size", "abc"],

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 
 TINY = ["--d-k", "8", "--d-v", "16", "--n-code", "8", "--block-len", "16", "--flash-chunk-len", "16", "--lengths",
         "32", "64", "--repeats", "1", "--paired", "64"]
-METHODS = ["vq-serial", "vq-matmul", "vq-assoc", "vq-qk", "sdpa", "full", "flash"]
+METHODS = ["vq-serial", "vq-matmul", "vq-assoc", "vq-triton", "vq-qk", "sdpa", "full", "flash"]
 
 
 @pytest.mark.parametrize("extra", [[], ["--torch-compile", "--no-isolate"]], ids=["eager-isolated", "compiled"])

@@ -66,7 +66,8 @@ class OpBenchConfig(BenchConfig):
                                              "L, FLASH chunk C = flash_chunk_len.")
     lengths: tuple[int, ...] = option((2048, 8192, 32768, 131072), "Sequence lengths T.", **LENGTHS)
     methods: tuple[str, ...] = option(("vq-serial", "vq-matmul", "vq-assoc", "sdpa", "full", "flash"),
-                                      "Methods: causal vq-serial, vq-matmul, vq-assoc, vq-qk (queries quantized "
+                                      "Methods: causal vq-serial, vq-matmul, vq-assoc, vq-triton (fused kernels; a "
+                                      "GPU's), vq-qk (queries quantized "
                                       "too), sdpa (no bias), full, flash, flash_quad; non-causal (no bias) "
                                       "vq-bidir, vq-qk-bidir, sdpa-bidir.", choices=OP_METHODS)
     batch_size: int = option(1, "Batch size B.", min=1)

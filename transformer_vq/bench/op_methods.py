@@ -2,6 +2,8 @@
 
 Causal methods:
   * ``vq-serial``, ``vq-matmul``, ``vq-assoc``: ``transformer_vq.ops.vq.vq_attention`` with each cache reduction;
+  * ``vq-triton``: the same operator with ``backend="triton"`` (fused kernels, serial reduction; a GPU's method: on a
+    CPU it runs under Triton's interpreter, for tests only);
   * ``vq-qk``: ``transformer_vq.ops.vq_qk.vq_qk_attention`` (queries quantized too; serial reduction);
   * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` with no bias, the fastest exact
     quadratic attention PyTorch offers (the yardstick of the speedup targets);
@@ -25,7 +27,7 @@ import torch
 from transformer_vq.bench.config import OpBenchConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-CAUSAL_VQ = ("vq-serial", "vq-matmul", "vq-assoc", "vq-qk")
+CAUSAL_VQ = ("vq-serial", "vq-matmul", "vq-assoc", "vq-triton", "vq-qk")
 NONCAUSAL_VQ = ("vq-bidir", "vq-qk-bidir")
 
 
@@ -142,8 +144,9 @@ def _eager_fn(method: str, cfg: OpBenchConfig, x: dict):
     if method.startswith("vq"):
         from transformer_vq.ops.vq import vq_attention
 
-        reduction = method.split("-")[1]
-        return lambda: vq_attention(x["q"], x["k"], x["v"], x["bias"], block_len=L, reduction=reduction, **codes)[0]
+        reduction, backend = ("serial", "triton") if method == "vq-triton" else (method.split("-")[1], "eager")
+        return lambda: vq_attention(x["q"], x["k"], x["v"], x["bias"], block_len=L, reduction=reduction,
+                                    backend=backend, **codes)[0]
     if method in ("sdpa", "sdpa-bidir"):
         gqa = cfg.model.n_kv_head != cfg.model.n_head
         return lambda: torch.nn.functional.scaled_dot_product_attention(
