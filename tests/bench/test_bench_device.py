@@ -19,8 +19,9 @@ TINY = dict(lengths=(32,), model=PRESETS["enwik8"].replace(d_k=8, d_v=16, n_code
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
-def test_cuda_without_a_gpu_is_refused_before_writing_anything(tmp_path, capsys):
-    assert main(["bench", "op", "--device", "cuda", "--no-isolate", "--out", str(tmp_path)]) == 2
+@pytest.mark.parametrize("bench", ["op", "train", "decode"])
+def test_cuda_without_a_gpu_is_refused_before_writing_anything(tmp_path, capsys, bench):
+    assert main(["bench", bench, "--device", "cuda", "--no-isolate", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == ("error: --device: cuda was requested but no CUDA GPU is available; "
                                                "use --device cpu (or auto)")
     assert list(tmp_path.iterdir()) == []

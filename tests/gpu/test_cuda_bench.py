@@ -1,5 +1,6 @@
-"""``tvq bench op --device cuda``: every method runs on the GPU in its own process, eager and compiled, and the result
-records the GPU, its matmul rate and each cell's GPU memory.
+"""``tvq bench op|train|decode --device cuda``: every operator method runs on the GPU in its own process, eager and
+compiled, and the result records the GPU, its matmul rate and each cell's GPU memory; the training and decoding
+benchmarks run their models on the GPU.
 
 Run with ``python -m pytest -m gpu tests/gpu`` on a machine with a GPU (skipped elsewhere).
 """
@@ -14,7 +15,7 @@ from transformer_vq.cli import main
 
 pytestmark = pytest.mark.gpu
 
-TINY = ["--d-k", "8", "--d-v", "16", "--n-code", "8", "--block-len", "16", "--flash-chunk-len", "16", "--lengths",
+TINY = ["--d-k", "16", "--d-v", "32", "--n-code", "16", "--block-len", "16", "--flash-chunk-len", "16", "--lengths",
         "32", "64", "--repeats", "1", "--paired", "64"]
 METHODS = ["vq-serial", "vq-matmul", "vq-assoc", "vq-triton", "vq-qk", "sdpa", "full", "flash"]
 
@@ -35,3 +36,19 @@ def test_bench_op_on_cuda(tmp_path, capsys, precision, extra):
         assert row["cuda_peak_bytes"] > 0 and row["forward_s"] > 0 and row["fwd_bwd_s"] > 0
     twins = {m + "+compile" for m in METHODS} if extra else set()
     assert {p["method"] for p in result["paired"]} == set(METHODS) | twins
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_bench_train_and_decode_on_cuda(tmp_path, capsys, precision):
+    sizes = ["--d-model", "32", "--d-k", "16", "--d-v", "32", "--n-code", "16", "--block-len", "16"]
+    train = ["bench", "train", "--device", "cuda", "--precision", precision, "--models", "vq/shga", "full/shga",
+             "--lengths", "64", "128", "--repeats", "1", *sizes, "--out", str(tmp_path), "--name", "train"]
+    decode = ["bench", "decode", "--device", "cuda", "--precision", precision, "--contexts", "64", "256",
+              "--new-tokens", "2", *sizes, "--out", str(tmp_path), "--name", "decode"]
+    assert main(train) == 0 and main(decode) == 0
+    capsys.readouterr()
+    trained = json.loads((tmp_path / "train.json").read_text())
+    assert trained["config"]["device"] == "cuda" and {r["status"] for r in trained["rows"]} == {"ok"}
+    decoded = json.loads((tmp_path / "decode.json").read_text())
+    assert decoded["config"]["device"] == "cuda"
+    assert all(r["status"] == "ok" and r["per_token_s"] > 0 for r in decoded["rows"]), decoded["rows"]

@@ -53,6 +53,10 @@ def _common(seed_help: str, budget_s: float, isolate_help: str):
     )
 
 
+def _device(what: str):
+    return option("cpu", f"Where {what} runs: 'cpu' or 'cuda'.", choices=BENCH_DEVICES)
+
+
 _OP = _common("Seed of the random inputs.", 120.0, "Run each cell in its own process (peak memory per cell; "
                                                    "out-of-memory reported, not fatal).")
 
@@ -109,6 +113,7 @@ class TrainBenchConfig(BenchConfig):
                                       "flash/shga", "flash_quad/shga"), "attn_type/head_type pairs.")
     batch_size: int = option(1, "Sequences per step.", min=1)
     precision: str = _TRAIN["precision"]
+    device: str = _device("the model (and its training step, bfloat16 as autocast)")
     repeats: int = option(3, "Timed steps per cell after one warm-up step (median reported); cells estimated "
                              "above 10 s run once.", min=1)
     budget_s: float = _TRAIN["budget_s"]
@@ -143,6 +148,7 @@ class DecodeBenchConfig(BenchConfig):
     prompt_chunk: int = option(8192, "Prompt tokens per call while reading the context (the state is carried "
                                      "between calls).", min=1)
     precision: str = _DECODE["precision"]
+    device: str = _device("the model (its weights and the carried state)")
     budget_s: float = _DECODE["budget_s"]
     isolate: bool = _DECODE["isolate"]
     mem_limit_gib: float = _DECODE["mem_limit_gib"]

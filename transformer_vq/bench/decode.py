@@ -16,8 +16,8 @@ from dataclasses import asdict
 import torch
 
 from transformer_vq.bench.config import DecodeBenchConfig
-from transformer_vq.bench.isolate import run_cell
-from transformer_vq.bench.machine import machine_info
+from transformer_vq.bench.isolate import host_memory_limit, run_cell
+from transformer_vq.bench.machine import machine_info, synchronizer
 from transformer_vq.bench.report import progress_note
 from transformer_vq.config import TransformerVQConfig
 
@@ -44,10 +44,12 @@ def decode_cell(model: str, config: dict) -> dict:
     cfg = DecodeBenchConfig.from_dict(config)
     torch.manual_seed(cfg.seed)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.precision]
-    net = TransformerVQ(model_config(cfg, model)).to(dtype).eval()
+    net = TransformerVQ(model_config(cfg, model)).to(cfg.device, dtype).eval()
     gen = torch.Generator().manual_seed(cfg.seed)
     contexts = sorted(cfg.contexts)
-    prompt = torch.randint(0, 256, (1, contexts[-1]), generator=gen)
+    prompt = torch.randint(0, 256, (1, contexts[-1]), generator=gen).to(cfg.device)
+    gen = torch.Generator(cfg.device).manual_seed(cfg.seed)  # the sampler draws on the logits' device
+    sync = synchronizer(cfg.device)  # a GPU runs asynchronously: every timer waits for its work
     power = 2 if model in QUADRATIC else 1
     outs, rows, read, prompt_s = {}, {}, 0, 0.0
     out = None
@@ -55,18 +57,22 @@ def decode_cell(model: str, config: dict) -> dict:
         if read > 0 and prompt_s * (context / read) ** power > cfg.budget_s:
             rows[context] = {"status": "skipped", "estimated_s": round(prompt_s * (context / read) ** power, 1)}
             continue
+        sync()
         start = time.perf_counter()
         for piece in prompt[:, read:context].split(cfg.prompt_chunk, dim=1):
             out = net(piece, None if out is None else out.state)
+        sync()
         prompt_s += time.perf_counter() - start
         read = context
         outs[context] = out
         rows[context] = {"status": "ok", "prompt_s": prompt_s, "step_samples": []}
     for _ in range(cfg.new_tokens):
         for context, last in outs.items():
+            sync()
             begin = time.perf_counter()
             token = sample_next_token(last.logits[:, -1], temperature=1.0, generator=gen)
             outs[context] = net(token[:, None], last.state)
+            sync()
             rows[context]["step_samples"].append(time.perf_counter() - begin)
     for context, last in outs.items():
         rows[context].update(per_token_s=statistics.median(rows[context]["step_samples"]),
@@ -81,7 +87,7 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict:
     for model in cfg.models:
         result = run_cell("transformer_vq.bench.decode:decode_cell", {"model": model, "config": asdict(cfg)},
                           isolate=cfg.isolate, timeout_s=max(900.0, 10 * cfg.budget_s),
-                          mem_limit_gib=cfg.mem_limit_gib or None)
+                          mem_limit_gib=host_memory_limit(cfg))
         cell = result.pop("contexts", None)
         for context in cfg.contexts:
             row = {"model": model, "context": context, **result}

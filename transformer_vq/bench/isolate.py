@@ -71,6 +71,13 @@ def budget_plan(row: dict, est_fwd: float | None, est_bwd: float | None, budget_
     return backward
 
 
+def host_memory_limit(cfg) -> float | None:
+    """The address-space limit of a benchmark cell's process in GiB (None: none). Not on a GPU: the CUDA driver
+    reserves far more address space than the machine has memory when it starts, so any such limit stops it (the GPU's
+    own memory running out is reported as ``oom`` all the same)."""
+    return None if getattr(cfg, "device", "cpu") == "cuda" else cfg.mem_limit_gib or None
+
+
 def run_cell(target: str, kwargs: dict, *, isolate: bool = True, timeout_s: float | None = None,
              mem_limit_gib: float | None = None) -> dict:
     """Run ``target(**kwargs)``; in a child process when ``isolate`` (then with ``peak_rss_bytes``).

@@ -21,7 +21,7 @@ from dataclasses import asdict, replace
 import torch
 
 from transformer_vq.bench.config import OpBenchConfig
-from transformer_vq.bench.isolate import budget_plan, run_cell
+from transformer_vq.bench.isolate import budget_plan, host_memory_limit, run_cell
 from transformer_vq.bench.machine import machine_info, matmul_gflops, median_seconds
 from transformer_vq.bench.op_methods import DTYPES, baselines_of, forward_flops, is_vq, make_inputs, method_fn
 from transformer_vq.bench.report import progress_note
@@ -102,7 +102,7 @@ def run_paired(cfg: OpBenchConfig, log=print) -> list[dict]:
         result = run_cell("transformer_vq.bench.op:paired_cell",
                           {"methods": list(cfg.methods), "length": length, "config": asdict(cfg),
                            "rounds": cfg.repeats, "warmup": not slow},
-                          isolate=cfg.isolate, timeout_s=3600.0, mem_limit_gib=_host_memory_limit(cfg))
+                          isolate=cfg.isolate, timeout_s=3600.0, mem_limit_gib=host_memory_limit(cfg))
         if result.get("status") != "ok":
             out.append({"T": length, **result})
             log(f"paired T={length}: {result.get('status')}: {result.get('error', '')}")
@@ -162,7 +162,7 @@ def run_op_bench(cfg: OpBenchConfig, log=print) -> dict:
                               {"method": method, "length": length, "config": asdict(cfg), "repeats": repeats,
                                "warmup": warmup, "backward": backward},
                               isolate=cfg.isolate, timeout_s=max(600.0, 3 * expected),
-                              mem_limit_gib=_host_memory_limit(cfg))
+                              mem_limit_gib=host_memory_limit(cfg))
             row.update(result)
             if result.get("status") == "ok":
                 row["forward_gflops"] = flops / result["forward_s"] / 1e9
@@ -175,13 +175,6 @@ def run_op_bench(cfg: OpBenchConfig, log=print) -> dict:
             log(_line(row))
     return {"benchmark": "op", "config": asdict(cfg), "machine": machine, "rows": rows, "speedups": speedups(rows),
             "paired": run_paired(cfg, log), "load_average_end": machine_info(measure_peak=False)["load_average_start"]}
-
-
-def _host_memory_limit(cfg: OpBenchConfig) -> float | None:
-    """The address-space limit of a cell's process in GiB (None: none). Not on a GPU: the CUDA driver reserves far more
-    address space than the machine has memory when it starts, so any such limit stops it (the GPU's own memory running
-    out is reported as ``oom`` all the same)."""
-    return None if cfg.device == "cuda" else cfg.mem_limit_gib or None
 
 
 def speedups(rows: list[dict]) -> list[dict]:

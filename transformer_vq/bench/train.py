@@ -18,7 +18,7 @@ from dataclasses import asdict
 import torch
 
 from transformer_vq.bench.config import TrainBenchConfig
-from transformer_vq.bench.isolate import run_cell
+from transformer_vq.bench.isolate import host_memory_limit, run_cell
 from transformer_vq.bench.machine import machine_info, median_seconds
 from transformer_vq.bench.report import progress_note
 from transformer_vq.config import TransformerVQConfig
@@ -42,9 +42,9 @@ def _training_step(cfg: TrainBenchConfig, model: str):
     from transformer_vq.nn.model import TransformerVQ
 
     torch.manual_seed(cfg.seed)
-    net = TransformerVQ(model_config(cfg, model)).train()
+    net = TransformerVQ(model_config(cfg, model)).to(cfg.device).train()
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bfloat16")
+    autocast = torch.autocast(torch.device(cfg.device).type, dtype=torch.bfloat16, enabled=cfg.precision == "bfloat16")
 
     def step(ids):
         with autocast:
@@ -57,12 +57,17 @@ def _training_step(cfg: TrainBenchConfig, model: str):
     return step, sum(p.numel() for p in net.parameters())
 
 
+def _tokens(cfg: TrainBenchConfig, length: int) -> torch.Tensor:
+    """Random bytes ``[B, T + 1]`` on the benchmark's device (drawn on the CPU: the same tokens on every device)."""
+    return torch.randint(0, 256, (cfg.batch_size, length + 1)).to(cfg.device)
+
+
 def train_cell(model: str, length: int, config: dict, repeats: int, warmup: int) -> dict:
     """Time training steps of one model at one length (run inside a cell process)."""
     cfg = _config(config)
     step, n_params = _training_step(cfg, model)
-    ids = torch.randint(0, 256, (cfg.batch_size, length + 1))
-    seconds, samples = median_seconds(lambda: step(ids), repeats=repeats, warmup=warmup)
+    ids = _tokens(cfg, length)
+    seconds, samples = median_seconds(lambda: step(ids), repeats=repeats, warmup=warmup, device=cfg.device)
     return {"status": "ok", "step_s": seconds, "step_samples": samples, "tokens_per_s": cfg.batch_size * length / seconds,
             "parameters": n_params}
 
@@ -74,7 +79,7 @@ def interleaved_cell(config: dict) -> dict:
 
     cfg = _config(config)
     steps = {model: _training_step(cfg, model) for model in cfg.models}
-    ids = {length: torch.randint(0, 256, (cfg.batch_size, length + 1)) for length in cfg.lengths}
+    ids = {length: _tokens(cfg, length) for length in cfg.lengths}
     cells, last = {}, {}
     for length in sorted(cfg.lengths):
         for model in cfg.models:
@@ -86,7 +91,8 @@ def interleaved_cell(config: dict) -> dict:
                     cells[key] = {"status": "skipped", "estimated_s": round(est, 1)}
                     continue
             try:
-                seconds, _ = median_seconds(lambda: steps[model][0](ids[length]), repeats=1, warmup=0)
+                seconds, _ = median_seconds(lambda: steps[model][0](ids[length]), repeats=1, warmup=0,
+                                            device=cfg.device)
             except (RuntimeError, MemoryError) as error:
                 if not _is_oom(error):
                     raise
@@ -98,7 +104,8 @@ def interleaved_cell(config: dict) -> dict:
     for _ in range(cfg.repeats):
         for key in running:
             model, length = key.split("@")
-            seconds, _ = median_seconds(lambda: steps[model][0](ids[int(length)]), repeats=1, warmup=0)
+            seconds, _ = median_seconds(lambda: steps[model][0](ids[int(length)]), repeats=1, warmup=0,
+                                        device=cfg.device)
             cells[key]["step_samples"].append(seconds)
     for key in running:
         cell = cells[key]
@@ -131,7 +138,7 @@ def run_train_bench(cfg: TrainBenchConfig, log=print) -> dict:
                                     {"model": model, "length": length, "config": asdict(cfg), "repeats": repeats,
                                      "warmup": warmup},
                                     isolate=cfg.isolate, timeout_s=max(600.0, 5 * (est or 0) * (repeats + warmup)),
-                                    mem_limit_gib=cfg.mem_limit_gib or None))
+                                    mem_limit_gib=host_memory_limit(cfg)))
                 if row.get("status") == "ok":
                     last = (length, row["step_s"])
             rows.append(row)
@@ -142,7 +149,7 @@ def run_train_bench(cfg: TrainBenchConfig, log=print) -> dict:
 
 def _run_interleaved(cfg: TrainBenchConfig, log) -> list[dict]:
     result = run_cell("transformer_vq.bench.train:interleaved_cell", {"config": asdict(cfg)}, isolate=cfg.isolate,
-                      timeout_s=None, mem_limit_gib=cfg.mem_limit_gib or None)
+                      timeout_s=None, mem_limit_gib=host_memory_limit(cfg))
     cells = result.pop("cells", {})
     rows = []
     for model in cfg.models:
