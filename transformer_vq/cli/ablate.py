@@ -17,7 +17,7 @@ EPILOG = """matrices:
 examples:
   tvq ablate --matrix attention                  # gcide, 600 steps x 2 seeds per cell (hours on 2 CPU cores)
   tvq ablate --matrix codebook --steps 300 --seeds 0 1 2
-  tvq ablate --matrix attention --seq-len 8k --name ablate-attention-8k   # the equal wall-clock view, longer
+  tvq ablate --matrix attention-long             # vq vs full at 8k tokens: the equal wall-clock view
   tvq ablate --matrix codebook --preset tiny --data shakespeare --steps 20 --seq-len 256 --update-len 128
   tvq ablate --matrix recall                     # the memory probe: vq, vq-window-only, full; 3000 steps x 2 seeds
   tvq ablate --matrix recall --seeds 0 --steps 8 --seq-len 128 --update-len 32 --batch-size 2 \\

@@ -69,10 +69,16 @@ MATRICES = {m.name: m for m in (
            {"vq": ("n_code=512",), "full": ("attn_type=full",),
             "vq-window-only": ("n_code=512", "compressive_cache=false"), "flash": ("attn_type=flash",)},
            reference="full", base=BASE),
+    # The equal wall-clock view: at 8,192 tokens a step of unquantized keys attends to up to 8k keys per query, VQ's
+    # to S + 2L; the steps are fewer and the batch smaller so that the two cells take minutes, not hours, per seed.
+    Matrix("attention-long", "VQ (S = 512) vs unquantized keys at 8k tokens per sequence: validation bpb against "
+                             "training seconds, where linear time matters",
+           {"vq": ("n_code=512",), "full": ("attn_type=full",)}, reference="full", base=BASE,
+           defaults=(("seq_len", 8192), ("update_len", 1024), ("batch_size", 2), ("steps", 300))),
     Matrix("codebook", "codebook size S from 32 to 512 (the paper's Table 1 direction: more codes, lower bpb)",
            {f"S{s}": (f"n_code={s}",) for s in (32, 64, 128, 256, 512)}, reference="S512", base=BASE),
     Matrix("bias-span", "the window position bias over the whole two-block window vs over one block (the "
-                        "authors' span); needs the model field bias_span",
+                        "authors' span)",
            {"window": ("n_code=512", "bias_span=window"), "block": ("n_code=512", "bias_span=block")},
            reference="window", base=BASE),
     Matrix("codebook-care", "dead-code restart off vs on (codes unused for 50 updates re-seeded from recent keys); "
