@@ -127,3 +127,16 @@ def test_shipped_matrices_build_their_configs(name, tmp_path):
         name, (2048, 128, "gcide"))
     assert {c.train.seq_len for c in configs} == {seq_len} and {c.model.block_len for c in configs} == {block_len}
     assert all(c.train.data == data for c in configs)
+
+
+def test_jobs_train_cells_at_once_in_their_own_processes(tmp_path):
+    """--jobs 2: the second training starts before the first has finished; records and report as one at a time."""
+    cfg = tiny_settings(tmp_path, seeds=(0,), jobs=2, threads=1)
+    lines = []
+    result = run_ablation(cfg, matrix=TINY, log=lines.append)
+    assert [r["cell"] for r in result["cells"]] == ["S4", "S8"] and {r["status"] for r in result["cells"]} == {"done"}
+    runs = Path(cfg.work_dir) / "runs"
+    # S8's request was written while S4 was still training (S4 writes metrics up to its end)
+    assert (runs / "S8-seed0" / "request.json").stat().st_mtime < (runs / "S4-seed0" / "metrics.jsonl").stat().st_mtime
+    assert sorted(line.split("]")[0] for line in lines if line.endswith("done")) == ["[cell 1/2", "[cell 2/2"]
+    assert "--jobs 2" in result["command"]

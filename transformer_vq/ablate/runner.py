@@ -24,7 +24,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from transformer_vq import fileio
@@ -51,32 +53,56 @@ def run_ablation(cfg: AblateConfig, *, matrix: Matrix | None = None, isolate: bo
     jobs = [(cell, seed) for cell in matrix.cells for seed in cfg.seeds]
     configs = {job: cell_config(cfg, matrix, *job, work) for job in jobs}
     _hold_settings(work, cfg, matrix)
-    progress = _Progress(len(jobs), cfg.steps, log)
-    records = []
-    for index, (cell, seed) in enumerate(jobs, 1):
+    parallel = cfg.jobs > 1 and isolate
+    progress = _Progress(len(jobs), cfg.steps, log, parallel=parallel)
+    stop = threading.Event()
+
+    def run_job(index: int, cell: str, seed: int) -> dict:
         done = work / "cells" / f"{cell_id(cell, seed)}.json"
         if done.is_file():
             log(f"[{index}/{len(jobs)}] {cell_id(cell, seed)}: finished earlier, skipped")
-            records.append(json.loads(done.read_text()))
-            continue
+            return json.loads(done.read_text())
+        # looked for when the training is due, not before: a sibling matrix running beside may just have finished it
         record = _finished_elsewhere(work, configs[(cell, seed)], matrix.probe)
         if record is not None:
             log(f"[{index}/{len(jobs)}] {cell_id(cell, seed)}: identical to {record['reused_from']}, reused")
-            record = {**record, "cell": cell, "seed": seed}
+            return {**record, "cell": cell, "seed": seed}
+        update = progress.cell(index, cell_id(cell, seed))
+        if isolate:
+            record = _train_cell(configs[(cell, seed)], cell, seed, update, matrix.probe, stop)
         else:
-            train_cell = _train_cell if isolate else _train_cell_here
-            record = train_cell(configs[(cell, seed)], cell, seed, progress.cell(index, cell_id(cell, seed)),
-                                matrix.probe)
+            record = _train_cell_here(configs[(cell, seed)], cell, seed, update, matrix.probe)
         if record["status"] == "done":
             fileio.atomic_write_text(done, json.dumps(record))
-        records.append(record)
+        return record
+
+    numbered = [(index, *job) for index, job in enumerate(jobs, 1)]
+    if parallel:
+        records = _run_parallel(run_job, numbered, cfg.jobs, stop)
+    else:
+        records = [run_job(*job) for job in numbered]
     return write_ablation_report(cfg, matrix, records)
+
+
+def _run_parallel(run_job, numbered: list[tuple], n_jobs: int, stop: threading.Event) -> list[dict]:
+    """``run_job`` of every numbered job, ``n_jobs`` at a time (threads that each wait on one child process); the
+    records in the jobs' order. Interrupted, every running child is stopped (it saves its checkpoint) before this
+    returns, and jobs not yet started never start."""
+    with ThreadPoolExecutor(max_workers=n_jobs) as pool:
+        futures = [pool.submit(run_job, *job) for job in numbered]
+        try:
+            return [future.result() for future in futures]
+        except BaseException:
+            stop.set()
+            for future in futures:
+                future.cancel()
+            raise
 
 
 def _hold_settings(work: Path, cfg: AblateConfig, matrix: Matrix) -> None:
     """Record the settings in a new work directory; refuse to continue one started with other settings."""
     settings = {"matrix": dataclasses.asdict(matrix), "settings": {k: v for k, v in cfg.to_dict().items()
-                                                                    if k not in ("out", "name", "threads")}}
+                                                                    if k not in ("out", "name", "threads", "jobs")}}
     settings = json.loads(json.dumps(settings))  # tuples as the file holds them: lists
     path = work / "settings.json"
     if path.is_file():
@@ -149,9 +175,9 @@ def _train_cell_here(run_cfg, cell: str, seed: int, progress, probe: str | None)
     return cell_record(cell, seed, Path(run_cfg.train.run_dir), time.perf_counter() - begin)
 
 
-def _train_cell(run_cfg, cell: str, seed: int, progress, probe: str | None) -> dict:
+def _train_cell(run_cfg, cell: str, seed: int, progress, probe: str | None, stop: threading.Event) -> dict:
     """Train one cell in a child process (which then scores it on ``probe``), following its metrics for the progress
-    line; its record."""
+    line, until it ends or ``stop`` is set; its record."""
     request = _write_request(run_cfg)
     run_dir = request.parent
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
@@ -160,7 +186,8 @@ def _train_cell(run_cfg, cell: str, seed: int, progress, probe: str | None) -> d
         child = subprocess.Popen(child_command(request, probe), stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             while child.poll() is None:
-                time.sleep(POLL_S)
+                if stop.wait(POLL_S):
+                    raise KeyboardInterrupt  # another job was interrupted: the whole matrix stops
                 progress(_last_step(run_dir))
         except BaseException:
             child.terminate()  # the child saves a checkpoint on SIGTERM: the matrix resumes from it
@@ -180,28 +207,33 @@ def _last_step(run_dir: Path) -> int:
 
 
 class _Progress:
-    """``[cell i/n] name  step s/S  eta ...``: one line per update on a terminal (rewritten in place), one every
-    tenth of a cell otherwise. The estimate is this invocation's seconds per trained step times the steps left."""
+    """``[cell i/n] name  step s/S  eta ...``: one line per update on a terminal (rewritten in place when one cell
+    runs at a time), one every tenth of a cell otherwise. The estimate is this invocation's wall seconds per trained
+    step (over every cell, running ones included) times the steps left."""
 
-    def __init__(self, n_jobs: int, steps: int, log):
+    def __init__(self, n_jobs: int, steps: int, log, parallel: bool = False):
         self.n_jobs, self.steps, self.log = n_jobs, steps, log
         self.start = time.perf_counter()
-        self.trained = 0  # steps trained by this invocation in finished cells
-        self.tty = sys.stdout.isatty() and log is print
+        self.trained = {}  # cell index -> steps this invocation trained in it
+        self.current = {}  # index of each cell started -> its last step
+        self.lock = threading.Lock()
+        self.tty = sys.stdout.isatty() and log is print and not parallel
 
     def cell(self, index: int, name: str):
         first = {"step": None, "shown": -1}
 
         def update(step: int, finished: bool = False) -> None:
-            if first["step"] is None:
-                first["step"] = step  # a resumed cell starts at its checkpoint
-            done = self.trained + step - first["step"]
-            rate = (time.perf_counter() - self.start) / done if done > 0 else None
-            left = (self.n_jobs - index) * self.steps + self.steps - step
+            with self.lock:
+                if first["step"] is None:
+                    first["step"] = step  # a resumed cell starts at its checkpoint
+                self.trained[index], self.current[index] = step - first["step"], step
+                done = sum(self.trained.values())
+                rate = (time.perf_counter() - self.start) / done if done > 0 else None
+                left = (self.n_jobs - max(self.current)) * self.steps + sum(self.steps - s for s in
+                                                                           self.current.values())
             eta = "?" if rate is None else _duration(rate * left)
             line = f"[cell {index}/{self.n_jobs}] {name}  step {step}/{self.steps}  eta {eta}"
             if finished:
-                self.trained = done
                 print("\r" + line + "  done", flush=True) if self.tty else self.log(line + "  done")
             elif self.tty:
                 print("\r" + line, end="", flush=True)

@@ -17,6 +17,7 @@ EPILOG = """matrices:
 examples:
   tvq ablate --matrix attention                  # gcide, 600 steps x 2 seeds per cell (hours on 2 CPU cores)
   tvq ablate --matrix codebook --steps 300 --seeds 0 1 2
+  tvq ablate --matrix codebook --jobs 2 --threads 1   # two trainings at once, one thread each
   tvq ablate --matrix attention-long             # vq vs full at 8k tokens: the equal wall-clock view
   tvq ablate --matrix codebook --preset tiny --data shakespeare --steps 20 --seq-len 256 --update-len 128
   tvq ablate --matrix recall                     # the memory probe: vq, vq-window-only, full; 3000 steps x 2 seeds
@@ -48,13 +49,22 @@ def _defaults_text(matrix) -> str:
     return f" (defaults: {' '.join(words)})" if words else ""
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def run(args) -> int:
+    import signal
+
     from transformer_vq.ablate import run_ablation
     from transformer_vq.config.ablate import AblateConfig
     from transformer_vq.config.flags import given
     from transformer_vq.config.load import build
 
     cfg = build(AblateConfig, given(args, AblateConfig), "ablate")
+    # `kill` stops the matrix as Ctrl-C does: every running training is stopped and saves its checkpoint (the default
+    # SIGTERM would end this process alone and leave its trainings running)
+    signal.signal(signal.SIGTERM, _interrupt)
     result = run_ablation(cfg)
     failed = [text for row in result["summary"] for text in row["failed"]]
     print(open(result["paths"]["md"]).read())

@@ -125,6 +125,8 @@ class AblateConfig:
     eval_tokens: int = option(65536, "Validation tokens per evaluation (0 = the whole split).", min=0)
     ckpt_every: int = option(100, "Checkpoint every this many steps (a killed matrix resumes from there).", min=1)
     threads: int = option(0, "CPU threads per cell (0 = PyTorch's default).", min=0)
+    jobs: int = option(1, "Trainings run at once, each in its own process (on a CPU give each --threads cores / "
+                          "jobs); their records and the report are those of one at a time.", min=1)
     device: str = option("auto", "'auto', 'cpu' or 'cuda'.", choices=("auto", "cpu", "cuda"))
     overrides: tuple[str, ...] = option((), "Extra KEY=VALUE overrides applied to every cell (after the matrix's "
                                             "base, before the cell's own).", flag="set", allow_empty=True)
