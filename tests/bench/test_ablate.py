@@ -103,6 +103,10 @@ def test_a_cell_finished_by_another_matrix_is_reused_not_retrained(finished, tmp
     assert not (Path(sibling.work_dir) / "runs" / "eight-seed0" / "metrics.jsonl").exists()
     assert f"- eight seed 0: {Path(cfg.work_dir).resolve()}/runs/S8-seed0" in open(again["paths"]["md"]).read()
     assert (Path(sibling.work_dir) / "runs" / "S2-seed0" / "metrics.jsonl").is_file()  # S2 is new: trained
+    # the copy is this matrix's own record now: a rerun finds it here
+    lines = []
+    run_ablation(sibling, matrix=other, isolate=False, log=lines.append)
+    assert lines[1] == "[2/2] eight-seed0: finished earlier, skipped"
 
 
 def _machine():
