@@ -67,12 +67,10 @@ def run_ablation(cfg: AblateConfig, *, matrix: Matrix | None = None, isolate: bo
         if record is not None:
             log(f"[{index}/{len(jobs)}] {cell_id(cell, seed)}: identical to {record['reused_from']}, reused")
             record = {**record, "cell": cell, "seed": seed}
-        elif isolate:
-            update = progress.cell(index, cell_id(cell, seed))
-            record = _train_cell(configs[(cell, seed)], cell, seed, update, matrix.probe, stop)
         else:
             update = progress.cell(index, cell_id(cell, seed))
-            record = _train_cell_here(configs[(cell, seed)], cell, seed, update, matrix.probe)
+            record = (_train_cell(configs[(cell, seed)], cell, seed, update, matrix.probe, stop) if isolate
+                      else _train_cell_here(configs[(cell, seed)], cell, seed, update, matrix.probe))
         if record["status"] == "done":
             fileio.atomic_write_text(done, json.dumps(record))
         return record
