@@ -8,6 +8,8 @@
   table's scores when queries are quantized), or :func:`~transformer_vq.ops.full.bidir.full_bidir_attention`;
 * ``attention="quadratic"``: the dense formula of the same attention, for tests and the ``tvq demo`` comparison.
 
+The FLASH baselines get the window bias divided by their normalizer ``n`` (:func:`flash_norm`).
+
 ``compressive_cache`` false (causal VQ only) makes every query attend its two-block window alone, in the kernel and
 in the dense formula alike.
 
@@ -70,10 +72,28 @@ def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
                                codebook_q=shifted_codebook(queries, query_shift), z=keys.z, codebook=keys.codebook,
                                reduction=cfg.reduction, table=table, compressive_cache=cfg.compressive_cache)
     options = {"chunk_len": cfg.flash_chunk_len} if cfg.attn_type == "flash" else {}
+    if cfg.attn_type in FLASH_TYPES:
+        bias = bias / flash_norm(cfg)
     if keys is not None:
         options = {"z": keys.z, "codebook": keys.codebook, "reduction": cfg.reduction,
                    "compressive_cache": cfg.compressive_cache, "backend": cfg.attn_backend}
     return KERNELS[cfg.attn_type](q, k, v, bias, block_len=L, state=state, **options)
+
+
+FLASH_TYPES = ("flash_quad", "flash")
+
+
+def flash_norm(cfg: TransformerVQConfig) -> int:
+    """``n``, the length a FLASH kernel divides its content scores ``q . k`` by: ``flash_chunk_len`` for 'flash',
+    ``block_len`` (the kernel's default ``norm_len``) for 'flash_quad'.
+
+    The unit divides the window bias by the same ``n`` before the kernel adds it, so the whole pre-activation is
+    ``(q . k + beta) / n``. The bias is a softmax-sized logit (``(q + v_r) . R_d``, about 1 at initialization); added
+    undivided, ``relu(beta)^2`` summed over a chunk of ``n`` keys made the output about ``n / 10`` times too large and
+    the first loss ~30 bits per byte. Divided, it starts near zero, as FLASH's own bias does (Hua et al. 2022,
+    Code 4: initialized with standard deviation 0.02).
+    """
+    return cfg.flash_chunk_len if cfg.attn_type == "flash" else cfg.block_len
 
 
 def shifted_codebook(queries: QuantizerOutput, query_shift: torch.Tensor) -> torch.Tensor:
