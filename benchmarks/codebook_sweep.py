@@ -18,7 +18,7 @@ from pathlib import Path
 from transformer_vq.bench.config import OpBenchConfig
 from transformer_vq.bench.machine import machine_info
 from transformer_vq.bench.op import run_op_bench
-from transformer_vq.bench.report import _machine_lines, _seconds
+from transformer_vq.bench.report import machine_lines, _seconds
 from transformer_vq.config import PRESETS
 
 VQ_METHODS = ("vq-serial", "vq-qk", "vq-bidir", "vq-qk-bidir")
@@ -59,7 +59,7 @@ def sweep_table(result: dict) -> str:
                 cells.append(f"{_seconds(row['forward_s'])} ({result['length'] / row['forward_s']:,.0f} tok/s)")
         lines.append(f"| {n_code} | " + " | ".join(cells) + " |")
     return "\n".join(lines + ["", "SDPA does not depend on S: its row is the same cell, timed once.", ""]
-                     + _machine_lines(result))
+                     + machine_lines(result))
 
 
 def plot_sweep(result: dict, path: Path) -> None:

@@ -84,6 +84,7 @@ def test_markdown_table_by_hand(tmp_path):
     text = table({"matrix": {"name": "tiny", "description": "d", "base": [], "reference": "S8"}, "summary": rows,
                   "settings": cfg.to_dict(), "command": "tvq ablate", "machine": _machine(), "cells": records})
     assert "| S4 | n_code=4 | 2 | 2.1000 +- 0.1414 | 2.0000 .. 2.2000 | 1.0500 | 11 |" in text
+    assert "- machine: cpu, 2 logical CPUs" in text and "matmul" not in text  # an ablation measures no matmul rate
 
 
 def test_a_cell_finished_by_another_matrix_is_reused_not_retrained(finished, tmp_path):

@@ -150,6 +150,7 @@ def test_the_child_process_scores_its_cell(probed):
 
 
 def test_comparison_table_and_plot(tmp_path):
+    """Two seeds show their range even where they agree; one seed shows its value alone."""
     def run(correct, accuracy):
         return {"chance": 0.1, "block_len": 8, "accuracy": accuracy,
                 "buckets": accuracy_by_distance(correct, [3, 20, 40], 8)}
@@ -157,7 +158,8 @@ def test_comparison_table_and_plot(tmp_path):
     models = {"vq": [run([1, 1, 0], 2 / 3), run([1, 0, 0], 1 / 3)], "full": [run([1, 1, 1], 1.0)]}
     assert comparison_table(models).splitlines() == [
         "| distance (blocks) | vq | full |", "|---|---:|---:|",
-        "| 0-2 | 100.0% | 100.0% |", "| 2-4 | 50.0% [0%-100%] | 100.0% |", "| 4-8 | 0.0% | 100.0% |",
+        "| 0-2 | 100.0% [100%-100%] | 100.0% |", "| 2-4 | 50.0% [0%-100%] | 100.0% |",
+        "| 4-8 | 0.0% [0%-0%] | 100.0% |",
         "| all | 50.0% [33%-67%] | 100.0% |", "",
         "Mean answer accuracy over seeds [lowest-highest seed] (vq: 2, full: 1 seeds); chance 10.0%."]
     path = plot_recall(models, tmp_path / "recall.png")

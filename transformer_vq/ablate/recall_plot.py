@@ -14,17 +14,15 @@ import numpy as np
 
 
 def bucket_means(runs: list[dict]) -> list[dict]:
-    """Per distance bucket over ``runs`` (the seeds of one model): ``{"bucket", "mean", "low", "high", "queries"}``,
-    the accuracies averaged over the runs that have queries in the bucket."""
+    """Per distance bucket over ``runs`` (the seeds of one model): ``{"bucket", "queries", "mean", "low", "high",
+    "runs"}``, the accuracies averaged over the ``runs`` that have queries in the bucket."""
     labels = max((r["buckets"] for r in runs), key=len)
     rows = []
     for index, template in enumerate(labels):
         values = [r["buckets"][index]["accuracy"] for r in runs
                   if index < len(r["buckets"]) and r["buckets"][index]["accuracy"] is not None]
         queries = sum(r["buckets"][index]["queries"] for r in runs if index < len(r["buckets"]))
-        rows.append({"bucket": template["bucket"], "queries": queries,
-                     "mean": float(np.mean(values)) if values else None,
-                     "low": min(values) if values else None, "high": max(values) if values else None})
+        rows.append({"bucket": template["bucket"], "queries": queries, **_spread(values)})
     return rows
 
 
@@ -47,13 +45,16 @@ def comparison_table(models: dict[str, list[dict]]) -> str:
 
 
 def _spread(values: list[float]) -> dict:
-    return {"mean": float(np.mean(values)), "low": min(values), "high": max(values)}
+    """Mean, lowest and highest of ``values`` and their number (``None`` figures when there are none)."""
+    if not values:
+        return {"mean": None, "low": None, "high": None, "runs": 0}
+    return {"mean": float(np.mean(values)), "low": min(values), "high": max(values), "runs": len(values)}
 
 
 def _cell(row: dict | None) -> str:
     if row is None or row["mean"] is None:
         return "-"
-    if row["low"] == row["high"]:
+    if row["runs"] == 1:  # one seed: no range to show (two seeds that agree still show theirs)
         return f"{row['mean']:.1%}"
     return f"{row['mean']:.1%} [{row['low']:.0%}-{row['high']:.0%}]"
 

@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 
 from transformer_vq.ablate.recall_plot import comparison_table
-from transformer_vq.bench.report import _machine_lines
+from transformer_vq.bench.report import machine_lines
 from transformer_vq.config.ablate import AblateConfig, Matrix, flag_words
 
 TAIL = 10
@@ -73,7 +73,7 @@ def table(result: dict) -> str:
              f"{s['steps']} steps of "
              f"{s['batch_size']} x {s['update_len']} tokens, sequences of {s['seq_len']} with the state carried; "
              f"seeds {' '.join(map(str, s['seeds']))}; validation bpb on {s['eval_tokens'] or 'all'} tokens",
-             *_machine_lines(result), "",
+             *machine_lines(result), "",
              "| cell | overrides | seeds | final val bpb (mean +- sd) | min .. max | ratio to "
              f"{result['matrix']['reference']} | train s |" + (" codebook ppl | unused codes |" if codebooks else ""),
              "|---|---|---|---|---|---|---|" + ("---|---|" if codebooks else "")]

@@ -36,14 +36,17 @@ def progress_note(row: dict, skipped: str) -> str | None:
     return None
 
 
-def _machine_lines(result: dict) -> list[str]:
+def machine_lines(result: dict) -> list[str]:
+    """The report's provenance bullets: machine, the matmul rate when the run measured one, load, versions, commit."""
     m = result["machine"]
     peak = m.get("matmul_gflops", {})
     load_end = result.get("load_average_end")
+    matmul = ([f"- matmul measured in this run: fp32 {peak.get('float32', '-')} GFLOP/s, "
+               f"bf16 {peak.get('bfloat16', '-')} GFLOP/s"] if peak else [])
     return [
         f"- machine: {m['cpu']}, {m['logical_cpus']} logical CPUs, {m['torch_threads']} torch threads, "
         f"{m['memory_gib']} GiB; flags {' '.join(m['cpu_flags'])}",
-        f"- matmul measured in this run: fp32 {peak.get('float32', '-')} GFLOP/s, bf16 {peak.get('bfloat16', '-')} GFLOP/s",
+        *matmul,
         f"- load average (1/5/15 min) at start {m['load_average_start']}, at end {load_end} (the CPU is shared)",
         f"- torch {m['torch']}, numpy {m['numpy']}, python {m['python']}; commit {m['commit']}"
         f"{' (with uncommitted changes)' if m.get('dirty') else ''}; {m['date_utc']}",
@@ -93,7 +96,7 @@ def op_table(result: dict) -> str:
             comp = f"{p['compile_speedup']:.2f}x" if "compile_speedup" in p else "-"
             lines.append(f"| {p['method']} | {p['T']} | {_seconds(p['forward_s'])} | {peak} | {sp[0]} | {sp[1]} "
                          f"| {sp[2]} | {comp} | {p.get('load_average_1min', '-')} |")
-    return "\n".join(lines + [""] + _machine_lines(result))
+    return "\n".join(lines + [""] + machine_lines(result))
 
 
 def train_table(result: dict) -> str:
@@ -112,7 +115,7 @@ def train_table(result: dict) -> str:
             row = next(r for r in result["rows"] if r["model"] == model and r["T"] == t)
             cells.append(_cell_status(row) or f"{row['tokens_per_s']:.0f}")
         lines.append(f"| {model} | " + " | ".join(cells) + " |")
-    return "\n".join(lines + [""] + _machine_lines(result))
+    return "\n".join(lines + [""] + machine_lines(result))
 
 
 def decode_table(result: dict) -> str:
@@ -133,7 +136,7 @@ def decode_table(result: dict) -> str:
             continue
         lines.append(f"{head} {row['per_token_s'] * 1e3:.2f} | {row['latency_vs_shortest']:.2f}x "
                      f"| {row['state_bytes'] / 2**20:.2f} MiB |")
-    return "\n".join(lines + [""] + _machine_lines(result))
+    return "\n".join(lines + [""] + machine_lines(result))
 
 
 def longvq_table(result: dict) -> str:
@@ -163,7 +166,7 @@ def longvq_table(result: dict) -> str:
                      f"| {rss} | {' | '.join(figures)} | {row['parameters']:,} | {row.get('load_average_1min', '-')} |")
     return "\n".join(lines + ["", "Speedup: the transformer's time over the layer's; memory: the layer's peak RSS "
                                   "over the transformer's (LongVQ's Table 2, Text 4k: 5.3x and 0.1x)."]
-                     + [""] + _machine_lines(result))
+                     + [""] + machine_lines(result))
 
 
 TABLES = {"op": op_table, "train": train_table, "decode": decode_table, "longvq": longvq_table}
