@@ -142,7 +142,7 @@ def test_the_child_process_scores_its_cell(probed):
     cfg, result = probed
     run_dir = Path(cfg.work_dir) / "runs" / "vq-seed0"
     request = run_dir / "request.json"
-    assert child_command(request, "recall")[-3:] == ["transformer_vq.ablate.cells", str(request), "recall"]
+    assert child_command(request, "recall")[-3:] == ["transformer_vq.ablate", str(request), "recall"]
     assert child_command(request)[-1] == str(request)
     (run_dir / "recall.json").unlink()
     assert cell_main([str(request), "recall"]) == 0  # trained already: resumes at the end, then scores

@@ -43,7 +43,7 @@ def cell_config(cfg: AblateConfig, matrix: Matrix, cell: str, seed: int, work_di
 def child_command(request: Path, probe: str | None = None) -> list[str]:
     """The command line of the process that trains one cell from its request file (the run config as JSON), then
     scores it on ``probe`` (see :attr:`Matrix.probe`) when one is named."""
-    return [sys.executable, "-m", "transformer_vq.ablate.cells", str(request), *([probe] if probe else [])]
+    return [sys.executable, "-m", "transformer_vq.ablate", str(request), *([probe] if probe else [])]
 
 
 def score_recall(run_cfg: RunConfig) -> dict:
@@ -125,6 +125,3 @@ def main(argv: list[str] | None = None) -> int:
         score_recall(run_cfg)
     return result.exit_code
 
-
-if __name__ == "__main__":
-    sys.exit(main())

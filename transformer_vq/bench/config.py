@@ -49,6 +49,9 @@ def _common(seed_help: str, budget_s: float, isolate_help: str):
                         min_open=True),
         isolate=option(True, isolate_help),
         mem_limit_gib=option(16.0, "Address-space limit of each cell's process, in GiB (0: none).", min=0.0),
+        retain_host_memory=option(True, "On a CPU, keep freed memory for reuse in each cell's process, as tvq "
+                                        "train does (--no-retain-host-memory: glibc's default, which maps and "
+                                        "page-faults tensors above 32 MiB afresh each call)."),
         seed=option(0, seed_help, min=0),
     )
 
@@ -87,6 +90,7 @@ class OpBenchConfig(BenchConfig):
     budget_s: float = _OP["budget_s"]
     isolate: bool = _OP["isolate"]
     mem_limit_gib: float = _OP["mem_limit_gib"]
+    retain_host_memory: bool = _OP["retain_host_memory"]
     seed: int = _OP["seed"]
     paired: tuple[int, ...] = option((), "Lengths at which all methods are also timed in one process, interleaved "
                                          "round by round (forward only): speedups robust to a load that changes "
@@ -119,6 +123,7 @@ class TrainBenchConfig(BenchConfig):
     budget_s: float = _TRAIN["budget_s"]
     isolate: bool = _TRAIN["isolate"]
     mem_limit_gib: float = _TRAIN["mem_limit_gib"]
+    retain_host_memory: bool = _TRAIN["retain_host_memory"]
     seed: int = _TRAIN["seed"]
     interleaved: bool = option(False, "Run every (model, T) in one process, one step of each per round, so that "
                                       "all of them are timed under the same load (peak memory is then per run, "
@@ -152,6 +157,7 @@ class DecodeBenchConfig(BenchConfig):
     budget_s: float = _DECODE["budget_s"]
     isolate: bool = _DECODE["isolate"]
     mem_limit_gib: float = _DECODE["mem_limit_gib"]
+    retain_host_memory: bool = _DECODE["retain_host_memory"]
     seed: int = _DECODE["seed"]
 
     def __post_init__(self):
@@ -181,6 +187,7 @@ class LongVQBenchConfig(BenchConfig):
     budget_s: float = _LONGVQ["budget_s"]
     isolate: bool = _LONGVQ["isolate"]
     mem_limit_gib: float = _LONGVQ["mem_limit_gib"]
+    retain_host_memory: bool = _LONGVQ["retain_host_memory"]
     seed: int = _LONGVQ["seed"]
 
     def __post_init__(self):

@@ -16,7 +16,7 @@ from dataclasses import asdict
 import torch
 
 from transformer_vq.bench.config import DecodeBenchConfig
-from transformer_vq.bench.isolate import host_memory_limit, run_cell
+from transformer_vq.bench.isolate import host_options, run_cell
 from transformer_vq.bench.machine import machine_info, synchronizer
 from transformer_vq.bench.report import progress_note
 from transformer_vq.config import TransformerVQConfig
@@ -87,7 +87,7 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict:
     for model in cfg.models:
         result = run_cell("transformer_vq.bench.decode:decode_cell", {"model": model, "config": asdict(cfg)},
                           isolate=cfg.isolate, timeout_s=max(900.0, 10 * cfg.budget_s),
-                          mem_limit_gib=host_memory_limit(cfg))
+                          **host_options(cfg))
         cell = result.pop("contexts", None)
         for context in cfg.contexts:
             row = {"model": model, "context": context, **result}

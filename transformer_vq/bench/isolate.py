@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from transformer_vq.hostmem import retain_freed_memory
+
 _OOM_WORDS = ("can't allocate memory", "out of memory", "not enough memory", "memoryerror", "bad_alloc")
 
 
@@ -40,11 +42,13 @@ def _is_oom(error: BaseException) -> bool:
 
 
 def _child() -> None:
-    """Entry point of the child: read ``{target, kwargs, mem_limit_bytes}`` on stdin, print the result as JSON."""
+    """Entry point of the child: read ``{target, kwargs, mem_limit_bytes, retain_memory}`` on stdin, print the result as JSON."""
     request = json.loads(sys.stdin.read())
     limit = request.get("mem_limit_bytes")
     if limit:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    if request.get("retain_memory"):
+        retain_freed_memory()
     module_name = request["target"].split(":")[0]
     importlib.import_module(module_name)  # imports (torch) are part of the baseline, not the cell
     baseline = rss_bytes()
@@ -71,30 +75,39 @@ def budget_plan(row: dict, est_fwd: float | None, est_bwd: float | None, budget_
     return backward
 
 
-def host_memory_limit(cfg) -> float | None:
-    """The address-space limit of a benchmark cell's process in GiB (None: none). Not on a GPU: the CUDA driver
-    reserves far more address space than the machine has memory when it starts, so any such limit stops it (the GPU's
-    own memory running out is reported as ``oom`` all the same)."""
-    return None if getattr(cfg, "device", "cpu") == "cuda" else cfg.mem_limit_gib or None
+def host_options(cfg) -> dict:
+    """How a benchmark's cells treat host memory: ``mem_limit_gib``, the address-space limit of a cell's process
+    (None: none), and ``retain_memory``, whether freed memory is kept for reuse as ``tvq train`` keeps it
+    (:mod:`transformer_vq.hostmem`).
+
+    No address-space limit on a GPU: the CUDA driver reserves far more address space than the machine has memory when
+    it starts, so any such limit stops it (the GPU's own memory running out is reported as ``oom`` all the same)."""
+    on_cpu = getattr(cfg, "device", "cpu") == "cpu"
+    return {"mem_limit_gib": cfg.mem_limit_gib or None if on_cpu else None,
+            "retain_memory": on_cpu and cfg.retain_host_memory}
 
 
 def run_cell(target: str, kwargs: dict, *, isolate: bool = True, timeout_s: float | None = None,
-             mem_limit_gib: float | None = None) -> dict:
+             mem_limit_gib: float | None = None, retain_memory: bool = False) -> dict:
     """Run ``target(**kwargs)``; in a child process when ``isolate`` (then with ``peak_rss_bytes``).
 
-    A cell that fails reports ``status`` "oom", "timeout" or "error" with a message instead of raising.
+    ``retain_memory``: keep freed host memory for reuse in the process that runs the cell (:mod:`transformer_vq.hostmem`;
+    in this process when not isolated). A cell that fails reports ``status`` "oom", "timeout" or "error" with a message
+    instead of raising.
     """
     load = {"load_average_1min": round(os.getloadavg()[0], 2)}  # how busy the (possibly shared) CPU was
-    return {**load, **_run(target, kwargs, isolate, timeout_s, mem_limit_gib)}
+    return {**load, **_run(target, kwargs, isolate, timeout_s, mem_limit_gib, retain_memory)}
 
 
-def _run(target, kwargs, isolate, timeout_s, mem_limit_gib) -> dict:
+def _run(target, kwargs, isolate, timeout_s, mem_limit_gib, retain_memory) -> dict:
     if not isolate:
+        if retain_memory:
+            retain_freed_memory()
         try:
             return _call(target, kwargs)
         except Exception as error:  # noqa: BLE001
             return {"status": "oom" if _is_oom(error) else "error", "error": f"{type(error).__name__}: {error}"[:300]}
-    request = {"target": target, "kwargs": kwargs,
+    request = {"target": target, "kwargs": kwargs, "retain_memory": retain_memory,
                "mem_limit_bytes": int(mem_limit_gib * 2**30) if mem_limit_gib else None}
     try:
         proc = subprocess.run(

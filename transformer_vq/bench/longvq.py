@@ -24,7 +24,7 @@ from dataclasses import asdict
 import torch
 
 from transformer_vq.bench.config import LongVQBenchConfig
-from transformer_vq.bench.isolate import budget_plan, run_cell
+from transformer_vq.bench.isolate import budget_plan, host_options, run_cell
 from transformer_vq.bench.machine import machine_info, median_seconds
 from transformer_vq.bench.report import progress_note
 # imported with this module, so that their import is part of a cell's baseline memory, not of its peak
@@ -105,7 +105,7 @@ def _run_kind(kind: str, cfg: LongVQBenchConfig, log) -> list[dict]:
                             {"kind": kind, "length": length, "config": asdict(cfg), "repeats": repeats,
                              "warmup": warmup, "backward": backward},
                             isolate=cfg.isolate, timeout_s=max(600.0, 3 * expected),
-                            mem_limit_gib=cfg.mem_limit_gib or None))
+                            **host_options(cfg)))
         if row.get("status") == "ok":
             tokens = cfg.batch_size * length
             row["forward_tokens_per_s"] = tokens / row["forward_s"]

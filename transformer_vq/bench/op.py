@@ -21,7 +21,7 @@ from dataclasses import asdict, replace
 import torch
 
 from transformer_vq.bench.config import OpBenchConfig
-from transformer_vq.bench.isolate import budget_plan, host_memory_limit, run_cell
+from transformer_vq.bench.isolate import budget_plan, host_options, run_cell
 from transformer_vq.bench.machine import machine_info, matmul_gflops, median_seconds
 from transformer_vq.bench.op_methods import DTYPES, baselines_of, forward_flops, is_vq, make_inputs, method_fn
 from transformer_vq.bench.report import progress_note
@@ -102,7 +102,7 @@ def run_paired(cfg: OpBenchConfig, log=print) -> list[dict]:
         result = run_cell("transformer_vq.bench.op:paired_cell",
                           {"methods": list(cfg.methods), "length": length, "config": asdict(cfg),
                            "rounds": cfg.repeats, "warmup": not slow},
-                          isolate=cfg.isolate, timeout_s=3600.0, mem_limit_gib=host_memory_limit(cfg))
+                          isolate=cfg.isolate, timeout_s=3600.0, **host_options(cfg))
         if result.get("status") != "ok":
             out.append({"T": length, **result})
             log(f"paired T={length}: {result.get('status')}: {result.get('error', '')}")
@@ -162,7 +162,7 @@ def run_op_bench(cfg: OpBenchConfig, log=print) -> dict:
                               {"method": method, "length": length, "config": asdict(cfg), "repeats": repeats,
                                "warmup": warmup, "backward": backward},
                               isolate=cfg.isolate, timeout_s=max(600.0, 3 * expected),
-                              mem_limit_gib=host_memory_limit(cfg))
+                              **host_options(cfg))
             row.update(result)
             if result.get("status") == "ok":
                 row["forward_gflops"] = flops / result["forward_s"] / 1e9

@@ -18,7 +18,7 @@ from dataclasses import asdict
 import torch
 
 from transformer_vq.bench.config import TrainBenchConfig
-from transformer_vq.bench.isolate import host_memory_limit, run_cell
+from transformer_vq.bench.isolate import host_options, run_cell
 from transformer_vq.bench.machine import machine_info, median_seconds
 from transformer_vq.bench.report import progress_note
 from transformer_vq.config import TransformerVQConfig
@@ -138,7 +138,7 @@ def run_train_bench(cfg: TrainBenchConfig, log=print) -> dict:
                                     {"model": model, "length": length, "config": asdict(cfg), "repeats": repeats,
                                      "warmup": warmup},
                                     isolate=cfg.isolate, timeout_s=max(600.0, 5 * (est or 0) * (repeats + warmup)),
-                                    mem_limit_gib=host_memory_limit(cfg)))
+                                    **host_options(cfg)))
                 if row.get("status") == "ok":
                     last = (length, row["step_s"])
             rows.append(row)
@@ -149,7 +149,7 @@ def run_train_bench(cfg: TrainBenchConfig, log=print) -> dict:
 
 def _run_interleaved(cfg: TrainBenchConfig, log) -> list[dict]:
     result = run_cell("transformer_vq.bench.train:interleaved_cell", {"config": asdict(cfg)}, isolate=cfg.isolate,
-                      timeout_s=None, mem_limit_gib=host_memory_limit(cfg))
+                      timeout_s=None, **host_options(cfg))
     cells = result.pop("cells", {})
     rows = []
     for model in cfg.models:

@@ -11,6 +11,7 @@ import torch
 from transformer_vq.config import RunConfig, TrainConfig
 from transformer_vq.data.codec import BYTE_VOCAB, decode_bytes, encode_bytes
 from transformer_vq.data.errors import DataError
+from transformer_vq.hostmem import retain_freed_memory
 from transformer_vq.train.checkpoint import Checkpoint, find_checkpoint
 
 
@@ -21,6 +22,17 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was requested but no CUDA GPU is available; use --device cpu (or auto)")
     return torch.device(name)
+
+
+def training_device(cfg: TrainConfig) -> torch.device:
+    """Set up this process for a training run of ``cfg`` and return its device: PyTorch's CPU threads (``threads``),
+    the device, and on a CPU the host memory kept for reuse (``retain_host_memory``; :mod:`transformer_vq.hostmem`)."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    if device.type == "cpu" and cfg.retain_host_memory:
+        retain_freed_memory()
+    return device
 
 
 # A run's copy of its corpus's tokenizer (PG-19's SentencePiece model), so the run can be evaluated

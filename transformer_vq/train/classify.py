@@ -27,7 +27,7 @@ import torch
 from transformer_vq import fileio
 from transformer_vq.config import ClassifyConfig, ConfigError
 from transformer_vq.data.classify import ClassBatches
-from transformer_vq.train.build import resolve_device
+from transformer_vq.train.build import training_device
 from transformer_vq.train.checkpoint import CheckpointError, nonfinite_names, save_checkpoint, step_name
 from transformer_vq.train.classify_build import build_classifier, check_data_fits, classify_config_of, load_classify_data
 from transformer_vq.train.classify_eval import ClassifyEvalResult, evaluate_examples
@@ -78,9 +78,7 @@ def classify_train(cfg: ClassifyConfig, *, resume: str | None = None, data=None,
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("tvq classify trains in one process; run it without torchrun")
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    device = resolve_device(cfg.train.device)
+    device = training_device(cfg.train)
     with hold_run_dir(cfg.train.resolved_run_dir(), Distributed()):
         return _ClassifyTrainer(cfg, device, data).run(resume, _skip_restore)
 

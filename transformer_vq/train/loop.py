@@ -35,7 +35,7 @@ from transformer_vq.config import RunConfig
 from transformer_vq.data.batches import check_vocab, corpus_batches
 from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte, corpus_tokens_per_word
 from transformer_vq.nn.compile import compile_units
-from transformer_vq.train.build import build_model, load_corpus_for, resolve_device, save_run_tokenizer
+from transformer_vq.train.build import build_model, load_corpus_for, save_run_tokenizer, training_device
 from transformer_vq.train.carry import from_plain, to_plain
 from transformer_vq.train.checkpoint import nonfinite_names, save_checkpoint, save_sharded_checkpoint, step_name
 from transformer_vq.train.distributed import Distributed, data_parallel, setup_distributed, teardown_distributed
@@ -85,9 +85,7 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
     ``RunDirError`` when the run directory is unusable or in use by another training) or the data
     layer's ``DataError`` with a message for the user.
     """
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    device = resolve_device(cfg.train.device)
+    device = training_device(cfg.train)
     dist_info = setup_distributed(device.type, cfg.train.parallel)
     if device.type == "cuda":
         device = torch.device("cuda", dist_info.local_rank)
