@@ -13,6 +13,7 @@ import torch
 from transformer_vq.bench.config import OpBenchConfig, TrainBenchConfig
 from transformer_vq.bench.isolate import host_options
 from transformer_vq.config import TrainConfig
+from transformer_vq.config.classify import ClassifyTrainConfig
 from transformer_vq.train import build
 
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting is glibc's")
@@ -45,14 +46,15 @@ def test_a_freed_large_tensor_is_reused_without_page_faults():
     assert _faults("retain") < 6000
 
 
-def test_training_on_a_cpu_retains_host_memory_unless_told_not_to(monkeypatch):
+@pytest.mark.parametrize("config", [TrainConfig, ClassifyTrainConfig], ids=["train", "classify"])
+def test_training_on_a_cpu_retains_host_memory_unless_told_not_to(monkeypatch, config):
     calls = []
     monkeypatch.setattr(build, "retain_freed_memory", lambda: calls.append(1) or True)
     threads = torch.get_num_threads()
     try:
-        assert build.training_device(TrainConfig(device="cpu", threads=1)) == torch.device("cpu")
+        assert build.training_device(config(device="cpu", threads=1)) == torch.device("cpu")
         assert calls == [1] and torch.get_num_threads() == 1
-        build.training_device(TrainConfig(device="cpu", retain_host_memory=False))
+        build.training_device(config(device="cpu", retain_host_memory=False))
         assert calls == [1]
     finally:
         torch.set_num_threads(threads)

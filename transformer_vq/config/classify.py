@@ -13,7 +13,7 @@ from pathlib import Path
 from transformer_vq.config.choices import CLASSIFY_DATASETS, DEVICES, OPTIMIZERS, PRECISIONS, SPLITS
 from transformer_vq.config.fields import ConfigError, check, option
 from transformer_vq.config.longvq import LONGVQ_PRESETS, LongVQConfig
-from transformer_vq.config.train import name_problem
+from transformer_vq.config.train import name_problem, retain_host_memory_option
 
 CLASSIFY_ARCHS = ("longvq", "transformer", "tvq")
 """The classifiers: LongVQ, the full-attention Transformer baseline, the Transformer-VQ encoder (docs/longvq.md)."""
@@ -63,6 +63,7 @@ class ClassifyTrainConfig:
                             choices=PRECISIONS)
     device: str = option("auto", "'auto' (cuda when available), 'cpu' or 'cuda'.", choices=DEVICES)
     threads: int = option(0, "CPU threads for PyTorch (0 = PyTorch's default).", min=0)
+    retain_host_memory: bool = retain_host_memory_option()
     log_every: int = option(10, "Print a line every this many steps when not on a terminal.", min=1)
     eval_every: int = option(100, "Evaluate on the validation split every this many steps (0 = only at the end).",
                              min=0)

@@ -27,6 +27,12 @@ def name_problem(name) -> str | None:
     return f"must name one directory (not empty, '.' or '..', without '/'), got {name!r}"
 
 
+def retain_host_memory_option():
+    """The ``retain_host_memory`` field of a training config (:mod:`transformer_vq.hostmem`), shared by the trainers."""
+    return option(True, "On a CPU, keep freed memory for reuse instead of returning it to the system (glibc): "
+                        "tensors above 32 MiB are otherwise mapped and page-faulted afresh every step, which makes "
+                        "long sequences train up to 1.5x slower per token; see docs/training.md.")
+
 @dataclass(frozen=True)
 class TrainConfig:
     """How to train: data, batches, optimizer, schedule, checkpoints, logging.
@@ -73,10 +79,7 @@ class TrainConfig:
                                         "docs/training.md.")
     threads: int = option(0, "CPU threads for PyTorch (0 = PyTorch's default, one per core); see "
                              "docs/training.md on shared CPUs.", min=0)
-    retain_host_memory: bool = option(True, "On a CPU, keep freed memory for reuse instead of returning it to the "
-                                            "system (glibc): tensors above 32 MiB are otherwise mapped and "
-                                            "page-faulted afresh every step, which makes long sequences train "
-                                            "up to 1.5x slower per token; see docs/training.md.")
+    retain_host_memory: bool = retain_host_memory_option()
     log_every: int = option(10, "Print a line every this many steps when not on a terminal (metrics.jsonl gets "
                                 "every step).", min=1)
     eval_every: int = option(0, "Evaluate on the validation split every this many steps (0 = only at the "
