@@ -6,14 +6,14 @@ with a fresh mapping and unmaps it again on ``free``. A training step at 32k tok
 blocks larger than that: one ``[T, Dv]`` float32 activation at 32k x 512 is 64 MiB. The kernel then page-faults and
 zeroes every page of every such tensor again in every step, and the elementwise passes, which touch each byte once,
 run 2-4 times slower per token than at 8k, where the tensors stay in the heap. Measured on a 2-core CPU with
-``tvq bench train`` (docs/benchmarks.md): tokens per second at 32k / 8k went from 0.71 to about 1.0 with the
-memory retained.
+``tvq bench train`` (docs/benchmarks.md): tokens per second at 32k / 8k went from 0.65 to 1.13 with the memory
+retained, and 131k / 8k from 0.57 to 0.84.
 
 :func:`retain_freed_memory` turns glibc's large-block mappings and heap trimming off for this process: every block
 comes from the heap and a freed one stays there for reuse. The price is memory: the process keeps its peak heap until
 it exits, and glibc lets the heap grow by a few blocks before it reuses freed ones (a 64-byte-aligned request is a
-little larger than the block that was freed). At 32k tokens the training step above peaked at 3.5 GiB instead of
-2.5 GiB, for 1.7x the tokens per second. Elsewhere than glibc (macOS, musl) it changes nothing.
+little larger than the block that was freed). At 32k tokens a training step of the benchmark's model peaked at
+3.2 GiB instead of 2.3 GiB, for 1.67x the tokens per second. Elsewhere than glibc (macOS, musl) it changes nothing.
 """
 
 from __future__ import annotations
@@ -44,9 +44,4 @@ def retain_freed_memory() -> bool:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     # mallopt returns 1 on success, 0 on error
     _retained = bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM))
-    return _retained
-
-
-def is_retained() -> bool:
-    """Whether :func:`retain_freed_memory` took effect in this process."""
     return _retained

@@ -42,7 +42,8 @@ def _is_oom(error: BaseException) -> bool:
 
 
 def _child() -> None:
-    """Entry point of the child: read ``{target, kwargs, mem_limit_bytes, retain_memory}`` on stdin, print the result as JSON."""
+    """Entry point of the child: read ``{target, kwargs, mem_limit_bytes, retain_memory}`` on stdin, print the
+    result as JSON."""
     request = json.loads(sys.stdin.read())
     limit = request.get("mem_limit_bytes")
     if limit:
@@ -83,7 +84,7 @@ def host_options(cfg) -> dict:
     No address-space limit on a GPU: the CUDA driver reserves far more address space than the machine has memory when
     it starts, so any such limit stops it (the GPU's own memory running out is reported as ``oom`` all the same)."""
     on_cpu = getattr(cfg, "device", "cpu") == "cpu"
-    return {"mem_limit_gib": cfg.mem_limit_gib or None if on_cpu else None,
+    return {"mem_limit_gib": (cfg.mem_limit_gib or None) if on_cpu else None,
             "retain_memory": on_cpu and cfg.retain_host_memory}
 
 
@@ -91,9 +92,9 @@ def run_cell(target: str, kwargs: dict, *, isolate: bool = True, timeout_s: floa
              mem_limit_gib: float | None = None, retain_memory: bool = False) -> dict:
     """Run ``target(**kwargs)``; in a child process when ``isolate`` (then with ``peak_rss_bytes``).
 
-    ``retain_memory``: keep freed host memory for reuse in the process that runs the cell (:mod:`transformer_vq.hostmem`;
-    in this process when not isolated). A cell that fails reports ``status`` "oom", "timeout" or "error" with a message
-    instead of raising.
+    ``retain_memory``: keep freed host memory for reuse in the process that runs the cell
+    (:mod:`transformer_vq.hostmem`; this process when not isolated). A cell that fails reports ``status`` "oom",
+    "timeout" or "error" with a message instead of raising.
     """
     load = {"load_average_1min": round(os.getloadavg()[0], 2)}  # how busy the (possibly shared) CPU was
     return {**load, **_run(target, kwargs, isolate, timeout_s, mem_limit_gib, retain_memory)}

@@ -31,7 +31,8 @@ def retain_host_memory_option():
     """The ``retain_host_memory`` field of a training config (:mod:`transformer_vq.hostmem`), shared by the trainers."""
     return option(True, "On a CPU, keep freed memory for reuse instead of returning it to the system (glibc): "
                         "tensors above 32 MiB are otherwise mapped and page-faulted afresh every step, which makes "
-                        "long sequences train up to 1.5x slower per token; see docs/training.md.")
+                        "long sequences train 1.5-1.7x slower per token; see docs/training.md.")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
