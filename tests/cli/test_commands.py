@@ -54,8 +54,8 @@ def test_without_ckpt_and_no_default_run(capsys, tmp_path, command):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["nosuchcmd"], "error: argument COMMAND: invalid choice: 'nosuchcmd' (choose from 'version', 'demo', "
-                    "'tokenizer', 'train', 'eval', 'sample', 'export', 'bench', 'classify', 'ablate', "
+    (["nosuchcmd"], "error: argument COMMAND: invalid choice: 'nosuchcmd' (choose from 'version', 'doctor', "
+                    "'demo', 'tokenizer', 'train', 'eval', 'sample', 'export', 'bench', 'classify', 'ablate', "
                     "'codebook'); see tvq --help"),
     (["bench"], "error: the following arguments are required: BENCH; see tvq bench --help"),
     (["bench", "op", "--lengths"], "error: --lengths: expected at least one argument"),

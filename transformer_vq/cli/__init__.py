@@ -21,6 +21,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # subcommand name -> module (in the order `tvq --help` lists them)
 SUBCOMMANDS = {
     "version": "transformer_vq.cli.version",
+    "doctor": "transformer_vq.cli.doctor",
     "demo": "transformer_vq.cli.demo",
     "tokenizer": "transformer_vq.cli.tokenizer",
     "train": "transformer_vq.cli.train",
