@@ -3,6 +3,8 @@ same sampled tokens under the same seed, and a carried state whose size does not
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -122,12 +124,106 @@ def test_labels_give_the_library_loss():
 def test_bad_inputs_are_refused():
     hf = TransformerVQForCausalLM.from_library_model(tiny_model()).eval()
     x = prompt()
-    with pytest.raises(ValueError, match="attention_mask with padding is not supported"):
-        hf(x, attention_mask=torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]]))
-    with pytest.raises(ValueError, match="past_key_values must be a TransformerVQCache"):
-        from transformers import DynamicCache
+    from transformers import DynamicCache
 
+    with pytest.raises(ValueError, match="must be a TransformerVQCache"):
         hf(x, past_key_values=DynamicCache())
+    with pytest.raises(ValueError, match="must be a TransformerVQCache"):
+        hf(x, cache=DynamicCache())
     cache = hf(x).past_key_values
     with pytest.raises(ValueError, match="cannot drop tokens"):
-        cache.crop(1)
+        cache.crop(1 if "tokens_to_remove" in str(inspect.signature(cache.crop)) else 4)
+    with pytest.raises(ValueError, match="not both"):
+        hf(x, cache=cache, past_key_values=hf(x).past_key_values)
+    with pytest.raises(ValueError, match="output_attentions is not supported"):
+        hf(x, output_attentions=True)
+    with pytest.raises(TypeError, match=r"does not take \['colour'\]"):
+        hf(x, colour="blue")
+    with pytest.raises(ValueError, match="attention_mask must be"):
+        hf(x, attention_mask=torch.ones(2, 1, 5, 5))
+
+
+def test_the_cache_reaches_the_model_under_either_name():
+    """transformers before 5.24 passes `past_key_values`, later ones `cache`: both continue the sequence."""
+    lib = tiny_model()
+    hf = TransformerVQForCausalLM.from_library_model(lib).eval()
+    x = prompt(length=13)
+    ref = lib(x[:, 9:], lib(x[:, :9]).state).logits
+    for name in ("cache", "past_key_values"):
+        first = hf(x[:, :9])
+        assert torch.equal(hf(x[:, 9:], **{name: first.past_key_values}).logits, ref)
+
+
+@pytest.mark.parametrize("says", ["attention_mask", "cache_position", "position_ids"])
+def test_a_continuation_without_its_state_is_refused(says):
+    """Positions that say the call continues a sequence, and no state: an error, never logits from an empty state."""
+    hf = TransformerVQForCausalLM.from_library_model(tiny_model()).eval()
+    x = prompt(length=6)
+    given = {"attention_mask": dict(attention_mask=torch.ones(2, 7, dtype=torch.long)),
+             "cache_position": dict(cache_position=torch.tensor([6])),
+             "position_ids": dict(position_ids=torch.tensor([[6], [6]]))}[says]
+    with pytest.raises(ValueError, match="no state"):
+        hf(x[:, -1:], **given)
+
+
+def test_generate_with_a_cache_keyword_the_model_does_not_know_fails_loudly(monkeypatch):
+    """A transformers that renames the cache keyword again must meet an error, not produce wrong tokens."""
+    hf = TransformerVQForCausalLM.from_library_model(tiny_model()).eval()
+    prepare = type(hf).prepare_inputs_for_generation
+
+    def renamed(self, *args, **kwargs):
+        inputs = prepare(self, *args, **kwargs)
+        for name in ("cache", "past_key_values"):
+            if inputs.get(name) is not None:
+                inputs["layer_state"] = inputs.pop(name)
+        return inputs
+
+    monkeypatch.setattr(type(hf), "prepare_inputs_for_generation", renamed)
+    with pytest.raises(ValueError, match=r"keyword\(s\) \['layer_state'\]"):
+        hf.generate(prompt(), max_new_tokens=4, do_sample=False)
+
+
+def test_generate_whose_cache_never_arrives_fails_loudly(monkeypatch):
+    """The case of transformers 5.24 against the old model: the cache dropped on the way, the mask still growing."""
+    hf = TransformerVQForCausalLM.from_library_model(tiny_model()).eval()
+    prepare = type(hf).prepare_inputs_for_generation
+
+    def dropped(self, *args, **kwargs):
+        inputs = prepare(self, *args, **kwargs)
+        inputs.pop("cache", None), inputs.pop("past_key_values", None)
+        return inputs
+
+    monkeypatch.setattr(type(hf), "prepare_inputs_for_generation", dropped)
+    with pytest.raises(ValueError, match="no state"):
+        hf.generate(prompt(), max_new_tokens=4, do_sample=False, attention_mask=torch.ones(2, 5, dtype=torch.long))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_greedy_generate_with_and_without_cache(batch, use_cache):
+    """Without a cache, generate feeds the whole sequence each step: the same tokens, at quadratic cost."""
+    lib = tiny_model()
+    hf = TransformerVQForCausalLM.from_library_model(lib).eval()
+    x = prompt(batch=batch, length=7)
+    ref = lib.generate(x, 2 * BLOCK + 3, temperature=0)
+    got = hf.generate(x, max_new_tokens=2 * BLOCK + 3, do_sample=False, use_cache=use_cache)
+    assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_seeded_sampling_batch_sizes(batch):
+    lib = tiny_model()
+    hf = TransformerVQForCausalLM.from_library_model(lib).eval()
+    x = prompt(batch=batch, length=6)
+    torch.manual_seed(11)
+    ref = lib.generate(x, 2 * BLOCK, temperature=0.9)
+    torch.manual_seed(11)
+    assert torch.equal(hf.generate(x, max_new_tokens=2 * BLOCK, do_sample=True, top_k=0, temperature=0.9), ref)
+
+
+def test_logits_to_keep():
+    hf = TransformerVQForCausalLM.from_library_model(tiny_model()).eval()
+    x = prompt(length=9)
+    full = hf(x).logits
+    assert torch.equal(hf(x, logits_to_keep=1).logits, full[:, -1:])
+    assert torch.equal(hf(x, logits_to_keep=torch.tensor([0, 4])).logits, full[:, [0, 4]])

@@ -1,75 +1,82 @@
 """The decoding state of a Transformer-VQ model as a ``transformers`` cache.
 
-``generate`` carries a :class:`~transformers.Cache` between forward calls; here it holds, per gated attention unit,
-the attention operator's own state: for VQ attention the per-code cache counts and means of the summarized keys plus
-the keys of the current window (``transformer_vq.ops.vq.state.VQAttentionState``), whose size is bounded whatever the
-context length (docs/operator.md, "State"). The library's model reads and returns these states
-(``transformer_vq.nn.model.ModelState``); this class only stores them between calls and supports what ``generate``
-does to a cache besides (reordering rows for beam search, repeating them for several samples per prompt).
+``generate`` carries a :class:`~transformers.Cache` between forward calls. This one holds the library's states per
+row (:class:`~transformer_vq.nn.ragged.RowStates`): for VQ attention, per gated attention unit, the per-code counts
+and means of the summarized keys plus the keys of the current window, whose size is bounded whatever the context
+length (docs/operator.md, "State"). Rows are kept per row rather than as one batch because, with padding, the rows of
+a batch sit at different positions of their own sequences (``transformer_vq.nn.ragged`` says why that matters); a
+batch without padding is one group, the model's own batched state.
+
+``transformers`` counts positions by columns, padding included (the attention mask is ``[B, past + new]``), while
+each row's state counts its real tokens: :meth:`TransformerVQCache.get_seq_length` is the former, :meth:`offsets`
+the latter.
+
+The per-layer objects of ``transformers``' cache API (:class:`UnitStateLayer`) hold nothing: they answer from the
+cache, because the states of all units move together (reordering rows, repeating them for several samples).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from transformer_vq.nn.model import ModelState
+from transformer_vq.nn.ragged import RowStates
 
-
-def map_state_tensors(state, fn):
-    """A copy of an operator state (a dataclass) with ``fn`` applied to each of its tensors (all batch-first)."""
-    return dataclasses.replace(state, **{
-        f.name: fn(getattr(state, f.name)) for f in dataclasses.fields(state)
-        if isinstance(getattr(state, f.name), torch.Tensor)
-    })
+# transformers 5.0 crops to a length (``crop(max_length)``, negative: remove that many); later ones remove a count.
+CROP_TAKES_LENGTH = "max_length" in inspect.signature(Cache.crop).parameters
 
 
 class UnitStateLayer(CacheLayerMixin):
-    """The cache of one gated attention unit: its operator's state (``None`` before the first token)."""
+    """The ``transformers`` layer object of one gated attention unit: answers from its :class:`TransformerVQCache`."""
 
-    def __init__(self):
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, cache: "TransformerVQCache"):
         super().__init__()
-        self.state = None
+        self.cache = cache
 
     @property
     def is_initialized(self) -> bool:
-        return self.state is not None
+        return self.cache.is_initialized
 
     @is_initialized.setter
     def is_initialized(self, value: bool) -> None:
-        pass  # derived from ``state``; the base class assigns it in __init__
+        pass  # derived from the cache; the base class assigns it in __init__
 
     @property
     def batch_size(self) -> int:
-        return state_batch_size(self.state)
+        return self.cache.batch_size
+
+    max_batch_size = batch_size
 
     def lazy_initialization(self, key_states, value_states) -> None:
         raise NotImplementedError("a Transformer-VQ unit's state is built by its attention operator, not from "
                                   "key and value tensors")
 
     def update(self, key_states, value_states, *args, **kwargs):
-        raise NotImplementedError("a Transformer-VQ unit's state is replaced whole by the model (TransformerVQCache."
-                                  "set_model_state), not appended to")
+        raise NotImplementedError("a Transformer-VQ unit's state is replaced whole by the model, not appended to")
 
     def get_seq_length(self) -> int:
-        return 0 if self.state is None else self.state.offset
+        return self.cache.get_seq_length()
 
     def get_max_length(self) -> int:
         return -1  # no limit: the state's size does not grow with the context
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.get_seq_length() + query_length, 0
+    get_max_cache_shape = get_max_length
+
+    def get_mask_sizes(self, query, *args) -> tuple[int, int]:
+        length = query if isinstance(query, int) else query.shape[0]
+        return self.get_seq_length() + length, 0
 
     def reset(self) -> None:
-        self.state = None
+        self.cache.reset()
 
-    def crop(self, tokens_to_remove: int) -> None:
-        """Only ``crop(0)`` (a no-op): keys older than the current window are summarized and cannot be taken out."""
-        if tokens_to_remove != 0:
-            raise ValueError("a Transformer-VQ cache cannot drop tokens: keys before the current window are "
-                             "summarized per code")
+    def crop(self, value: int) -> None:
+        self.cache.crop(value)
 
     def offload(self) -> None:
         pass  # generate offloads only caches made with offloading=True, which this model never makes
@@ -78,54 +85,120 @@ class UnitStateLayer(CacheLayerMixin):
         pass
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+        raise NotImplementedError("reorder the whole TransformerVQCache (its units move together)")
 
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._map(lambda t: t[indices])
-
-    def _map(self, fn) -> None:
-        if self.state is not None:
-            self.state = map_state_tensors(self.state, fn)
-
-
-def state_batch_size(state) -> int:
-    """The batch size of an operator state (0 before the first token)."""
-    if state is None:
-        return 0
-    return next(getattr(state, f.name).shape[0] for f in dataclasses.fields(state)
-                if isinstance(getattr(state, f.name), torch.Tensor))
+    batch_repeat_interleave = batch_select_indices = reorder_cache
 
 
 class TransformerVQCache(Cache):
-    """One :class:`UnitStateLayer` per gated attention unit (``2 * n_layers`` of them).
+    """The states of a batch's rows between forward calls, and the number of columns consumed.
 
     Its size is bounded whatever the number of tokens consumed (for VQ attention and FLASH; the ``full`` baseline's
     state is a growing key/value cache): :meth:`nbytes` measures it.
     """
 
     def __init__(self, n_units: int):
-        super().__init__(layers=[UnitStateLayer() for _ in range(n_units)])
+        super().__init__(layers=[UnitStateLayer(self) for _ in range(n_units)])
+        self.n_units = n_units
+        self.rows: RowStates | None = None
+        """Each row's state (``None`` before the first forward call)."""
+        self.columns = 0
+        """Columns consumed, padding included: the past length of ``transformers``' attention mask."""
+
+    # ------------------------------------------------------------------ what the model reads and writes
 
     def model_state(self) -> ModelState | None:
-        """The library model's state for the next forward call (``None`` before the first token)."""
-        if not self.layers[0].is_initialized:
+        """The library model's batched state for the next forward call (``None`` before the first token).
+
+        Raises ``ValueError`` when the rows sit at different positions (after padding); :attr:`rows` has them.
+        """
+        if self.rows is None:
             return None
-        return ModelState(self.get_seq_length(), [layer.state for layer in self.layers])
+        whole = self.rows.whole()
+        if whole is None:
+            raise ValueError(f"the rows of this cache sit at different positions {self.offsets()} (padding): there is "
+                             f"no single batched state; TransformerVQCache.rows holds each row's")
+        return whole
 
     def set_model_state(self, state: ModelState) -> None:
-        """Store the state a forward call of the library model returned."""
-        if len(state.layers) != len(self.layers):
-            raise ValueError(f"the model state has {len(state.layers)} units, this cache {len(self.layers)}")
-        for layer, unit_state in zip(self.layers, state.layers):
-            layer.state = unit_state
+        """Store the state a forward call of the library model returned (every row at ``state.offset``)."""
+        if len(state.layers) != self.n_units:
+            raise ValueError(f"the model state has {len(state.layers)} units, this cache {self.n_units}")
+        batch = next(t.shape[0] for s in state.layers if s is not None
+                     for t in vars(s).values() if isinstance(t, torch.Tensor))
+        self.rows, self.columns = RowStates.of(state, batch), state.offset
+
+    def set_rows(self, rows: RowStates, columns: int) -> None:
+        """Store each row's state after a call that brought the consumed columns to ``columns``."""
+        if any(len(state.layers) != self.n_units for _, state in rows.groups):
+            raise ValueError(f"the row states do not have this cache's {self.n_units} units")
+        self.rows, self.columns = rows, columns
+
+    def offsets(self) -> list[int]:
+        """Tokens consumed by each row (padding excluded)."""
+        return [] if self.rows is None else self.rows.offsets()
 
     def nbytes(self) -> int:
         """Bytes held by the carried states."""
-        model_state = self.model_state()
-        return 0 if model_state is None else model_state.nbytes()
+        return 0 if self.rows is None else self.rows.nbytes()
+
+    # ------------------------------------------------------------------ transformers' cache API
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.columns
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return -1
+
+    get_max_cache_shape = get_max_length
+
+    def get_mask_sizes(self, query, layer_idx: int = 0) -> tuple[int, int]:
+        return self.layers[0].get_mask_sizes(query)
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.rows is not None
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    @property
+    def batch_size(self) -> int:
+        return 0 if self.rows is None else self.rows.batch
+
+    max_batch_size = batch_size
+
+    def reset(self) -> None:
+        self.rows, self.columns = None, 0
+
+    def crop(self, value: int) -> None:
+        """A no-op when it removes nothing; refused otherwise: keys older than the window are summarized per code
+        and cannot be taken out (so assisted decoding, which rolls back rejected tokens, is out)."""
+        removes = self.columns - value if CROP_TAKES_LENGTH and value >= 0 else abs(value)
+        if removes > 0:
+            raise ValueError("a Transformer-VQ cache cannot drop tokens: keys before the current window are "
+                             "summarized per code")
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._select(beam_idx.tolist())
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._select([row for row in range(self.batch_size) for _ in range(repeats)])
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        index = torch.arange(self.batch_size)[indices.cpu()].tolist()  # a mask or indices, as transformers passes
+        self._select(index)
+
+    def _select(self, index: list[int]) -> None:
+        if self.rows is not None:
+            self.rows = self.rows.select(index)
+
+    def offload(self, *args, **kwargs) -> None:
+        pass
+
+    def prefetch(self, *args, **kwargs) -> None:
+        pass
 
 
 # Registering with the auto classes happens in modeling (which needs this module): importing this module alone

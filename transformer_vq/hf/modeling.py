@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from transformer_vq.hf.cache import TransformerVQCache
 from transformer_vq.hf.configuration import MODEL_TYPE, TransformerVQHFConfig
 from transformer_vq.nn.gau import GatedAttentionUnit
 from transformer_vq.nn.model import TransformerVQ
+from transformer_vq.nn.ragged import RowStates, plan_segments, run_segments
 
-IGNORE_INDEX = -100  # the label transformers uses for positions without a target
+# The output field that carries the cache: `cache` from transformers 5.24 on, `past_key_values` before.
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 class TransformerVQPreTrainedModel(PreTrainedModel):
@@ -86,35 +89,61 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> torch.nn.Linear | None:
         return self.model.head  # None when tied: the head is then a scaled product with the embedding
 
-    def forward(self, input_ids: torch.LongTensor, past_key_values: TransformerVQCache | None = None,
-                attention_mask: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
-                use_cache: bool | None = None, return_dict: bool | None = None,
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, cache: TransformerVQCache | None = None,
+                past_key_values: TransformerVQCache | None = None, labels: torch.LongTensor | None = None,
+                use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
+                cache_position: torch.LongTensor | None = None, return_dict: bool | None = None,
                 **kwargs) -> CausalLMOutputWithPast:
-        """Next-token logits of ``input_ids`` ``[B, T]``, continuing the sequences of ``past_key_values``.
+        """Next-token logits of ``input_ids`` ``[B, T]``, continuing the sequences of the cache.
 
         Args:
-            past_key_values: the cache a previous call returned, or ``None`` at the sequences' start.
-            attention_mask: ``[B, P + T]``, all ones (padding is not supported: the model attends to every position).
-            labels: ``[B, T]`` token ids, ``-100`` where no loss is wanted; position t is the target of position
-                t - 1, as in ``transformers``. The loss is the library's (cross-entropy plus ``commit_coef`` times the
-                commitment loss, Eq. 35), over the positions that have a target.
+            cache: the cache a previous call returned, or ``None`` at the sequences' start. ``past_key_values`` is
+                the same argument under the name transformers used before 5.24 (``generate`` passes whichever its
+                version uses; give one, not both).
+            attention_mask: ``[B, P + T]`` (``P`` columns consumed before), zero for padding. Padding is taken out
+                before the model runs: each row's real tokens get exactly the logits, state and loss they get alone
+                (``transformer_vq.nn.ragged``), left padding, right padding or holes alike. Logits of padded columns
+                are zero.
+            position_ids: ``[B, T]`` (or ``[1, T]``) positions of the tokens in their own sequences. A token at
+                position 0 starts a new sequence: packed documents (``DataCollatorWithFlattening``) are run as
+                separate sequences. Every other position must continue the row's state.
+            labels: ``[B, T]`` token ids, ``-100`` where no loss is wanted; a token's target is the label of the
+                next real token of its sequence, as in ``transformers`` (position t predicts label t + 1) when there
+                is no padding. The loss is the library's (cross-entropy plus ``commit_coef`` times the commitment
+                loss, Eq. 35).
             use_cache: return the cache (default ``config.use_cache``).
+            logits_to_keep: an int ``k > 0`` returns the logits of the last ``k`` columns only (``generate`` asks
+                for 1); a 1-D tensor the logits of those columns; 0 every column.
+            cache_position: the columns of these tokens (older transformers pass it); must start at the cache's
+                length.
+
+        Raises ``ValueError`` when the inputs say this call continues a sequence (an attention mask longer than
+        ``input_ids``, ``cache_position`` or ``position_ids`` past 0) and no cache of that length arrived: the model
+        never computes a continuation from an empty state.
         """
-        if attention_mask is not None and not bool(attention_mask.bool().all()):
-            raise ValueError("attention_mask with padding is not supported: Transformer-VQ attends to every "
-                             "position; batch prompts of equal length (or generate them one at a time)")
-        if past_key_values is not None and not isinstance(past_key_values, TransformerVQCache):
-            raise ValueError(f"past_key_values must be a TransformerVQCache (or None), got "
-                             f"{type(past_key_values).__name__}")
+        cache = resolve_cache(cache, past_key_values, kwargs)
+        refuse_unsupported(input_ids, kwargs)
+        B, T = input_ids.shape
+        columns = 0 if cache is None else cache.get_seq_length()
+        check_continuation(columns, T, attention_mask, cache_position)
+        if cache is not None and cache.is_initialized and cache.batch_size != B:
+            raise ValueError(f"the cache holds {cache.batch_size} rows, input_ids {B}")
+        rows = cache.rows if cache is not None and cache.rows is not None else RowStates(B)
+        if position_ids is not None:
+            position_ids = position_ids.expand(B, T) if position_ids.shape == (1, T) else position_ids
+            if position_ids.shape != (B, T):
+                raise ValueError(f"position_ids must be [batch, length] = [{B}, {T}], got {list(position_ids.shape)}")
+        mask = None if attention_mask is None else attention_mask[:, -T:]
+        segments = plan_segments(rows.offsets(), T, mask=mask, positions=position_ids)
+        out = run_segments(self.model, input_ids, segments, rows, labels=labels)
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        targets, loss_mask = (None, None) if labels is None else shifted_targets(labels)
-        out = self.model(input_ids, None if past_key_values is None else past_key_values.model_state(),
-                         targets=targets, loss_mask=loss_mask)
-        cache = None
+        new_cache = None
         if use_cache:
-            cache = past_key_values if past_key_values is not None else TransformerVQCache(len(self.model.units))
-            cache.set_model_state(out.state)
-        return CausalLMOutputWithPast(loss=out.loss, logits=out.logits, past_key_values=cache)
+            new_cache = cache if cache is not None else TransformerVQCache(len(self.model.units))
+            new_cache.set_rows(out.states, columns + T)
+        return CausalLMOutputWithPast(loss=out.loss, logits=kept_logits(out.logits, logits_to_keep),
+                                      **{CACHE_FIELD: new_cache})
 
 
 # exist_ok: registering the same classes again (e.g. after importlib.reload) is harmless
@@ -123,11 +152,71 @@ AutoModel.register(TransformerVQHFConfig, TransformerVQForCausalLM, exist_ok=Tru
 AutoModelForCausalLM.register(TransformerVQHFConfig, TransformerVQForCausalLM, exist_ok=True)
 
 
-def shifted_targets(labels: torch.LongTensor) -> tuple[torch.LongTensor, torch.Tensor]:
-    """``(targets, loss_mask)`` for the library's model from ``transformers`` labels: position t's target is label
-    t + 1; the last position and labels of -100 have none (masked, with a placeholder id 0)."""
-    if labels.dim() != 2:
-        raise ValueError(f"labels must be [batch, length], got shape {tuple(labels.shape)}")
-    next_labels = torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), IGNORE_INDEX)], dim=1)
-    loss_mask = next_labels != IGNORE_INDEX
-    return next_labels.masked_fill(~loss_mask, 0), loss_mask
+def resolve_cache(cache, past_key_values, kwargs: dict) -> TransformerVQCache | None:
+    """The cache under whichever keyword it came. A ``transformers`` cache under a keyword this model does not know
+    is refused by name: ignoring it would compute every step from an empty state and give wrong tokens silently."""
+    unknown = sorted(name for name, value in kwargs.items() if isinstance(value, Cache))
+    if unknown:
+        raise ValueError(f"a cache arrived under the keyword(s) {unknown}, which TransformerVQForCausalLM does not "
+                         f"know (it reads `cache` or `past_key_values`); this transformers version passes the state "
+                         f"under a new name: please report it with the output of `tvq doctor`")
+    if cache is not None and past_key_values is not None and cache is not past_key_values:
+        raise ValueError("pass the cache once: as `cache` or as `past_key_values`, not both")
+    cache = cache if cache is not None else past_key_values
+    if cache is not None and not isinstance(cache, TransformerVQCache):
+        raise ValueError(f"the cache must be a TransformerVQCache (or None), got {type(cache).__name__}; "
+                         f"Transformer-VQ carries its attention state, not keys and values")
+    return cache
+
+
+# Keywords transformers may pass that change nothing here when false or None; anything else unknown is refused.
+HARMLESS_WHEN_OFF = ("output_attentions", "output_hidden_states", "inputs_embeds", "token_type_ids",
+                     "head_mask", "is_first_iteration")
+
+
+def refuse_unsupported(input_ids, kwargs: dict) -> None:
+    """Say why not, rather than ignore a request: attention weights and hidden states are never formed by the
+    linear-time path, and the model reads token ids only."""
+    if input_ids is None:
+        raise ValueError("input_ids are required: the model reads token ids (inputs_embeds are not supported)")
+    asked = {name: value for name, value in kwargs.items() if value is not None and value is not False}
+    if asked.get("output_attentions"):
+        raise ValueError("output_attentions is not supported: the linear-time attention never forms the weights")
+    if asked.get("output_hidden_states"):
+        raise ValueError("output_hidden_states is not supported: use model.model.features(input_ids) for the "
+                         "residual stream")
+    if "inputs_embeds" in asked:
+        raise ValueError("inputs_embeds is not supported: the model reads token ids")
+    unknown = sorted(set(asked) - set(HARMLESS_WHEN_OFF))
+    if unknown:
+        raise TypeError(f"TransformerVQForCausalLM.forward does not take {unknown}")
+
+
+def check_continuation(columns: int, length: int, attention_mask: torch.Tensor | None,
+                       cache_position: torch.Tensor | None) -> None:
+    """Refuse a call whose columns contradict the cache: above all one that continues a sequence without its state."""
+    past = None
+    if attention_mask is not None:
+        if attention_mask.dim() != 2:
+            raise ValueError(f"attention_mask must be [batch, past + length] (2-D, zeros for padding), got shape "
+                             f"{list(attention_mask.shape)}")
+        if attention_mask.shape[1] < length:
+            raise ValueError(f"attention_mask covers {attention_mask.shape[1]} columns, fewer than the "
+                             f"{length} of input_ids")
+        past, source = attention_mask.shape[1] - length, "attention_mask"
+    if cache_position is not None:
+        past, source = int(cache_position.reshape(-1)[0]), "cache_position"
+    if past is None or past == columns:
+        return
+    if columns == 0:
+        raise ValueError(f"this call continues sequences of {past} earlier columns ({source} says so) but no "
+                         f"state of them arrived: pass the TransformerVQCache the previous call returned (as "
+                         f"`cache` or `past_key_values`)")
+    raise ValueError(f"{source} says {past} columns came before this call, but the cache has consumed {columns}")
+
+
+def kept_logits(logits: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+    """The columns ``logits_to_keep`` asks for (the last ``k``; 0: all)."""
+    if isinstance(logits_to_keep, torch.Tensor):
+        return logits[:, logits_to_keep]
+    return logits if logits_to_keep == 0 else logits[:, -logits_to_keep:]
