@@ -77,3 +77,26 @@ def test_fresh_model_is_the_library_initialization():
 def test_an_encoder_is_not_a_causal_lm():
     with pytest.raises(ValueError, match=r"needs a causal model; this config is an encoder \(causal=False\)"):
         TransformerVQForCausalLM(TransformerVQHFConfig.from_model_config(preset("tiny", causal=False)))
+
+
+@pytest.mark.parametrize("damage", ["missing", "unexpected", "mis-shaped"])
+def test_a_directory_without_exactly_the_models_tensors_is_refused(tmp_path, damage):
+    """transformers would allocate a missing tensor and carry on: a missing EMA count came back as uninitialized
+    memory and NaN logits. The load is refused, every offending name listed."""
+    from safetensors.torch import load_file, save_file
+
+    TransformerVQForCausalLM.from_library_model(tiny_model()).save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    name = "model.units.0.quantizer.ema_count"
+    if damage == "missing":
+        del tensors[name], tensors["model.units.1.u"]
+        expected = r"missing keys: model.units.0.quantizer.ema_count, model.units.1.u\b"
+    elif damage == "unexpected":
+        tensors["model.units.9.w_q.weight"] = torch.zeros(2)
+        expected = r"unexpected keys: model.units.9.w_q.weight"
+    else:
+        tensors[name] = torch.ones(tensors[name].numel() + 1)
+        expected = r"mismatched keys: .*ema_count"
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=expected):
+        AutoModelForCausalLM.from_pretrained(tmp_path)

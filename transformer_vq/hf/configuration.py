@@ -31,9 +31,14 @@ class TransformerVQHFConfig(PreTrainedConfig):
     __annotations__ = {**__annotations__, **{f.name: f.type for f in MODEL_FIELDS}}
     vars().update({f.name: f.default for f in MODEL_FIELDS})
 
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        self.model_config()  # refuse a bad value now, with the library's message, rather than at model building
+    if hasattr(PreTrainedConfig, "__post_init__"):  # later transformers build configs as dataclasses
+        def __post_init__(self, **kwargs):
+            super().__post_init__(**kwargs)
+            self.model_config()  # refuse a bad value now, with the library's message, rather than at model building
+    else:  # transformers 5.0: a plain __init__ that sets every keyword as an attribute
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.model_config()
 
     def model_config(self) -> TransformerVQConfig:
         """The library's config of these fields (validated)."""

@@ -24,6 +24,8 @@ from transformer_vq.nn.gau import GatedAttentionUnit
 from transformer_vq.nn.model import TransformerVQ
 from transformer_vq.nn.ragged import RowStates, plan_segments, run_segments
 
+# What from_pretrained reports of tensors that do not fit; any of them refuses the load.
+MISFIT_KINDS = ("missing_keys", "unexpected_keys", "mismatched_keys")
 # The output field that carries the cache: `cache` from transformers 5.24 on, `past_key_values` before.
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
@@ -35,6 +37,27 @@ class TransformerVQPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     main_input_name = "input_ids"
     _no_split_modules = ["GatedAttentionUnit"]
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """``PreTrainedModel.from_pretrained``, refusing a directory that does not hold exactly this model's tensors.
+
+        ``transformers`` reports missing tensors and carries on with freshly allocated ones: a missing EMA count came
+        back as uninitialized memory and the logits as NaN. A model is loaded whole or not at all; the error lists
+        every missing, unexpected and mis-shaped tensor.
+        """
+        want_info = kwargs.pop("output_loading_info", False)
+        kwargs["ignore_mismatched_sizes"] = True  # report mis-shaped tensors with the others, then refuse them all
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        problems = {kind: sorted(str(entry[0] if isinstance(entry, tuple) else entry) for entry in info.get(kind) or ())
+                    for kind in MISFIT_KINDS}
+        if any(problems.values()):
+            listed = "; ".join(f"{kind.replace('_', ' ')}: {', '.join(names)}"
+                               for kind, names in problems.items() if names)
+            raise ValueError(f"{args[0] if args else kwargs.get('pretrained_model_name_or_path')} does not hold this "
+                             f"model's tensors ({listed}); it was saved from another model or damaged: export the "
+                             f"run again with `tvq export --format hf`")
+        return (model, info) if want_info else model
 
     def init_weights(self) -> None:
         """Nothing to do: the library's constructor has already initialized every tensor, and nothing is tied."""
