@@ -37,6 +37,9 @@ class TransformerVQPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     main_input_name = "input_ids"
     _no_split_modules = ["GatedAttentionUnit"]
+    # The loss is the library's mean (Eq. 35); transformers' Trainer must not hand forward a token count to
+    # divide by (num_items_in_batch), which it does for a forward that takes **kwargs unless told so.
+    accepts_loss_kwargs = False
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):

@@ -178,6 +178,8 @@ def plan_segments(row_offsets: Sequence[int], length: int, *, mask: torch.Tensor
     Raises ``ValueError`` where the positions contradict the states: above all, a call whose positions say it
     continues a sequence of which no state arrived.
     """
+    if is_plain(row_offsets, length, mask, positions):  # the common case, without a loop over tokens
+        return [Segment(row, tuple(range(length)), offset, True) for row, offset in enumerate(row_offsets)]
     mask_rows = None if mask is None else mask.bool().tolist()
     position_rows = None if positions is None else positions.tolist()
     segments = []
@@ -197,6 +199,18 @@ def plan_segments(row_offsets: Sequence[int], length: int, *, mask: torch.Tensor
         segments += [Segment(row, tuple(columns), offset, last=i == len(runs) - 1)
                      for i, (offset, columns) in enumerate(runs)]
     return segments
+
+
+def is_plain(row_offsets: Sequence[int], length: int, mask: torch.Tensor | None,
+             positions: torch.Tensor | None) -> bool:
+    """No padding, and every row's positions continue its state."""
+    if mask is not None and not bool(mask.bool().all()):
+        return False
+    if positions is None:
+        return True
+    expected = torch.tensor(list(row_offsets), device=positions.device)[:, None] + torch.arange(
+        length, device=positions.device)  # (B, T)
+    return bool((positions == expected).all())
 
 
 def position_error(row: int, column: int, position: int, expected: int, *, continues: bool) -> str:
@@ -245,8 +259,9 @@ def run_segments(model: TransformerVQ, input_ids: torch.Tensor, segments: Sequen
     for (offset, n), group in groups.items():
         rows = [s.row for s in group]
         whole = rows == list(range(B)) and n == T  # no padding: the inputs as they are, no gather
-        row_index = torch.tensor(rows, device=input_ids.device)[:, None]  # (g, 1)
-        col_index = torch.tensor([s.columns for s in group], device=input_ids.device)  # (g, n)
+        if not whole:
+            row_index = torch.tensor(rows, device=input_ids.device)[:, None]  # (g, 1)
+            col_index = torch.tensor([s.columns for s in group], device=input_ids.device)  # (g, n)
         ids = input_ids if whole else input_ids[row_index, col_index]  # (g, n)
         targets = loss_mask = None
         if labels is not None:
