@@ -33,3 +33,11 @@ def trained_run(tmp_path_factory) -> Path:
                  "--sample-tokens", "0", "--eval-tokens", "0", "--log-every", "1000"])
     assert code == 0
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def exported(trained_run, tmp_path_factory) -> Path:
+    """The `tvq export --format hf` directory of `trained_run` (read-only for the tests)."""
+    out = tmp_path_factory.mktemp("export") / "hf"
+    assert main(["export", "--format", "hf", "--ckpt", str(trained_run), "--out", str(out)]) == 0
+    return out

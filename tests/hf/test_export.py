@@ -36,7 +36,9 @@ def test_hf_export_gives_the_run_logits(trained_run, tmp_path, capsys):
     out = tmp_path / "hf"
     assert main(["export", "--format", "hf", "--ckpt", str(trained_run), "--out", str(out)]) == 0
     assert capsys.readouterr().out.strip() == f"wrote {out} (hf)"
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
+                                                     "modeling_transformer_vq.py", "tokenizer.json",
+                                                     "tokenizer_config.json"]  # test_self_contained.py: the last three
     model = AutoModelForCausalLM.from_pretrained(out)
     assert torch.equal(model(X).logits, run_logits(trained_run, X))
 

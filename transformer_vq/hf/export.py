@@ -4,12 +4,18 @@
 Both hold the model's weights and its persistent buffers (the EMA codebooks) and nothing of training (no optimizer
 state, no RNG). The run is read through ``transformer_vq.train.build.model_from_checkpoint``, whatever layout its
 checkpoints have; the directory is written atomically (complete or absent).
+
+A ``transformers`` directory is self-contained: beside the model it holds the run's tokenizer
+(:mod:`transformer_vq.hf.tokenizer`, loaded by ``AutoTokenizer`` with no remote code) and the remote code
+(``transformer_vq/hf/remote_code.py``, named by ``config.json``'s ``auto_map``), so ``AutoModelForCausalLM`` loads it
+with ``trust_remote_code=True`` in a process that never imported ``transformer_vq``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 from transformer_vq.config import ConfigError
@@ -17,6 +23,13 @@ from transformer_vq.config.jobs import ExportConfig
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+# The remote code of a transformers directory: transformer_vq/hf/remote_code.py under the name transformers expects,
+# and the auto classes config.json's auto_map sends to its classes.
+REMOTE_CODE_SOURCE = Path(__file__).with_name("remote_code.py")
+REMOTE_CODE_FILE = "modeling_transformer_vq.py"
+AUTO_MAP = {auto: f"{Path(REMOTE_CODE_FILE).stem}.{cls}" for auto, cls in (
+    ("AutoConfig", "TransformerVQHFConfig"), ("AutoModel", "TransformerVQForCausalLM"),
+    ("AutoModelForCausalLM", "TransformerVQForCausalLM"))}
 
 
 def export(cfg: ExportConfig) -> Path:
@@ -28,7 +41,7 @@ def export(cfg: ExportConfig) -> Path:
     from transformer_vq.fileio import atomic_directory
     from transformer_vq.train.build import model_from_checkpoint
 
-    model, run_cfg, _ = model_from_checkpoint(cfg.ckpt, device="cpu")
+    model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device="cpu")
     if run_cfg.arch != "tvq":
         raise ConfigError(f"--ckpt: tvq export converts Transformer-VQ models only, and {cfg.ckpt} holds a "
                           f"{run_cfg.arch!r} model; use its checkpoint directly (tvq eval, tvq sample, or "
@@ -36,9 +49,7 @@ def export(cfg: ExportConfig) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_directory(out) as tmp:
         if cfg.format == "hf":
-            from transformer_vq.hf.modeling import TransformerVQForCausalLM
-
-            TransformerVQForCausalLM.from_library_model(model).save_pretrained(tmp)
+            save_hf(model, tmp, run_sentencepiece_model(run_cfg, checkpoint))
         else:
             save_safetensors(model, tmp)
     return out
@@ -49,6 +60,31 @@ def check_out(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         what = "a file" if not out.is_dir() else "a directory that is not empty"
         raise ConfigError(f"--out: {out} is {what}; pass a new or empty directory")
+
+
+def save_hf(model, directory: Path, sentencepiece_model: Path | None = None) -> None:
+    """The ``transformers`` directory of ``model``: ``config.json`` (with ``auto_map``), ``model.safetensors``,
+    ``generation_config.json``, the remote code and the tokenizer (bytes, or translated from
+    ``sentencepiece_model``)."""
+    from transformer_vq.hf.modeling import TransformerVQForCausalLM
+    from transformer_vq.hf.tokenizer import write_run_tokenizer
+
+    write_run_tokenizer(directory, model.cfg.vocab_size, sentencepiece_model)  # first: it may refuse the run
+    wrapped = TransformerVQForCausalLM.from_library_model(model)
+    wrapped.config.auto_map = dict(AUTO_MAP)
+    wrapped.save_pretrained(directory)
+    shutil.copyfile(REMOTE_CODE_SOURCE, directory / REMOTE_CODE_FILE)
+
+
+def run_sentencepiece_model(run_cfg, checkpoint) -> Path | None:
+    """The SentencePiece model of a run: the run's copy (``tokenizer.model`` in the run directory, written when the
+    run started) or the file its ``tokenizer=`` data option names; None when it has neither (byte-level runs)."""
+    from transformer_vq.train.build import RUN_TOKENIZER, run_dir_of
+
+    for path in (run_dir_of(checkpoint) / RUN_TOKENIZER, run_cfg.train.data_options.get("tokenizer")):
+        if path and Path(path).is_file():
+            return Path(path)
+    return None
 
 
 def save_safetensors(model, directory: Path) -> None:
