@@ -207,3 +207,26 @@ def test_missing_library_is_named_with_its_install_command(exported, tmp_path):
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: this model directory runs on the transformer-vq library, which could not "
                            "be imported (") and last.endswith("): pip install 'transformer-vq[hf]'"), last
+
+
+LOAD_LOGITS = """
+import torch
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)
+with torch.no_grad():
+    torch.save(model(torch.load(sys.argv[2])).logits, sys.argv[3])
+"""
+
+
+def test_a_directory_saved_by_the_library_itself_stands_alone(tmp_path):
+    """Not only tvq export: save_pretrained of the library's class writes the auto_map and the code it names."""
+    from hfutil import tiny_model
+
+    lib = tiny_model()
+    saved = tmp_path / "saved"
+    TransformerVQForCausalLM.from_library_model(lib).save_pretrained(saved)
+    torch.save(X % 64, tmp_path / "x.pt")
+    done = fresh_python(LOAD_LOGITS, tmp_path, str(saved), str(tmp_path / "x.pt"), str(tmp_path / "out.pt"))
+    assert done.returncode == 0, done.stderr
+    with torch.no_grad():
+        assert torch.equal(torch.load(tmp_path / "out.pt"), lib(X % 64).logits)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 from pathlib import Path
 
 from transformer_vq.config import ConfigError
@@ -23,13 +22,6 @@ from transformer_vq.config.jobs import ExportConfig
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
-# The remote code of a transformers directory: transformer_vq/hf/remote_code.py under the name transformers expects,
-# and the auto classes config.json's auto_map sends to its classes.
-REMOTE_CODE_SOURCE = Path(__file__).with_name("remote_code.py")
-REMOTE_CODE_FILE = "modeling_transformer_vq.py"
-AUTO_MAP = {auto: f"{Path(REMOTE_CODE_FILE).stem}.{cls}" for auto, cls in (
-    ("AutoConfig", "TransformerVQHFConfig"), ("AutoModel", "TransformerVQForCausalLM"),
-    ("AutoModelForCausalLM", "TransformerVQForCausalLM"))}
 
 
 def export(cfg: ExportConfig) -> Path:
@@ -70,10 +62,7 @@ def save_hf(model, directory: Path, sentencepiece_model: Path | None = None) -> 
     from transformer_vq.hf.tokenizer import write_run_tokenizer
 
     write_run_tokenizer(directory, model.cfg.vocab_size, sentencepiece_model)  # first: it may refuse the run
-    wrapped = TransformerVQForCausalLM.from_library_model(model)
-    wrapped.config.auto_map = dict(AUTO_MAP)
-    wrapped.save_pretrained(directory)
-    shutil.copyfile(REMOTE_CODE_SOURCE, directory / REMOTE_CODE_FILE)
+    TransformerVQForCausalLM.from_library_model(model).save_pretrained(directory)  # auto_map and remote code too
 
 
 def run_sentencepiece_model(run_cfg, checkpoint) -> Path | None:

@@ -13,6 +13,9 @@ Importing this module registers the classes with ``AutoConfig``, ``AutoModel`` a
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
@@ -24,6 +27,14 @@ from transformer_vq.nn.gau import GatedAttentionUnit
 from transformer_vq.nn.model import TransformerVQ
 from transformer_vq.nn.ragged import RowStates, plan_segments, run_segments
 
+# The remote code every saved directory carries (transformer_vq/hf/remote_code.py under the name transformers
+# expects) and the auto classes config.json's auto_map sends to its classes: trust_remote_code=True loads the
+# directory in a process that never imported transformer_vq.
+REMOTE_CODE_SOURCE = Path(__file__).with_name("remote_code.py")
+REMOTE_CODE_FILE = "modeling_transformer_vq.py"
+AUTO_MAP = {auto: f"{Path(REMOTE_CODE_FILE).stem}.{cls}" for auto, cls in (
+    ("AutoConfig", "TransformerVQHFConfig"), ("AutoModel", "TransformerVQForCausalLM"),
+    ("AutoModelForCausalLM", "TransformerVQForCausalLM"))}
 # What from_pretrained reports of tensors that do not fit; any of them refuses the load.
 MISFIT_KINDS = ("missing_keys", "unexpected_keys", "mismatched_keys")
 # The output field that carries the cache: `cache` from transformers 5.24 on, `past_key_values` before.
@@ -61,6 +72,14 @@ class TransformerVQPreTrainedModel(PreTrainedModel):
                              f"model's tensors ({listed}); it was saved from another model or damaged: export the "
                              f"run again with `tvq export --format hf`")
         return (model, info) if want_info else model
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """``PreTrainedModel.save_pretrained``, plus what makes the directory stand alone: ``config.json``'s
+        ``auto_map`` and the remote code it names, whether this model came from the library or from remote code."""
+        self.config.auto_map = dict(AUTO_MAP)
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        shutil.copyfile(REMOTE_CODE_SOURCE, Path(save_directory) / REMOTE_CODE_FILE)
+        return result
 
     def init_weights(self) -> None:
         """Nothing to do: the library's constructor has already initialized every tensor, and nothing is tied."""
@@ -119,8 +138,7 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
                 position_ids: torch.LongTensor | None = None, cache: TransformerVQCache | None = None,
                 past_key_values: TransformerVQCache | None = None, labels: torch.LongTensor | None = None,
                 use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
-                cache_position: torch.LongTensor | None = None, return_dict: bool | None = None,
-                **kwargs) -> CausalLMOutputWithPast:
+                return_dict: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
         """Next-token logits of ``input_ids`` ``[B, T]``, continuing the sequences of the cache.
 
         Args:
@@ -141,14 +159,16 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
             use_cache: return the cache (default ``config.use_cache``).
             logits_to_keep: an int ``k > 0`` returns the logits of the last ``k`` columns only (``generate`` asks
                 for 1); a 1-D tensor the logits of those columns; 0 every column.
-            cache_position: the columns of these tokens (older transformers pass it); must start at the cache's
-                length.
+            kwargs: ``cache_position``, the columns of these tokens (transformers before 5.24 pass it; not a
+                named parameter, which 5.24 would take for a model that still needs it): must start at the cache's
+                length. The false/None flags transformers passes are accepted; anything else is refused.
 
         Raises ``ValueError`` when the inputs say this call continues a sequence (an attention mask longer than
         ``input_ids``, ``cache_position`` or ``position_ids`` past 0) and no cache of that length arrived: the model
         never computes a continuation from an empty state.
         """
         cache = resolve_cache(cache, past_key_values, kwargs)
+        cache_position = kwargs.pop("cache_position", None)
         refuse_unsupported(input_ids, kwargs)
         B, T = input_ids.shape
         columns = 0 if cache is None else cache.get_seq_length()

@@ -1,8 +1,9 @@
 """The code of a Transformer-VQ model directory, for ``transformers``' ``trust_remote_code=True``: the classes of the
 installed ``transformer-vq`` library, under this file's name. The library never imports this module.
 
-``tvq export --format hf`` copies this file into the directory as ``modeling_transformer_vq.py`` and names its
-classes in ``config.json``'s ``auto_map`` (``transformer_vq.hf.export.AUTO_MAP``), so that ``AutoConfig``,
+``save_pretrained`` (and so ``tvq export --format hf``) copies this file into the directory as
+``modeling_transformer_vq.py`` and names its classes in ``config.json``'s ``auto_map``
+(``transformer_vq.hf.modeling.AUTO_MAP``), so that ``AutoConfig``,
 ``AutoModel`` and ``AutoModelForCausalLM`` load the directory in a process that never imported ``transformer_vq``
 (lm-eval, a training script). Nothing is computed here: the classes below add nothing to the library's, so the
 directory holds no copy of the model's code and runs whatever ``transformer-vq`` release is installed.
