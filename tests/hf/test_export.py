@@ -76,3 +76,16 @@ def test_hf_without_transformers_says_what_to_install(trained_run, tmp_path, cap
     monkeypatch.setitem(sys.modules, "transformers", None)  # what find_spec reports when it is not installed
     line = error_line(capsys, ["export", "--format", "hf", "--ckpt", str(trained_run), "--out", str(tmp_path / "o")])
     assert line == "error: --format hf needs transformers: pip install transformer-vq[hf]"
+
+
+def test_a_safetensors_directory_without_exactly_the_models_tensors_is_refused(trained_run, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path / "st"
+    assert main(["export", "--format", "safetensors", "--ckpt", str(trained_run), "--out", str(out)]) == 0
+    tensors = load_file(out / "model.safetensors")
+    del tensors["units.0.quantizer.ema_count"]
+    tensors["units.7.extra"] = torch.zeros(1)
+    save_file(tensors, out / "model.safetensors")
+    with pytest.raises(ValueError, match=r"missing: units.0.quantizer.ema_count; unexpected: units.7.extra\)"):
+        load_safetensors(out)

@@ -95,5 +95,9 @@ def load_safetensors(directory: str | Path):
 
     directory = Path(directory)
     model = TransformerVQ(TransformerVQConfig.from_dict(json.loads((directory / CONFIG_FILE).read_text())))
-    model.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))
+    missing, unexpected = model.load_state_dict(load_file(str(directory / WEIGHTS_FILE)), strict=False)
+    if missing or unexpected:  # loaded whole or not at all, every offending name listed
+        raise ValueError(f"{directory / WEIGHTS_FILE} does not hold this model's tensors (missing: "
+                         f"{', '.join(missing) or 'none'}; unexpected: {', '.join(unexpected) or 'none'}); it was "
+                         f"saved from another model or damaged: export the run again")
     return model.eval()
