@@ -4,8 +4,7 @@ Lingle, "Transformer-VQ: Linear-Time Transformers via Vector Quantization", ICLR
 
 The public names below are imported on first use, so that ``import transformer_vq.cli`` (the ``tvq``
 command) can set up the process (thread policy) before PyTorch is loaded.
-With ``transformers`` installed, the model is registered with its auto classes when ``transformers`` is (or was)
-imported, without importing it here (``transformer_vq.hf.hook`` says how).
+The ``transformers`` classes live in :mod:`transformer_vq.hf` (the extra ``hf``); importing it registers them.
 """
 
 from __future__ import annotations
@@ -28,9 +27,6 @@ _EXPORTS = {
 }
 
 __all__ = ["__version__", *_EXPORTS]
-
-importlib.import_module("transformer_vq.hf.hook").install()
-
 
 def __getattr__(name: str):
     if name in _EXPORTS:

@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from transformer_vq.cli import main  # noqa: E402
-from transformer_vq.hf.export import load_safetensors  # noqa: E402
+from transformer_vq.export import load_safetensors  # noqa: E402
 from transformer_vq.train.build import model_from_checkpoint  # noqa: E402
 
 

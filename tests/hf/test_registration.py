@@ -1,5 +1,6 @@
-"""The auto classes know the model after `import transformer_vq`, whichever of the two is imported first, with no
-trust_remote_code; and `import transformer_vq` itself loads neither torch nor transformers."""
+"""The auto classes know the model after `import transformer_vq.hf`, whichever of it and transformers is imported
+first, with no trust_remote_code; `import transformer_vq` itself loads neither torch nor transformers and registers
+nothing (no import hooks, no side effects)."""
 
 from __future__ import annotations
 
@@ -42,8 +43,8 @@ def saved(tmp_path_factory) -> tuple[Path, float]:
     return path, float(lib(torch.tensor([[1, 2, 3]])).logits.sum().detach())
 
 
-@pytest.mark.parametrize("imports", ["import transformer_vq; import transformers",
-                                     "import transformers; import transformer_vq"],
+@pytest.mark.parametrize("imports", ["import transformer_vq.hf; import transformers",
+                                     "import transformers; import transformer_vq.hf"],
                          ids=["transformer_vq-first", "transformers-first"])
 def test_auto_classes_load_in_either_import_order(saved, imports):
     path, logit_sum = saved
@@ -55,3 +56,10 @@ def test_auto_classes_load_in_either_import_order(saved, imports):
 def test_import_transformer_vq_stays_light():
     assert python("import sys, transformer_vq; print('torch' in sys.modules, 'transformers' in sys.modules)") \
         == ["False", "False"]
+
+
+def test_import_transformer_vq_registers_nothing():
+    assert python("import sys, transformer_vq, transformers\n"
+                  "from transformers.models.auto.configuration_auto import CONFIG_MAPPING\n"
+                  "print('transformer_vq' in CONFIG_MAPPING, [m for m in sys.modules if m.startswith('transformer_vq.')])"
+                  ) == ["False", "[]"]

@@ -1,5 +1,6 @@
 """`tvq export`: convert a training run's model into a Hugging Face ``transformers`` directory (``--format hf``,
-loaded by ``AutoModelForCausalLM.from_pretrained`` after ``import transformer_vq``) or one consolidated
+with its tokenizer and remote code: ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` and
+``AutoTokenizer.from_pretrained(DIR)`` load it anywhere the library is installed) or one consolidated
 model.safetensors with the library's config.json (``--format safetensors``). The flags are the fields of
 ``transformer_vq.config.jobs.ExportConfig``."""
 
@@ -19,7 +20,7 @@ def add_parser(subparsers):
 def run(args) -> int:
     from transformer_vq.config.flags import given
     from transformer_vq.config.jobs import ExportConfig
-    from transformer_vq.hf.export import export
+    from transformer_vq.export import export
 
     cfg = ExportConfig(**given(args, ExportConfig))
     out = export(cfg)

@@ -1,6 +1,6 @@
 """What ``tvq eval``, ``tvq sample`` and ``tvq export`` do with a checkpoint: frozen, validated configs whose fields
 are the commands' flags and the keyword arguments of ``transformer_vq.train.evaluate`` / ``sample`` /
-``transformer_vq.hf.export.export``."""
+``transformer_vq.export.export``."""
 
 from __future__ import annotations
 
@@ -94,7 +94,8 @@ class ExportConfig:
     """Convert a training run's model (weights and EMA codebooks) into a directory other tools load."""
 
     ckpt: str = option("runs/default", CKPT_HELP)
-    format: str = option("hf", "'hf' (transformers: config.json, model.safetensors, generation_config.json; needs "
+    format: str = option("hf", "'hf' (a transformers directory that stands alone: config.json with auto_map, "
+                               "model.safetensors, generation_config.json, the tokenizer and the remote code; needs "
                                "`pip install transformer-vq[hf]`) or 'safetensors' (model.safetensors and the "
                                "library's config.json).", choices=EXPORT_FORMATS)
     out: str | None = option(None, "Directory to write (required; must not exist or be empty).")

@@ -2,30 +2,23 @@
 ``generate`` and ``save_pretrained`` / ``from_pretrained``, and the VQ attention state as a ``transformers`` cache.
 docs/huggingface.md shows their use.
 
-The names below are imported on first use: ``transformer_vq.hf.export`` (whose safetensors format needs no
-``transformers``) and ``transformer_vq.hf.hook`` stay importable without ``transformers``.
+``import transformer_vq.hf`` registers the model with ``AutoConfig``, ``AutoModel`` and ``AutoModelForCausalLM``
+(here, in these few lines, and nowhere else; ``import transformer_vq`` alone imports neither torch nor
+``transformers``). A directory written by ``save_pretrained`` or ``tvq export --format hf`` also loads with
+``trust_remote_code=True`` in a process that imported nothing of this library (its ``auto_map``).
 """
 
 from __future__ import annotations
 
-import importlib
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-_EXPORTS = {
-    "TransformerVQHFConfig": "transformer_vq.hf.configuration",
-    "TransformerVQForCausalLM": "transformer_vq.hf.modeling",
-    "TransformerVQCache": "transformer_vq.hf.cache",
-}
+from transformer_vq.hf.cache import TransformerVQCache
+from transformer_vq.hf.configuration import MODEL_TYPE, TransformerVQHFConfig
+from transformer_vq.hf.modeling import TransformerVQForCausalLM
 
-__all__ = list(_EXPORTS)
+__all__ = ["TransformerVQHFConfig", "TransformerVQForCausalLM", "TransformerVQCache"]
 
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'transformer_vq.hf' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+# exist_ok: registering the same classes again (importlib.reload, or the remote code of a saved directory) is harmless
+AutoConfig.register(MODEL_TYPE, TransformerVQHFConfig, exist_ok=True)
+AutoModel.register(TransformerVQHFConfig, TransformerVQForCausalLM, exist_ok=True)
+AutoModelForCausalLM.register(TransformerVQHFConfig, TransformerVQForCausalLM, exist_ok=True)

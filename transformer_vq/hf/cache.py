@@ -199,8 +199,3 @@ class TransformerVQCache(Cache):
 
     def prefetch(self, *args, **kwargs) -> None:
         pass
-
-
-# Registering with the auto classes happens in modeling (which needs this module): importing this module alone
-# registers too (transformer_vq.hf.hook explains the order).
-import transformer_vq.hf.modeling  # noqa: E402,F401

@@ -52,8 +52,3 @@ class TransformerVQHFConfig(PreTrainedConfig):
     def to_diff_dict(self) -> dict:
         """What ``config.json`` holds: ``transformers``' differences from the defaults, plus every model field."""
         return {**super().to_diff_dict(), **self.model_config().to_dict()}
-
-
-# Registering with the auto classes happens in modeling (which needs this module): importing this module alone
-# registers too (transformer_vq.hf.hook explains the order).
-import transformer_vq.hf.modeling  # noqa: E402,F401

@@ -1,103 +1,23 @@
-"""Converting a training run's model into a directory other tools load (``tvq export``): a Hugging Face
-``transformers`` model directory, or one consolidated ``model.safetensors`` beside the library's ``config.json``.
+"""The ``transformers`` directory of a library model (``tvq export --format hf``; :mod:`transformer_vq.export` reads
+the run and writes the directory atomically).
 
-Both hold the model's weights and its persistent buffers (the EMA codebooks) and nothing of training (no optimizer
-state, no RNG). The run is read through ``transformer_vq.train.build.model_from_checkpoint``, whatever layout its
-checkpoints have; the directory is written atomically (complete or absent).
-
-A ``transformers`` directory is self-contained: beside the model it holds the run's tokenizer
-(:mod:`transformer_vq.hf.tokenizer`, loaded by ``AutoTokenizer`` with no remote code) and the remote code
-(``transformer_vq/hf/remote_code.py``, named by ``config.json``'s ``auto_map``), so ``AutoModelForCausalLM`` loads it
-with ``trust_remote_code=True`` in a process that never imported ``transformer_vq``.
+The directory is self-contained: beside the weights it holds the run's tokenizer (:mod:`transformer_vq.hf.tokenizer`,
+loaded by ``AutoTokenizer`` with no remote code) and the remote code (``transformer_vq/hf/remote_code.py``, named by
+``config.json``'s ``auto_map``, written by every ``save_pretrained``), so ``AutoModelForCausalLM`` loads it with
+``trust_remote_code=True`` in a process that never imported ``transformer_vq``.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 from pathlib import Path
 
-from transformer_vq.config import ConfigError
-from transformer_vq.config.jobs import ExportConfig
-
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
-
-
-def export(cfg: ExportConfig) -> Path:
-    """Write the model of run ``cfg.ckpt`` to ``cfg.out`` in ``cfg.format``; returns the directory written."""
-    out = Path(cfg.out)
-    check_out(out)
-    if cfg.format == "hf" and importlib.util.find_spec("transformers") is None:
-        raise ConfigError("--format hf needs transformers: pip install transformer-vq[hf]")
-    from transformer_vq.fileio import atomic_directory
-    from transformer_vq.train.build import model_from_checkpoint
-
-    model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device="cpu")
-    if run_cfg.arch != "tvq":
-        raise ConfigError(f"--ckpt: tvq export converts Transformer-VQ models only, and {cfg.ckpt} holds a "
-                          f"{run_cfg.arch!r} model; use its checkpoint directly (tvq eval, tvq sample, or "
-                          f"transformer_vq.train.build.model_from_checkpoint in Python)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_directory(out) as tmp:
-        if cfg.format == "hf":
-            save_hf(model, tmp, run_sentencepiece_model(run_cfg, checkpoint))
-        else:
-            save_safetensors(model, tmp)
-    return out
-
-
-def check_out(out: Path) -> None:
-    """Refuse an output path that is a file or a directory with something in it (nothing is ever overwritten)."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        what = "a file" if not out.is_dir() else "a directory that is not empty"
-        raise ConfigError(f"--out: {out} is {what}; pass a new or empty directory")
+from transformer_vq.hf.modeling import TransformerVQForCausalLM
+from transformer_vq.hf.tokenizer import write_run_tokenizer
 
 
 def save_hf(model, directory: Path, sentencepiece_model: Path | None = None) -> None:
     """The ``transformers`` directory of ``model``: ``config.json`` (with ``auto_map``), ``model.safetensors``,
     ``generation_config.json``, the remote code and the tokenizer (bytes, or translated from
     ``sentencepiece_model``)."""
-    from transformer_vq.hf.modeling import TransformerVQForCausalLM
-    from transformer_vq.hf.tokenizer import write_run_tokenizer
-
     write_run_tokenizer(directory, model.cfg.vocab_size, sentencepiece_model)  # first: it may refuse the run
     TransformerVQForCausalLM.from_library_model(model).save_pretrained(directory)  # auto_map and remote code too
-
-
-def run_sentencepiece_model(run_cfg, checkpoint) -> Path | None:
-    """The SentencePiece model of a run: the run's copy (``tokenizer.model`` in the run directory, written when the
-    run started) or the file its ``tokenizer=`` data option names; None when it has neither (byte-level runs)."""
-    from transformer_vq.train.build import RUN_TOKENIZER, run_dir_of
-
-    for path in (run_dir_of(checkpoint) / RUN_TOKENIZER, run_cfg.train.data_options.get("tokenizer")):
-        if path and Path(path).is_file():
-            return Path(path)
-    return None
-
-
-def save_safetensors(model, directory: Path) -> None:
-    """``model.safetensors`` (the state dict: weights and persistent buffers) and ``config.json`` (the library's
-    :class:`~transformer_vq.config.TransformerVQConfig`) in ``directory``."""
-    from safetensors.torch import save_file
-
-    tensors = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
-    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-    (directory / CONFIG_FILE).write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n")
-
-
-def load_safetensors(directory: str | Path):
-    """The :class:`~transformer_vq.TransformerVQ` of a directory written by ``tvq export --format safetensors``
-    (eval mode, on the CPU)."""
-    from safetensors.torch import load_file
-
-    from transformer_vq import TransformerVQ, TransformerVQConfig
-
-    directory = Path(directory)
-    model = TransformerVQ(TransformerVQConfig.from_dict(json.loads((directory / CONFIG_FILE).read_text())))
-    missing, unexpected = model.load_state_dict(load_file(str(directory / WEIGHTS_FILE)), strict=False)
-    if missing or unexpected:  # loaded whole or not at all, every offending name listed
-        raise ValueError(f"{directory / WEIGHTS_FILE} does not hold this model's tensors (missing: "
-                         f"{', '.join(missing) or 'none'}; unexpected: {', '.join(unexpected) or 'none'}); it was "
-                         f"saved from another model or damaged: export the run again")
-    return model.eval()

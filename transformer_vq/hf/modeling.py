@@ -6,9 +6,7 @@ The wrapper computes nothing itself: every logit comes from the wrapped module (
 in one place (``transformer_vq.nn``). Its weights and EMA codebook buffers are saved under the same names as the
 library's state dict, prefixed ``model.``.
 
-Importing this module registers the classes with ``AutoConfig``, ``AutoModel`` and ``AutoModelForCausalLM`` (no
-``trust_remote_code``: the code is this installed library's); ``transformer_vq.hf.hook`` imports it when
-``transformers`` is imported.
+``transformer_vq.hf`` registers these classes with the auto classes.
 """
 
 from __future__ import annotations
@@ -17,12 +15,12 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from transformer_vq.hf.cache import TransformerVQCache
-from transformer_vq.hf.configuration import MODEL_TYPE, TransformerVQHFConfig
+from transformer_vq.hf.configuration import TransformerVQHFConfig
 from transformer_vq.nn.gau import GatedAttentionUnit
 from transformer_vq.nn.model import TransformerVQ
 from transformer_vq.nn.ragged import RowStates, plan_segments, run_segments
@@ -190,12 +188,6 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
             new_cache.set_rows(out.states, columns + T)
         return CausalLMOutputWithPast(loss=out.loss, logits=kept_logits(out.logits, logits_to_keep),
                                       **{CACHE_FIELD: new_cache})
-
-
-# exist_ok: registering the same classes again (e.g. after importlib.reload) is harmless
-AutoConfig.register(MODEL_TYPE, TransformerVQHFConfig, exist_ok=True)
-AutoModel.register(TransformerVQHFConfig, TransformerVQForCausalLM, exist_ok=True)
-AutoModelForCausalLM.register(TransformerVQHFConfig, TransformerVQForCausalLM, exist_ok=True)
 
 
 def resolve_cache(cache, past_key_values, kwargs: dict) -> TransformerVQCache | None:

@@ -10,7 +10,7 @@ directory holds no copy of the model's code and runs whatever ``transformer-vq``
 
 They are subclasses, not the library's classes themselves, because ``save_pretrained`` of a class marked for an auto
 class copies the file that defines it into the new directory: marked here, that file is this one, so a model loaded
-this way and saved again (``Trainer.save_model``) writes a directory that loads the same way. Importing the library
+this way and saved again (``Trainer.save_model``) writes a directory that loads the same way. ``transformer_vq.hf``
 registers its own classes with the auto classes; in a process that had not imported it before this file, the last
 lines put these in their place, so every later load in the process gives them too. A process that had imported it
 keeps its registrations (transformers 5.0 runs this file even then, when asked to trust remote code; 5.24 does not).
