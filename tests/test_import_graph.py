@@ -14,14 +14,6 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "transformer_vq"
 NAME = PACKAGE.name
 
-# Circles that remain, each to be removed by issue 20 (one training engine; the checkpoint store as a leaf). The
-# test fails when one of them is gone too, so that this list only ever shrinks.
-KNOWN_CIRCLES = {
-    frozenset({"transformer_vq.config.load", "transformer_vq.config.train"}),
-    frozenset({"transformer_vq.data.classify.pathfinder", "transformer_vq.data.classify.pathfinder_release"}),
-    frozenset({"transformer_vq.train.checkpoint", "transformer_vq.train.dcp", "transformer_vq.train.fsdp"}),
-}
-
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
@@ -79,8 +71,8 @@ def circles() -> set[frozenset[str]]:
     return found
 
 
-def test_no_import_circles_beyond_the_known_ones():
-    assert circles() == KNOWN_CIRCLES
+def test_no_import_circles():
+    assert circles() == set()
 
 
 def test_the_graph_sees_function_local_imports(tmp_path):

@@ -19,7 +19,7 @@ from transformer_vq.cli import build_parser
 from transformer_vq.config import ConfigError
 from transformer_vq.config.ablate import MATRICES
 from transformer_vq.config.flags import given
-from transformer_vq.config.load import build
+from transformer_vq.config.fields import build
 from transformer_vq.train import evaluate
 from transformer_vq.train.recall import accuracy_by_distance
 

@@ -37,7 +37,7 @@ class BenchConfig:
     @classmethod
     def from_dict(cls, values: dict):
         """Rebuild from ``dataclasses.asdict`` output (the ``config`` of a result, or of a cell's process)."""
-        from transformer_vq.config.load import build
+        from transformer_vq.config.fields import build
 
         return build(cls, {**values, "model": cls.model_class().from_dict(values["model"])}, "bench")
 

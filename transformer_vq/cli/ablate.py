@@ -59,7 +59,7 @@ def run(args) -> int:
     from transformer_vq.ablate import run_ablation
     from transformer_vq.config.ablate import AblateConfig
     from transformer_vq.config.flags import given
-    from transformer_vq.config.load import build
+    from transformer_vq.config.fields import build
 
     cfg = build(AblateConfig, given(args, AblateConfig), "ablate")
     # `kill` stops the matrix as Ctrl-C does: every running training is stopped and saves its checkpoint (the default

@@ -63,7 +63,7 @@ def build_config(args):
     """``(config, dataset)`` of the arguments; resuming without ``--preset`` continues the run's saved config."""
     from transformer_vq.config import ClassifyConfig, ClassifyTrainConfig, LongVQConfig, classify_config
     from transformer_vq.config.flags import given
-    from transformer_vq.config.load import build
+    from transformer_vq.config.fields import build
     from transformer_vq.train.classify_build import load_classify_data
 
     model, train = given(args, LongVQConfig), given(args, ClassifyTrainConfig)

@@ -103,7 +103,7 @@ def _train_sets(args) -> dict:
 def _resume_base(args, values):
     """The saved config of the run being resumed (None for a new run, or when --preset/--config start over)."""
     from transformer_vq.config import TrainConfig, read_run_config
-    from transformer_vq.config.load import build
+    from transformer_vq.config.fields import build
 
     if args.resume is None or args.preset is not None or args.config is not None:
         return None

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer_vq.config.choices import CLASSIFY_DATASETS, DEVICES, OPTIMIZERS, PRECISIONS, SPLITS
-from transformer_vq.config.fields import ConfigError, check, option
+from transformer_vq.config.fields import ConfigError, build, check, option
 from transformer_vq.config.longvq import LONGVQ_PRESETS, LongVQConfig
 from transformer_vq.config.train import name_problem, retain_host_memory_option
 
@@ -109,8 +109,6 @@ class ClassifyConfig:
     @classmethod
     def from_dict(cls, values: dict) -> "ClassifyConfig":
         """Rebuild from :meth:`to_dict` output (a checkpoint's config.json)."""
-        from transformer_vq.config.load import build
-
         if not isinstance(values, dict) or set(values) != {"model", "train"}:
             raise ConfigError("a classification run config is a mapping with exactly 'model' and 'train'")
         return cls(model=build(LongVQConfig, values["model"], "model"),
@@ -122,8 +120,6 @@ def classify_config(*, n_classes: int, vocab_size: int, preset: str | None = Non
     """A :class:`ClassifyConfig` for a dataset of ``n_classes`` classes and ``vocab_size`` token ids: the model
     ``preset`` (default ``small``; an encoder: ``causal`` false unless ``model`` says otherwise), or the saved config
     ``base`` of a run being resumed, with the fields of ``model`` and ``train`` on top."""
-    from transformer_vq.config.load import build
-
     model, train = dict(model or {}), dict(train or {})
     given = sorted(set(model) & set(FROM_DATA))
     if given:

@@ -214,3 +214,24 @@ def coerce(field: dataclasses.Field, kind: Kind, value):
     if kind.base is float and _is_int(value) and abs(value) <= MAX_INT:
         return float(value)
     return value
+
+
+def unknown_message(keys, what, known) -> str:
+    """An unknown key named, with every key that would have been known."""
+    return f"unknown {what} key(s): {', '.join(sorted(keys))}; known keys: {', '.join(sorted(known))}"
+
+
+def build(cls, values: dict, section: str):
+    """Instantiate ``cls`` from ``values`` (typed, or strings as on the command line); bad keys and values are
+    named as ``section.key``."""
+    known = fields_of(cls)
+    unknown = set(values) - set(known)
+    if unknown:
+        raise ConfigError(unknown_message(unknown, f"{section} config", known))
+    converted = {}
+    for key, value in values.items():
+        try:
+            converted[key] = coerce(known[key], kinds(cls)[key], value)
+        except ValueError as err:
+            raise ConfigError(f"{section}.{key} {err}", [(key, str(err))], cls) from None
+    return cls(**converted)

@@ -20,7 +20,7 @@ import typing
 from pathlib import Path
 
 from transformer_vq.config.arch import DEFAULT_ARCH, MODEL_CLASSES, check_arch, foreign_fields, lm_preset
-from transformer_vq.config.fields import ConfigError, coerce, fields_of, kinds
+from transformer_vq.config.fields import ConfigError, build, fields_of, unknown_message
 from transformer_vq.config.train import RunConfig, TrainConfig
 
 SECTIONS = ("model", "train")
@@ -151,25 +151,5 @@ def parse_override(item: str) -> tuple[str, str, str]:
         return section, name, value
     owner = "model" if key in MODEL_FIELDS else "train" if key in fields_of(TrainConfig) else None
     if owner is None:
-        raise ConfigError(_unknown_message([key], "config", MODEL_FIELDS | set(fields_of(TrainConfig))))
+        raise ConfigError(unknown_message([key], "config", MODEL_FIELDS | set(fields_of(TrainConfig))))
     return owner, key, value
-
-
-def _unknown_message(keys, what, known) -> str:
-    return f"unknown {what} key(s): {', '.join(sorted(keys))}; known keys: {', '.join(sorted(known))}"
-
-
-def build(cls, values: dict, section: str):
-    """Instantiate ``cls`` from ``values`` (typed, or strings as on the command line); bad keys and values are
-    named as ``section.key``."""
-    known = fields_of(cls)
-    unknown = set(values) - set(known)
-    if unknown:
-        raise ConfigError(_unknown_message(unknown, f"{section} config", known))
-    converted = {}
-    for key, value in values.items():
-        try:
-            converted[key] = coerce(known[key], kinds(cls)[key], value)
-        except ValueError as err:
-            raise ConfigError(f"{section}.{key} {err}", [(key, str(err))], cls) from None
-    return cls(**converted)

@@ -11,7 +11,7 @@ from pathlib import Path
 from transformer_vq.config.arch import DEFAULT_ARCH, MODEL_CLASSES, arch_of, check_arch
 from transformer_vq.config.choices import DEVICES, OPTIMIZERS, PARALLELS, PRECISIONS
 from transformer_vq.config.jobs import eval_tokens_problem
-from transformer_vq.config.fields import ConfigError, check, option
+from transformer_vq.config.fields import ConfigError, build, check, option
 from transformer_vq.config.longvq import LongVQConfig
 from transformer_vq.config.model import PRESETS, TransformerVQConfig
 
@@ -153,8 +153,6 @@ class RunConfig:
     def from_dict(cls, values: dict) -> "RunConfig":
         """Rebuild from :meth:`to_dict` output (e.g. a checkpoint's config.json); without ``arch`` (a run saved
         before LongVQ existed) the model is Transformer-VQ's."""
-        from transformer_vq.config.load import build
-
         if not isinstance(values, dict):
             raise ConfigError(f"a run config is a mapping with 'model' and 'train', got {type(values).__name__}")
         unknown = sorted(set(values) - {"arch", "model", "train"})

@@ -36,13 +36,11 @@ import torch
 from transformer_vq import fileio
 from transformer_vq.config import LongVQConfig, TransformerVQConfig
 from transformer_vq.train import dcp
+from transformer_vq.train.checkpoint_error import CheckpointError
+from transformer_vq.train.finite import named_tensors, nonfinite_names
 
 FILES = ("model.safetensors", "state.pt", "config.json")
 STEP_DIR = re.compile(r"^step_(\d{8,})$")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used, with a message that says why and what to do."""
 
 
 @dataclass
@@ -164,15 +162,15 @@ def _publish(root: Path, final: Path, keep: int) -> None:
 
 
 def save_sharded_checkpoint(root: Path, *, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                            config: dict, state: dict, keep: int, dist_info) -> Path | None:
+                            config: dict, state: dict, keep: int, dist_info, nonfinite_shards) -> Path | None:
     """Write checkpoint ``step`` of an FSDP run: every worker calls it with its own shards (a
     collective), rank 0 (which must hold the run directory's lock) writes the rest; atomic like
-    :func:`save_checkpoint`. Returns the checkpoint's path on rank 0, None elsewhere."""
-    from transformer_vq.train.fsdp import nonfinite_shards
+    :func:`save_checkpoint`. Returns the checkpoint's path on rank 0, None elsewhere.
 
+    ``nonfinite_shards(named_tensors)`` names the tensors with NaN or infinity in any worker's shard, the same list on
+    every worker (a collective): the trainer passes it, so that the storage format never imports the parallelism."""
     tensors, param_groups = dcp.sharded_state(model, optimizer)
-    device = next(iter(model.parameters())).device
-    bad = nonfinite_shards(_tensors(tensors, ""), dist_info, device)
+    bad = nonfinite_shards(named_tensors(tensors, ""))
     if bad:  # every worker raises: the list is the same on all of them
         _refuse(step, [name.replace("model.", "", 1) for name in bad])
     root = Path(root)
@@ -193,31 +191,10 @@ def save_sharded_checkpoint(root: Path, *, step: int, model: torch.nn.Module, op
     return final
 
 
-def _tensors(tree, prefix: str):
-    """(name, tensor) for every tensor in a tree of dicts and lists."""
-    if isinstance(tree, torch.Tensor):
-        yield prefix, tree
-    elif isinstance(tree, dict):
-        for key, value in tree.items():
-            yield from _tensors(value, f"{prefix}.{key}" if prefix else str(key))
-    elif isinstance(tree, (list, tuple)):
-        for i, value in enumerate(tree):
-            yield from _tensors(value, f"{prefix}.{i}")
-
-
-def nonfinite_names(named_tensors) -> list[str]:
-    """Names of the floating-point tensors of ``named_tensors`` that hold a NaN or an infinity."""
-    named = [(name, t) for name, t in named_tensors if t.is_floating_point() and t.numel()]
-    if not named:
-        return []
-    finite = torch.stack([torch.isfinite(t).all() for _, t in named]).tolist()  # one device sync
-    return [name for (name, _), ok in zip(named, finite) if not ok]
-
-
 def refuse_nonfinite(step: int, model: torch.nn.Module, state: dict) -> None:
     """Raise :class:`CheckpointError` when the weights or the optimizer state hold NaN or infinity."""
-    bad = nonfinite_names(_tensors(dict(model.state_dict()), "")) + nonfinite_names(
-        _tensors(state.get("optimizer", {}), "optimizer"))
+    bad = nonfinite_names(named_tensors(dict(model.state_dict()), "")) + nonfinite_names(
+        named_tensors(state.get("optimizer", {}), "optimizer"))
     if bad:
         _refuse(step, bad)
 

@@ -28,7 +28,8 @@ from transformer_vq import fileio
 from transformer_vq.config import ClassifyConfig, ConfigError
 from transformer_vq.data.classify import ClassBatches
 from transformer_vq.train.build import training_device
-from transformer_vq.train.checkpoint import CheckpointError, nonfinite_names, save_checkpoint, step_name
+from transformer_vq.train.checkpoint import CheckpointError, save_checkpoint, step_name
+from transformer_vq.train.finite import nonfinite_names
 from transformer_vq.train.classify_build import build_classifier, check_data_fits, classify_config_of, load_classify_data
 from transformer_vq.train.classify_eval import ClassifyEvalResult, evaluate_examples
 from transformer_vq.train.distributed import Distributed

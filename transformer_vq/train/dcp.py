@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystem
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from transformer_vq import fileio
+from transformer_vq.train.checkpoint_error import CheckpointError
 
 METADATA = ".metadata"
 SHARD_FILE = re.compile(r"^__\d+_\d+\.distcp$")
@@ -130,8 +131,6 @@ def load_consolidated(path: Path, model: torch.nn.Module) -> None:
 
 
 def _load(path: Path, tensors: dict, *, no_dist: bool) -> None:
-    from transformer_vq.train.checkpoint import CheckpointError
-
     reader = SafeReader(path)
     try:  # checked here first: DCP would wrap the refusal into a generic "metadata is None" error
         reader.read_metadata()

@@ -26,6 +26,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from transformer_vq.train.distributed import Distributed
+from transformer_vq.train.finite import nonfinite_names
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy | None:
@@ -68,8 +69,6 @@ def to_float(value: torch.Tensor) -> float:
 def nonfinite_shards(named_tensors, dist_info: Distributed, device: torch.device) -> list[str]:
     """Names of the tensors holding NaN or infinity in any worker's shard, the same list on every
     worker (each worker sees only its own shard, so one collective makes them agree)."""
-    from transformer_vq.train.checkpoint import nonfinite_names
-
     bad = nonfinite_names((name, local_tensor(t)) for name, t in named_tensors)
     flag = torch.tensor([float(len(bad))], dtype=torch.float64, device=device)  # nccl reduces GPU tensors only
     dist_info.all_reduce_sum_([flag])

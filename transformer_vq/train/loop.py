@@ -37,7 +37,8 @@ from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte, c
 from transformer_vq.nn.compile import compile_units
 from transformer_vq.train.build import build_model, load_corpus_for, save_run_tokenizer, training_device
 from transformer_vq.train.carry import from_plain, to_plain
-from transformer_vq.train.checkpoint import nonfinite_names, save_checkpoint, save_sharded_checkpoint, step_name
+from transformer_vq.train.checkpoint import save_checkpoint, save_sharded_checkpoint, step_name
+from transformer_vq.train.finite import nonfinite_names
 from transformer_vq.train.distributed import Distributed, data_parallel, setup_distributed, teardown_distributed
 from transformer_vq.train.evaluate import EvalResult, evaluate_tokens
 from transformer_vq.train.fsdp import nonfinite_shards, shard_model, to_float
@@ -164,8 +165,10 @@ class _Trainer:
             with writing(self.run_dir, f"save checkpoint {step_name(self.step)}"):
                 common = {"step": self.step, "model": self.model, "config": self.cfg.to_dict(), "state": state,
                           "keep": self.tc.keep_ckpts}
-                path = save_sharded_checkpoint(self.ckpt_root, optimizer=self.optimizer, dist_info=self.dist,
-                                               **common) if self.dist.fsdp else save_checkpoint(self.ckpt_root, **common)
+                path = save_sharded_checkpoint(
+                    self.ckpt_root, optimizer=self.optimizer, dist_info=self.dist, **common,
+                    nonfinite_shards=lambda named: nonfinite_shards(named, self.dist, self.device),
+                ) if self.dist.fsdp else save_checkpoint(self.ckpt_root, **common)
             self.log(f"saved checkpoint {path}", flush=True)
         self.dist.barrier()
 

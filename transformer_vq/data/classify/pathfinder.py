@@ -26,11 +26,11 @@ import numpy as np
 
 from transformer_vq.config.choices import SPLITS
 from transformer_vq.data.classify.examples import ClassificationData, Examples
+from transformer_vq.data.classify.pathfinder_release import CLASS_NAMES, load_release
 from transformer_vq.data.classify.store import cached_splits
 from transformer_vq.data.errors import DataError
 
 INK = 255
-CLASS_NAMES = ("disconnected", "connected")
 MAX_SIDE = 256
 CLEARANCE = 4.0  # pixels (at side 32) between separate contours: twice a gap, so no gap looks like a crossing
 TRIES = 20
@@ -150,8 +150,6 @@ def load_pathfinder(data_path: str | os.PathLike | None = None, *, cache_dir: st
     and drawing options apply to generation only.
     """
     if data_path is not None:
-        from transformer_vq.data.classify.pathfinder_release import load_release
-
         return load_release(data_path, cache_dir=cache_dir, difficulty=difficulty)
     sizes = {"train": n_train, "validation": n_validation, "test": n_test}
     if min(sizes.values()) < 1 or not 8 <= side <= MAX_SIDE or dashes < 1 or distractors < 0:

@@ -19,11 +19,11 @@ import numpy as np
 
 from transformer_vq.config.choices import SPLITS
 from transformer_vq.data.classify.examples import ClassificationData, Examples
-from transformer_vq.data.classify.pathfinder import CLASS_NAMES
 from transformer_vq.data.classify.store import cached_splits
 from transformer_vq.data.errors import DataError
 from transformer_vq.data.splits import split_bounds
 
+CLASS_NAMES = ("disconnected", "connected")  # label 0 and 1, in the release's metadata as in the generator's
 DIFFICULTIES = {"easy": "curv_baseline", "intermediate": "curv_contour_length_9", "hard": "curv_contour_length_14"}
 FRACTIONS = (0.8, 0.1, 0.1)
 GET_IT = ("pass --data-path with a resolution directory of LRA's release (e.g. lra_release/pathfinder32, holding "
