@@ -50,7 +50,11 @@ def test_padded_logits_equal_each_sequence_alone(side, kind):
     for row, s in enumerate(seqs):
         alone = lib(s[None]).logits[0]
         assert torch.allclose(logits[row, mask[row].bool()], alone, **TOL)
-        assert not logits[row, ~mask[row].bool()].any()  # padding's columns hold zeros, not a made-up prediction
+        real = mask[row].bool().nonzero().flatten()
+        if side == "left":  # nothing real before: zeros, not a made-up prediction
+            assert not logits[row, :real[0]].any()
+        else:  # after the sequence: its last prediction, what transformers reads at the last column
+            assert torch.equal(logits[row, real[-1] + 1:], logits[row, real[-1]].expand_as(logits[row, real[-1] + 1:]))
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -79,6 +83,22 @@ def test_left_padded_batched_generation_gives_each_prompt_its_own_tokens():
         alone = lib.generate(s[None], 3 * BLOCK, temperature=0)[0, len(s):]
         assert torch.equal(got[row, ids.shape[1]:], alone)
     assert len(set(got[:, ids.shape[1]:].flatten().tolist())) > 3  # not a constant run any model would match
+
+
+def test_right_padded_generation_continues_each_prompt_or_says_why_not():
+    """transformers before 5.24 passes no position_ids: the last column's logits (carried over the padding) predict
+    each row's next token, and the new tokens continue the real ones. 5.24 counts the padding into the positions it
+    passes, which contradicts the row's state: refused, with the remedy."""
+    lib, hf = pair()
+    seqs = prompts((3, 9, 12))
+    ids, mask = padded(seqs, "right")
+    try:
+        got = hf.generate(ids, attention_mask=mask, max_new_tokens=2 * BLOCK, do_sample=False, pad_token_id=0)
+    except ValueError as err:
+        assert "pad prompts on the left for generate" in str(err)
+        return
+    for row, s in enumerate(seqs):
+        assert torch.equal(got[row, ids.shape[1]:], lib.generate(s[None], 2 * BLOCK, temperature=0)[0, len(s):])
 
 
 def test_right_padded_loss_is_the_mean_over_every_sequences_targets():

@@ -145,8 +145,9 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
                 version uses; give one, not both).
             attention_mask: ``[B, P + T]`` (``P`` columns consumed before), zero for padding. Padding is taken out
                 before the model runs: each row's real tokens get exactly the logits, state and loss they get alone
-                (``transformer_vq.nn.ragged``), left padding, right padding or holes alike. Logits of padded columns
-                are zero.
+                (``transformer_vq.nn.ragged``), left padding, right padding or holes alike. A padded column holds
+                the logits of its row's last real token before it (so the last column predicts what follows each
+                row's sequence), zero before a row's first.
             position_ids: ``[B, T]`` (or ``[1, T]``) positions of the tokens in their own sequences. A token at
                 position 0 starts a new sequence: packed documents (``DataCollatorWithFlattening``) are run as
                 separate sequences. Every other position must continue the row's state.

@@ -220,7 +220,8 @@ def position_error(row: int, column: int, position: int, expected: int, *, conti
                 f"cache (state) the previous call returned, or position 0 to start a new sequence")
     if continues:
         return (f"{where}, but the state carried for this row has consumed {expected} tokens; pass the state of the "
-                f"same sequence, or position 0 to start a new one")
+                f"same sequence, or position 0 to start a new one (transformers' generate counts right padding into "
+                f"the positions it passes: pad prompts on the left for generate)")
     return (f"{where} follows a token at position {expected - 1}; positions must count up by one within a sequence "
             f"and restart at 0 where a new one begins")
 
@@ -230,7 +231,8 @@ def position_error(row: int, column: int, position: int, expected: int, *, conti
 @dataclass
 class RaggedOutput:
     logits: torch.Tensor
-    """``[B, T, V]``; zero in columns that hold no token (padding)."""
+    """``[B, T, V]``. A padded column holds the logits of the row's last real token before it (what comes next in
+    the row's sequence so far: right-padded prompts continue correctly); zero before a row's first real token."""
     states: RowStates
     """Each row's state after the call (rows without a token keep theirs)."""
     commit_loss: torch.Tensor
@@ -284,6 +286,8 @@ def run_segments(model: TransformerVQ, input_ids: torch.Tensor, segments: Sequen
         commit_parts.append((out.commit_loss, len(group) * n))
         if loss_mask is not None:
             ce_parts.append((out.ce_loss, int(loss_mask.sum())))
+    if not (len(outputs) == 1 and logits is outputs[0].logits):
+        logits = carry_into_padding(logits, segments)
     if len(outputs) == 1:  # one group: the model's own numbers, bit for bit
         only = outputs[0]
         return RaggedOutput(logits, states, only.commit_loss, only.ce_loss, only.loss)
@@ -293,6 +297,18 @@ def run_segments(model: TransformerVQ, input_ids: torch.Tensor, segments: Sequen
         result.ce_loss = weighted_mean(ce_parts)
         result.loss = result.ce_loss + model.cfg.commit_coef * commit_loss
     return result
+
+
+def carry_into_padding(logits: torch.Tensor, segments: Sequence[Segment]) -> torch.Tensor:
+    """Each padded column takes the logits of the last real column before it in its row (zero before the first)."""
+    B, T, _ = logits.shape
+    real = torch.zeros(B, T, dtype=torch.bool, device=logits.device)
+    for segment in segments:
+        real[segment.row, list(segment.columns)] = True
+    columns = torch.arange(T, device=logits.device).expand(B, T)
+    last = torch.where(real, columns, torch.full_like(columns, -1)).cummax(dim=1).values  # (B, T)
+    carried = logits.gather(1, last.clamp(min=0)[..., None].expand_as(logits))
+    return torch.where((last >= 0)[..., None], carried, torch.zeros_like(logits))
 
 
 def weighted_mean(parts: Sequence[tuple[torch.Tensor, int]]) -> torch.Tensor:
