@@ -159,8 +159,8 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
             logits_to_keep: an int ``k > 0`` returns the logits of the last ``k`` columns only (``generate`` asks
                 for 1); a 1-D tensor the logits of those columns; 0 every column.
             kwargs: ``cache_position``, the columns of these tokens (transformers before 5.24 pass it; not a
-                named parameter, which 5.24 would take for a model that still needs it): must start at the cache's
-                length. The false/None flags transformers passes are accepted; anything else is refused.
+                named parameter, because 5.24 warns about remote-code models whose forward names it): must start at
+                the cache's length. The false/None flags transformers passes are accepted; anything else is refused.
 
         Raises ``ValueError`` when the inputs say this call continues a sequence (an attention mask longer than
         ``input_ids``, ``cache_position`` or ``position_ids`` past 0) and no cache of that length arrived: the model
