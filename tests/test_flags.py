@@ -190,3 +190,38 @@ def test_bugs_keep_their_traceback(monkeypatch):
         main(["version"])
     monkeypatch.setattr(version, "run", lambda args: (_ for _ in ()).throw(KeyboardInterrupt))
     assert main(["version"]) == 130
+
+
+def test_no_parser_accepts_an_abbreviated_option(capsys):
+    """An abbreviation unique today becomes ambiguous, or means another option, when a flag is added: refused."""
+    import argparse
+
+    from transformer_vq.cli import build_parser, main
+
+    seen, todo = 0, [build_parser()]
+    while todo:
+        parser = todo.pop()
+        seen += 1
+        assert parser.allow_abbrev is False, parser.prog
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo.extend(action.choices.values())
+    assert seen > 15  # every subcommand and nested job was visited
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--st", "5"])
+    assert stop.value.code == 2
+    assert "unrecognized arguments: --st 5" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["demo", "--length", "0"], "error: --length: must be >= 2 (the sequence is also fed as two windows), got 0"),
+    (["demo", "--length", "x"], "error: --length: expected an integer, got 'x'"),
+    (["train", "--lr", "-1e-3"], "error: --lr: expected one argument (a negative value is written --lr=-X)"),
+])
+def test_option_errors_say_what_to_change(capsys, argv, expected):
+    from transformer_vq.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip() == expected

@@ -59,7 +59,7 @@ def test_without_ckpt_and_no_default_run(capsys, tmp_path, command):
                     "'codebook'); see tvq --help"),
     (["bench"], "error: the following arguments are required: BENCH; see tvq bench --help"),
     (["bench", "op", "--lengths"], "error: --lengths: expected at least one argument"),
-    (["train", "--steps"], "error: --steps: expected one argument"),
+    (["train", "--steps"], "error: --steps: expected one argument (a negative value is written --steps=-X)"),
     (["train", "--bogus"], "error: unrecognized arguments: --bogus; see tvq --help"),
 ], ids=["unknown-command", "bench-without-benchmark", "lengths-without-values", "flag-without-value",
         "unknown-flag-process"])

@@ -10,9 +10,23 @@ from __future__ import annotations
 def add_parser(subparsers):
     parser = subparsers.add_parser("demo", help="build a small model, compare the linear and quadratic paths, sample")
     parser.add_argument("--preset", default="small", help="model preset (default: small)")
-    parser.add_argument("--length", type=int, default=300, help="tokens in the test sequence (default: 300)")
+    parser.add_argument("--length", type=at_least_two, default=300,
+                        help="tokens in the test sequence, at least 2: it is also split in two windows (default: 300)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     return parser
+
+
+def at_least_two(text: str) -> int:
+    """``--length``: an integer >= 2 (the demo feeds the sequence whole and as two windows)."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be >= 2 (the sequence is also fed as two windows), got {value}")
+    return value
 
 
 def run(args) -> int:

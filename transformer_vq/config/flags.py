@@ -24,11 +24,22 @@ from transformer_vq.config.fields import ConfigError, fields_of, flag_of, kinds,
 
 
 class Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line, ``error: --FLAG: what is wrong``, exit status 2."""
+    """An argument parser whose errors are one line, ``error: --FLAG: what is wrong``, exit status 2.
+
+    Abbreviated long options are refused (``--st`` is not ``--steps``): an abbreviation that is unique today becomes
+    ambiguous, or silently means another option, when a flag is added. Subcommand parsers are of this class too
+    (argparse builds them with the parent's class), so the rule holds everywhere.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         found = re.match(r"argument (-[^/:\s]+)[^:]*: (.*)", message, re.S)
         line = f"{found.group(1)}: {found.group(2)}" if found else f"{message}; see {self.prog} --help"
+        if found and found.group(2).strip() == "expected one argument":  # argparse reads `--lr -1e-3` as two flags
+            line += f" (a negative value is written {found.group(1)}=-X)"
         self.exit(2, f"error: {' '.join(line.split())}\n")
 
 
