@@ -54,19 +54,16 @@ def worker(args) -> None:
     """One torchrun worker: build the training, run the steps, write this worker's figures."""
     import torch
 
-    from transformer_vq.train.distributed import setup_distributed, teardown_distributed
-    from transformer_vq.train.loop import _Trainer  # the trainer of `tvq train`, without its checkpoints
+    from transformer_vq.train.lm import LMTrainer  # the trainer of `tvq train`, without its checkpoints
+    from transformer_vq.train.parallel.distributed import setup_distributed, teardown_distributed
 
     cfg = run_config(args, args.parallel, Path(args.corpus))
     info = setup_distributed("cpu", args.parallel)
     baseline = rss_peak_mib()
-    trainer = _Trainer(cfg, info, torch.device("cpu"), None)
+    trainer = LMTrainer(cfg, info, torch.device("cpu"), None)
     built = rss_peak_mib()
 
-    class NoStop:
-        signum = None
-
-    losses = [trainer.train_step(NoStop())["metrics"]["loss"] for _ in range(args.steps)]
+    losses = [trainer.train_step()["metrics"]["loss"] for _ in range(args.steps)]
     figures = {"rank": info.rank, "rss_peak_mib_before_build": round(baseline, 1),
                "rss_peak_mib_after_build": round(built, 1), "rss_peak_mib_after_steps": round(rss_peak_mib(), 1),
                "losses": losses, "parameters": sum(p.numel() for p in trainer.model.parameters())}

@@ -14,7 +14,7 @@ from transformer_vq.bench.config import OpBenchConfig, TrainBenchConfig
 from transformer_vq.bench.isolate import host_options
 from transformer_vq.config import TrainConfig
 from transformer_vq.config.classify import ClassifyTrainConfig
-from transformer_vq.train import build
+from transformer_vq.train import device as train_device
 
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting is glibc's")
 
@@ -49,12 +49,12 @@ def test_a_freed_large_tensor_is_reused_without_page_faults():
 @pytest.mark.parametrize("config", [TrainConfig, ClassifyTrainConfig], ids=["train", "classify"])
 def test_training_on_a_cpu_retains_host_memory_unless_told_not_to(monkeypatch, config):
     calls = []
-    monkeypatch.setattr(build, "retain_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(train_device, "retain_freed_memory", lambda: calls.append(1) or True)
     threads = torch.get_num_threads()
     try:
-        assert build.training_device(config(device="cpu", threads=1)) == torch.device("cpu")
+        assert train_device.training_device(config(device="cpu", threads=1)) == torch.device("cpu")
         assert calls == [1] and torch.get_num_threads() == 1
-        build.training_device(config(device="cpu", retain_host_memory=False))
+        train_device.training_device(config(device="cpu", retain_host_memory=False))
         assert calls == [1]
     finally:
         torch.set_num_threads(threads)

@@ -2,7 +2,7 @@
 ``transformers`` model directory, or one consolidated ``model.safetensors`` beside the library's ``config.json``.
 
 Both hold the model's weights and its persistent buffers (the EMA codebooks) and nothing of training (no optimizer
-state, no RNG). The run is read through ``transformer_vq.train.build.model_from_checkpoint``, whatever layout its
+state, no RNG). The run is read through ``transformer_vq.train.lm.model_from_checkpoint``, whatever layout its
 checkpoints have; the directory is written atomically (complete or absent).
 
 The ``safetensors`` format needs nothing beyond the core install. The ``transformers`` directory is written by
@@ -29,13 +29,13 @@ def export(cfg: ExportConfig) -> Path:
     if cfg.format == "hf" and importlib.util.find_spec("transformers") is None:
         raise ConfigError("--format hf needs transformers: pip install transformer-vq[hf]")
     from transformer_vq.fileio import atomic_directory
-    from transformer_vq.train.build import model_from_checkpoint
+    from transformer_vq.train.lm.build import model_from_checkpoint
 
     model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device="cpu")
     if run_cfg.arch != "tvq":
         raise ConfigError(f"--ckpt: tvq export converts Transformer-VQ models only, and {cfg.ckpt} holds a "
                           f"{run_cfg.arch!r} model; use its checkpoint directly (tvq eval, tvq sample, or "
-                          f"transformer_vq.train.build.model_from_checkpoint in Python)")
+                          f"transformer_vq.train.lm.model_from_checkpoint in Python)")
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_directory(out) as tmp:
         if cfg.format == "hf":
@@ -57,7 +57,8 @@ def check_out(out: Path) -> None:
 def run_sentencepiece_model(run_cfg, checkpoint) -> Path | None:
     """The SentencePiece model of a run: the run's copy (``tokenizer.model`` in the run directory, written when the
     run started) or the file its ``tokenizer=`` data option names; None when it has neither (byte-level runs)."""
-    from transformer_vq.train.build import RUN_TOKENIZER, run_dir_of
+    from transformer_vq.train.checkpoint import run_dir_of
+    from transformer_vq.train.lm.build import RUN_TOKENIZER
 
     for path in (run_dir_of(checkpoint) / RUN_TOKENIZER, run_cfg.train.data_options.get("tokenizer")):
         if path and Path(path).is_file():

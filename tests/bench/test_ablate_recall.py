@@ -21,7 +21,7 @@ from transformer_vq.config.ablate import MATRICES
 from transformer_vq.config.flags import given
 from transformer_vq.config.fields import build
 from transformer_vq.train import evaluate
-from transformer_vq.train.recall import accuracy_by_distance
+from transformer_vq.train.lm.recall import accuracy_by_distance
 
 RECALL_OPTIONS = {"n_pairs": 8, "train_episodes": 2048, "eval_episodes": 64}
 # memory_probe's former "tiny" size: a one-layer model on 128-byte episodes of 16 blocks

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from cliutil import process_env, run_cli, tiny_train, tvq
-from transformer_vq.train.rundir import LOCK_NAME
+from transformer_vq.train.checkpoint.rundir import LOCK_NAME
 
 IN_USE = ("error: run directory {run} is in use by another training (pid {pid} on {host}, started {started}); wait "
           "for it to finish or stop it, or pass another --run-dir")

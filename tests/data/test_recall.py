@@ -14,7 +14,7 @@ from transformer_vq.data.batches import corpus_batches
 from transformer_vq.data.recall import (ASSIGN, END, HEADER, QUERY, RecallSpec, load_recall, recall_episode,
                                         recall_split, spec_of)
 from transformer_vq.data.registry import list_corpora, list_probes
-from transformer_vq.train.build import load_corpus_for
+from transformer_vq.train.lm.build import load_corpus_for
 
 
 def test_episodes_are_a_function_of_seed_split_and_index():

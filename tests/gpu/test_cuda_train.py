@@ -19,7 +19,7 @@ from transformer_vq import TransformerVQ, preset
 from transformer_vq.cli import main
 from transformer_vq.train import evaluate, train
 from transformer_vq.train.checkpoint import latest_checkpoint
-from transformer_vq.train.distributed import Distributed, data_parallel
+from transformer_vq.train.parallel.distributed import Distributed, data_parallel
 
 pytestmark = pytest.mark.gpu
 

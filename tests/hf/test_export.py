@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from transformer_vq.cli import main  # noqa: E402
 from transformer_vq.export import load_safetensors  # noqa: E402
-from transformer_vq.train.build import model_from_checkpoint  # noqa: E402
+from transformer_vq.train.lm.build import model_from_checkpoint  # noqa: E402
 
 
 def run_logits(run_dir, x):

@@ -25,7 +25,7 @@ from transformers import AutoTokenizer  # noqa: E402
 
 from transformer_vq.cli import main  # noqa: E402
 from transformer_vq.data.codec import encode_bytes  # noqa: E402
-from transformer_vq.train.build import model_from_checkpoint  # noqa: E402
+from transformer_vq.train.lm.build import model_from_checkpoint  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 # What tvq eval and lm-eval both score: ASCII, UTF-8 of two to four bytes, newlines, runs of spaces, a tab.

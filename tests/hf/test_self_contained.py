@@ -25,7 +25,7 @@ from transformer_vq.data.pg19 import train_pg19_tokenizer  # noqa: E402
 from transformer_vq.data.tokenizer import SPACE_SYMBOL, ExactTokenizer  # noqa: E402
 from transformer_vq.hf import TransformerVQForCausalLM, TransformerVQHFConfig  # noqa: E402
 from transformer_vq.hf.configuration import MODEL_TYPE  # noqa: E402
-from transformer_vq.train.build import model_from_checkpoint  # noqa: E402
+from transformer_vq.train.lm.build import model_from_checkpoint  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -90,7 +90,7 @@ def rewind(run_dir: Path, step: int) -> None:
 
 def final_weights(run_dir: Path) -> dict:
     """The weights and buffers of a run's newest checkpoint in one plain model (FSDP shards joined)."""
-    from transformer_vq.train.build import model_from_checkpoint
+    from transformer_vq.train.lm.build import model_from_checkpoint
 
     model, _, _ = model_from_checkpoint(str(run_dir), device="cpu")
     return {name: tensor.clone() for name, tensor in model.state_dict().items()}

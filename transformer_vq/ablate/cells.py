@@ -48,12 +48,12 @@ def child_command(request: Path, probe: str | None = None) -> list[str]:
 
 def score_recall(run_cfg: RunConfig) -> dict:
     """Score the trained recall-probe run of ``run_cfg`` on its test episodes, as ``tvq eval --split test`` does:
-    answer accuracy by distance (:meth:`~transformer_vq.train.recall.RecallResult.to_dict`), from its last
+    answer accuracy by distance (:meth:`~transformer_vq.train.lm.recall.RecallResult.to_dict`), from its last
     checkpoint, with the state carried across windows of its ``update_len``. Written to ``recall.json`` in the run
     directory and returned."""
     from transformer_vq import fileio
-    from transformer_vq.train.build import load_corpus_for, model_from_checkpoint
-    from transformer_vq.train.recall import recall_accuracy
+    from transformer_vq.train.lm.build import load_corpus_for, model_from_checkpoint
+    from transformer_vq.train.lm.recall import recall_accuracy
 
     run_dir = run_cfg.train.resolved_run_dir()
     model, run_cfg, _ = model_from_checkpoint(str(run_dir), device=run_cfg.train.device)

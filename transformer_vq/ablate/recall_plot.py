@@ -1,6 +1,6 @@
 """Comparing models on the recall probe: accuracy against distance, one line per model, as a table and a PNG.
 
-A run is a :meth:`~transformer_vq.train.recall.RecallResult.to_dict` (what ``tvq eval --json`` prints under
+A run is a :meth:`~transformer_vq.train.lm.recall.RecallResult.to_dict` (what ``tvq eval --json`` prints under
 ``"recall"``, and a cell's ``recall`` in the records of ``tvq ablate --matrix recall``); a model is a label with the
 runs of its seeds. Per bucket the mean accuracy over the seeds is shown,
 with the lowest and highest seed (the spread) beside it.

@@ -64,7 +64,7 @@ def build_config(args):
     from transformer_vq.config import ClassifyConfig, ClassifyTrainConfig, LongVQConfig, classify_config
     from transformer_vq.config.flags import given
     from transformer_vq.config.fields import build
-    from transformer_vq.train.classify_build import load_classify_data
+    from transformer_vq.train.classify.build import load_classify_data
 
     model, train = given(args, LongVQConfig), given(args, ClassifyTrainConfig)
     base = None
@@ -91,12 +91,13 @@ def run(args) -> int:
 
 def _train(args) -> int:
     from transformer_vq.cli.errors import check_device
-    from transformer_vq.cli.train import check_resume_steps, run_training
-    from transformer_vq.train.classify import BEST_DIR, classify_train
+    from transformer_vq.cli.train import run_training
+    from transformer_vq.train.checkpoint import BEST_DIR, check_resume_steps
+    from transformer_vq.train.classify import classify_train
 
     cfg, data = build_config(args)
     check_device(cfg.train.device)
-    check_resume_steps(cfg, args.resume)
+    check_resume_steps(cfg.train.resolved_run_dir(), args.resume, cfg.train.steps)
     result, status = run_training(lambda: classify_train(cfg, resume=args.resume, data=data), "tvq classify train")
     if status is not None:
         return status
@@ -113,7 +114,7 @@ def _eval(args) -> int:
     from transformer_vq.cli.errors import check_device
     from transformer_vq.config import ClassifyEvalConfig
     from transformer_vq.config.flags import given
-    from transformer_vq.train.classify_eval import classify_eval
+    from transformer_vq.train.classify import classify_eval
 
     cfg = ClassifyEvalConfig(**given(args, ClassifyEvalConfig))
     check_device(cfg.device)

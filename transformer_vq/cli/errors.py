@@ -35,7 +35,7 @@ def user_error_types() -> tuple[type[BaseException], ...]:
 
     found = [ConfigError, ValueError]
     for module, name in (("transformer_vq.data.errors", "DataError"),
-                         ("transformer_vq.train.checkpoint", "CheckpointError")):
+                         ("transformer_vq.train.checkpoint.errors", "CheckpointError")):
         if module in sys.modules:
             found.append(getattr(sys.modules[module], name))
     return tuple(found)

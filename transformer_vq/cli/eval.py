@@ -37,7 +37,7 @@ def run(args) -> int:
               + (f", word-level perplexity {result.word_perplexity:.2f}" if result.word_perplexity is not None
                  else ""))
         if result.recall is not None:
-            from transformer_vq.train.recall import recall_table
+            from transformer_vq.train.lm.recall import recall_table
 
             print(recall_table(result.recall))
     sys.stdout.flush()

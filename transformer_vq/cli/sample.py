@@ -22,7 +22,7 @@ def run(args) -> int:
     from transformer_vq.config.flags import given
     from transformer_vq.train import sample
     from transformer_vq.train.checkpoint import find_checkpoint
-    from transformer_vq.train.sample import is_image_run, sample_images
+    from transformer_vq.train.lm.sample import is_image_run, sample_images
 
     cfg = SampleConfig(**given(args, SampleConfig))
     check_device(cfg.device)

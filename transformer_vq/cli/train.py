@@ -127,28 +127,6 @@ def _check_data_named(args, values, base) -> None:
                           "directory; shakespeare, enwik8, pg19, imagenet64 or gcide for a downloaded copy)")
 
 
-def check_resume_steps(cfg, resume: str | None) -> None:
-    """Refuse to resume a run that already reached ``--steps`` (it would train nothing)."""
-    from pathlib import Path
-
-    from transformer_vq.config import ConfigError
-    from transformer_vq.train.checkpoint import STEP_DIR, list_checkpoints
-
-    if resume is None:
-        return
-    path = cfg.train.resolved_run_dir() if resume == "auto" else Path(resume)
-    found = [path] if STEP_DIR.match(path.name) else list_checkpoints(path / "checkpoints") or list_checkpoints(path)
-    if not found:
-        return
-    # the newest complete checkpoint is the one `latest` names (a newer, damaged one would not be resumed from)
-    pointer = found[-1].parent / "latest"
-    named = STEP_DIR.match(pointer.read_text(errors="replace").strip()) if pointer.is_file() else None
-    step = int((named or STEP_DIR.match(found[-1].name)).group(1))
-    if cfg.train.steps <= step:
-        raise ConfigError(f"--steps: the run in {path} is already at step {step} and --steps is {cfg.train.steps}; "
-                          f"give --steps above {step} to train further")
-
-
 def run_training(job, command: str):
     """``(result, exit status)`` of a training job (``job()`` runs it): status 1 with an ``error:`` line for a
     :class:`~transformer_vq.train.TrainingError`, the run's own status with the line that continues it for a run
@@ -170,15 +148,16 @@ def run_training(job, command: str):
 def run(args) -> int:
     from transformer_vq.cli.errors import check_device
     from transformer_vq.train import train
+    from transformer_vq.train.checkpoint import check_resume_steps
 
     cfg = build_config(args)
     check_device(cfg.train.device)
-    check_resume_steps(cfg, args.resume)
+    check_resume_steps(cfg.train.resolved_run_dir(), args.resume, cfg.train.steps)
     result, status = run_training(lambda: train(cfg, resume=args.resume), "tvq train")
     if status is not None:
         return status
     if result.validation is not None:
-        from transformer_vq.train.sample import is_image_run
+        from transformer_vq.train.lm.sample import is_image_run
 
         sample_hint = "--out samples/ --num-samples 4" if is_image_run(cfg) else "--prompt 'ROMEO:'"
         words = (f", word-level perplexity {result.validation.word_perplexity:.2f}"

@@ -10,7 +10,7 @@ of one sequence). An episode holds, in order::
 The scored tokens are the answers: the value bytes of each query, which are the value of its key in the pairs
 region. The distance of a query is the number of positions from the pair's first value byte to the query's first
 answer byte; query positions are drawn so that the offset after the pairs is log-uniform, which gives every
-distance bucket of :func:`transformer_vq.train.recall.accuracy_by_distance` (1-2, 2-4, 4-8, ... blocks) a similar
+distance bucket of :func:`transformer_vq.train.lm.recall.accuracy_by_distance` (1-2, 2-4, 4-8, ... blocks) a similar
 share of queries. Each key is asked once, so the pairs region is the only earlier place the answer appears and the
 recorded distance is the distance that must be bridged.
 

@@ -1,6 +1,10 @@
 """Training, evaluation and sampling: the library behind ``tvq train``, ``tvq eval`` and ``tvq sample``; sequence
 classification (``classify_train``, ``classify_eval``) behind ``tvq classify``.
 
+Layout: one task-free engine (``trainer.py``: the run loop, the guarded step, stopping, save and resume, with
+``guard``, ``optim``, ``metrics``, ``signals``, ``rng``), two task wings on it (``lm/``, ``classify/``),
+checkpoints and run directories (``checkpoint/``) and data parallelism (``parallel/``).
+
     from transformer_vq.train import RunConfig, load_config, train, evaluate, sample
 
     cfg = load_config(preset="small", values={"train": {"steps": 100}})
@@ -11,12 +15,9 @@ classification (``classify_train``, ``classify_eval``) behind ``tvq classify``.
 
 from transformer_vq.config import ConfigError, EvalConfig, RunConfig, SampleConfig, TrainConfig, load_config
 from transformer_vq.train.checkpoint import CheckpointError
-from transformer_vq.train.classify import ClassifyResult, classify_train
-from transformer_vq.train.classify_eval import ClassifyEvalResult, classify_eval
-from transformer_vq.train.evaluate import EvalResult, evaluate, evaluate_tokens
+from transformer_vq.train.classify import ClassifyEvalResult, ClassifyResult, classify_eval, classify_train
 from transformer_vq.train.guard import TrainingError
-from transformer_vq.train.loop import TrainResult, train
-from transformer_vq.train.sample import sample, stream_text
+from transformer_vq.train.lm import EvalResult, TrainResult, evaluate, evaluate_tokens, sample, stream_text, train
 
 __all__ = [
     "CheckpointError",

@@ -1,6 +1,6 @@
 """Finding NaN and infinity in trees of tensors: shared by checkpointing (never save what cannot be resumed) and the
 training step (stop at the first step that breaks the weights), on one process or, through the sharded variant in
-``fsdp.py``, across workers."""
+``parallel/fsdp.py``, across workers."""
 
 from __future__ import annotations
 

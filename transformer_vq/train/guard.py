@@ -1,4 +1,4 @@
-"""The guards of a training step, shared by language-model training (loop.py) and classification (classify.py):
+"""The guards of a training step, applied by the engine (trainer.py) for every task:
 a step whose loss, gradient or learning rate is not finite is skipped; a step that made the weights non-finite,
 or too many skipped steps in a row, stop the training with a :class:`TrainingError` saying what to do."""
 

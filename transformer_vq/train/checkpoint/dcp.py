@@ -1,7 +1,7 @@
 """Sharded checkpoints of FSDP runs (``torch.distributed.checkpoint``, DCP), with the guarantees of
 the replicated ones: atomic, verified, resumable bit for bit, and safe to load.
 
-Layout of one ``step_*`` directory (the files of checkpoint.py but the weights)::
+Layout of one ``step_*`` directory (the files of store.py but the weights)::
 
     .metadata           DCP's index: which slice of which tensor lies in which file
     __R_0.distcp        the tensors worker R held: its shards of the weights and of the optimizer state
@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystem
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from transformer_vq import fileio
-from transformer_vq.train.checkpoint_error import CheckpointError
+from transformer_vq.train.checkpoint.errors import CheckpointError
 
 METADATA = ".metadata"
 SHARD_FILE = re.compile(r"^__\d+_\d+\.distcp$")

@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 from transformer_vq.config import ClassifyConfig, ClassifyTrainConfig, ConfigError
-from transformer_vq.train.build import resolve_device
-from transformer_vq.train.checkpoint import Checkpoint, CheckpointError, find_checkpoint
+from transformer_vq.train.checkpoint.errors import CheckpointError
+from transformer_vq.train.checkpoint.store import Checkpoint, find_checkpoint
+from transformer_vq.train.device import resolve_device
 
 
 def load_classify_data(train_cfg: ClassifyTrainConfig, *, data_path: str | None = None):

@@ -20,10 +20,10 @@ from transformer_vq.data import load_corpus
 from transformer_vq.data.metrics import count_words
 from transformer_vq.data.pg19 import train_pg19_tokenizer
 from transformer_vq.train import evaluate_tokens, load_config
-from transformer_vq.train.build import build_model
+from transformer_vq.train.lm.build import build_model
 from transformer_vq.train.checkpoint import save_checkpoint
-from transformer_vq.train.evaluate import corpus_tokens_per_byte, corpus_tokens_per_word
-from transformer_vq.train.sample import sample_image_tokens
+from transformer_vq.train.lm.evaluate import corpus_tokens_per_byte, corpus_tokens_per_word
+from transformer_vq.train.lm.sample import sample_image_tokens
 
 BOOK = "It was the best of times,  it was the worst of times;\nthe coach rolled on\tand Mr. Lorry said: “Recalled.”\n\n"
 TRAIN = {f"{100 + i}.txt": BOOK * (20 + i) for i in range(3)}
@@ -196,7 +196,7 @@ def test_image_tokens_are_whole_images_and_reproducible(tmp_path, monkeypatch):
 
 
 def test_text_model_is_not_sampled_as_images(trained_run, tmp_path):
-    from transformer_vq.train.sample import sample_images
+    from transformer_vq.train.lm.sample import sample_images
 
     with pytest.raises(ValueError, match="is not an image model"):
         sample_images(str(trained_run), tmp_path / "x")

@@ -17,10 +17,10 @@ from safetensors.torch import load_file
 from trainutil import read_metrics
 from transformer_vq.config import classify_config
 from transformer_vq.data.classify import load_classification
-from transformer_vq.train.checkpoint import latest_checkpoint
-from transformer_vq.train.classify import BEST_DIR, _ClassifyTrainer, classify_train
-from transformer_vq.train.classify_build import build_classifier
-from transformer_vq.train.classify_eval import evaluate_examples
+from transformer_vq.train.checkpoint import BEST_DIR, latest_checkpoint
+from transformer_vq.train.classify import ClassifyTrainer, classify_train
+from transformer_vq.train.classify.build import build_classifier
+from transformer_vq.train.classify.evaluate import evaluate_examples
 
 pytest.importorskip("sklearn")
 STEPS = 12
@@ -56,14 +56,14 @@ def reference(digits, tmp_path_factory):
 
 def sigterm_at(monkeypatch, step: int) -> None:
     """Make the training process receive SIGTERM during step ``step`` (handled after it, as a real signal)."""
-    original = _ClassifyTrainer.train_step
+    original = ClassifyTrainer.train_step
 
     def train_step(self):
         if self.step + 1 == step:
             os.kill(os.getpid(), signal.SIGTERM)
         return original(self)
 
-    monkeypatch.setattr(_ClassifyTrainer, "train_step", train_step)
+    monkeypatch.setattr(ClassifyTrainer, "train_step", train_step)
 
 
 def interrupted(digits, run_dir, monkeypatch, skip=frozenset()):

@@ -1,5 +1,5 @@
-"""Building what a job needs from configs and checkpoints: the device, the corpus, the text codec,
-and a model rebuilt from a checkpoint alone (its saved config says which architecture)."""
+"""What a language-model job builds from its config or a checkpoint: the corpus, the text codec, and a model rebuilt
+from a checkpoint alone (its saved config says which architecture)."""
 
 from __future__ import annotations
 
@@ -11,29 +11,8 @@ import torch
 from transformer_vq.config import RunConfig, TrainConfig
 from transformer_vq.data.codec import BYTE_VOCAB, decode_bytes, encode_bytes
 from transformer_vq.data.errors import DataError
-from transformer_vq.hostmem import retain_freed_memory
-from transformer_vq.train.checkpoint import Checkpoint, find_checkpoint
-
-
-def resolve_device(name: str) -> torch.device:
-    """'auto' -> cuda when available, else cpu; 'cuda' without a GPU is a clear error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was requested but no CUDA GPU is available; use --device cpu (or auto)")
-    return torch.device(name)
-
-
-def training_device(cfg: TrainConfig) -> torch.device:
-    """Set up this process for a training run of ``cfg`` and return its device: PyTorch's CPU threads (``threads``),
-    the device, and on a CPU the host memory kept for reuse (``retain_host_memory``; :mod:`transformer_vq.hostmem`)."""
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    device = resolve_device(cfg.device)
-    if device.type == "cpu" and cfg.retain_host_memory:
-        retain_freed_memory()
-    return device
-
+from transformer_vq.train.checkpoint.store import Checkpoint, find_checkpoint
+from transformer_vq.train.device import resolve_device
 
 # A run's copy of its corpus's tokenizer (PG-19's SentencePiece model), so the run can be evaluated
 # and sampled from wherever the original tokenizer went.
@@ -74,13 +53,6 @@ def save_run_tokenizer(corpus, run_dir: str | Path) -> Path | None:
     if not (target.exists() and target.samefile(source)):
         shutil.copyfile(source, target)
     return target
-
-
-def run_dir_of(ckpt: Checkpoint) -> Path:
-    """The run directory of a checkpoint (``RUN_DIR/checkpoints/step_N``, or a classification run's
-    ``RUN_DIR/best/step_N``), or the directory holding the checkpoint when it was moved out of its run."""
-    parent = ckpt.path.parent
-    return parent.parent if parent.name in ("checkpoints", "best") else parent
 
 
 def codec_for(run_cfg: RunConfig, *, data_path: str | None = None, run_dir: str | Path | None = None):

@@ -16,7 +16,7 @@ from transformer_vq.cli import main
 from transformer_vq.config import RunConfig, TrainConfig, preset
 from transformer_vq.data.recall import ASSIGN, load_recall
 from transformer_vq.train import train
-from transformer_vq.train.recall import accuracy_by_distance, distance_bucket, recall_accuracy, recall_table
+from transformer_vq.train.lm.recall import accuracy_by_distance, distance_bucket, recall_accuracy, recall_table
 
 def test_distance_buckets_are_powers_of_two_blocks():
     assert [distance_bucket(d, 32) for d in (0, 63, 64, 127, 128, 255, 256, 511, 512)] == [0, 0, 1, 1, 2, 2, 3, 3, 4]

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from transformer_vq.train.checkpoint import CheckpointError
+from transformer_vq.train.checkpoint.errors import CheckpointError
 
 LOCK_NAME = ".lock"
 

@@ -17,7 +17,9 @@ import torch
 from transformer_vq.config import SampleConfig
 from transformer_vq.config.jobs import job_config
 from transformer_vq.data.codec import BYTE_VOCAB
+from transformer_vq.train.checkpoint.store import run_dir_of
 from transformer_vq.train.inference import evaluating
+from transformer_vq.train.lm.build import codec_for, model_from_checkpoint
 
 REPLACEMENT = "\ufffd"
 
@@ -79,8 +81,6 @@ def sample(ckpt: str | SampleConfig, prompt: str | None = None, **options) -> It
     SampleConfig fields as keywords (``sample("runs/default", "ROMEO:", max_new_tokens=200, seed=0)``).
     Returns an iterator of text pieces; ``"".join(sample(...))`` is the whole sample.
     """
-    from transformer_vq.train.build import codec_for, model_from_checkpoint, run_dir_of
-
     cfg = job_config(SampleConfig, ckpt, prompt=prompt, **options)
     model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device=cfg.device)
     encode, decode = codec_for(run_cfg, data_path=cfg.data_path, run_dir=run_dir_of(checkpoint))
@@ -141,7 +141,6 @@ def sample_images(ckpt: str | SampleConfig, out_dir: str | os.PathLike | None = 
     :func:`~transformer_vq.data.images.save_grid`); returns the paths, the grid last.
     """
     from transformer_vq.data.images import save_grid, save_png
-    from transformer_vq.train.build import model_from_checkpoint, run_dir_of
 
     cfg = job_config(SampleConfig, ckpt, out=None if out_dir is None else str(out_dir), **options)
     model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device=cfg.device)

@@ -35,12 +35,16 @@ import torch
 
 from transformer_vq import fileio
 from transformer_vq.config import LongVQConfig, TransformerVQConfig
-from transformer_vq.train import dcp
-from transformer_vq.train.checkpoint_error import CheckpointError
+from transformer_vq.train.checkpoint import dcp
+from transformer_vq.train.checkpoint.errors import CheckpointError
 from transformer_vq.train.finite import named_tensors, nonfinite_names
 
 FILES = ("model.safetensors", "state.pt", "config.json")
 STEP_DIR = re.compile(r"^step_(\d{8,})$")
+CHECKPOINTS_DIR = "checkpoints"
+"""The run directory's folder of the training checkpoints."""
+BEST_DIR = "best"
+"""A classification run's folder holding the checkpoint of its best validation (one, replaced on a new best)."""
 
 
 @dataclass
@@ -289,9 +293,16 @@ def find_checkpoint(path: str | Path) -> Checkpoint:
                               f"or one of its checkpoints/step_* directories")
     if (path / "manifest.json").is_file() or STEP_DIR.match(path.name):
         return read_checkpoint(path)
-    for root in (path / "checkpoints", path):
+    for root in (path / CHECKPOINTS_DIR, path):
         found = latest_checkpoint(root) if root.is_dir() else None
         if found is not None:
             return found
     raise CheckpointError(f"no checkpoint found in {path}; pass a run directory written by `tvq train` "
                           f"(it has a checkpoints/ folder) or a checkpoints/step_* directory")
+
+
+def run_dir_of(ckpt: Checkpoint) -> Path:
+    """The run directory of a checkpoint (``RUN_DIR/checkpoints/step_N``, or a classification run's
+    ``RUN_DIR/best/step_N``), or the directory holding the checkpoint when it was moved out of its run."""
+    parent = ckpt.path.parent
+    return parent.parent if parent.name in (CHECKPOINTS_DIR, BEST_DIR) else parent

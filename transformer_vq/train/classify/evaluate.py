@@ -12,7 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from transformer_vq.config import ClassifyEvalConfig
+from transformer_vq.config.jobs import job_config
 from transformer_vq.data.classify import Examples, ordered_batches
+from transformer_vq.train.checkpoint.store import run_dir_of
+from transformer_vq.train.classify.build import check_data_fits, classifier_from_checkpoint, load_classify_data
 
 
 @dataclass
@@ -115,10 +118,6 @@ def classify_eval(cfg: ClassifyEvalConfig | str = "runs/classify", **options) ->
     """Evaluate a classification checkpoint as ``cfg`` says (or the checkpoint path ``cfg`` with ``options`` as the
     other fields of :class:`ClassifyEvalConfig`) and write its confusion-matrix PNG; the Python form of
     ``tvq classify eval``. The result's ``plot`` is where the picture went."""
-    from transformer_vq.config.jobs import job_config
-    from transformer_vq.train.build import run_dir_of
-    from transformer_vq.train.classify_build import check_data_fits, classifier_from_checkpoint, load_classify_data
-
     cfg = job_config(ClassifyEvalConfig, cfg, **options)
     model, run_cfg, ckpt = classifier_from_checkpoint(cfg.ckpt, device=cfg.device)
     data = load_classify_data(run_cfg.train, data_path=cfg.data_path)

@@ -18,7 +18,7 @@ from transformer_vq.config import load_config
 from transformer_vq.data.codec import decode_bytes
 from transformer_vq.nn.longvq_model import LongVQLM
 from transformer_vq.train import evaluate, evaluate_tokens, sample, train
-from transformer_vq.train.build import model_from_checkpoint
+from transformer_vq.train.lm.build import model_from_checkpoint
 
 # dropout on: a resume must restore the random streams too
 EXTRA = ("steps=6", "ckpt_every=3", "model.dropout=0.1")
@@ -132,6 +132,6 @@ def test_export_refuses_a_longvq_run(longvq_run, tmp_path, capsys):
     assert main(["export", "--ckpt", str(longvq_run), "--out", str(tmp_path / "out"), "--format", "safetensors"]) == 2
     assert capsys.readouterr().err == (
         f"error: --ckpt: tvq export converts Transformer-VQ models only, and {longvq_run} holds a 'longvq' model; "
-        f"use its checkpoint directly (tvq eval, tvq sample, or transformer_vq.train.build.model_from_checkpoint in "
+        f"use its checkpoint directly (tvq eval, tvq sample, or transformer_vq.train.lm.model_from_checkpoint in "
         f"Python)\n")
     assert not (tmp_path / "out").exists()

@@ -25,7 +25,7 @@ import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from transformer_vq.train.distributed import Distributed
+from transformer_vq.train.parallel.distributed import Distributed
 from transformer_vq.train.finite import nonfinite_names
 
 

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from transformer_vq.cli import main
 from transformer_vq.train import evaluate, evaluate_tokens, sample
-from transformer_vq.train.build import model_from_checkpoint
-from transformer_vq.train.sample import TextStream
+from transformer_vq.train.lm.build import model_from_checkpoint
+from transformer_vq.train.lm.sample import TextStream
 
 
 @dataclass

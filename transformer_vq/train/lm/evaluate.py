@@ -38,8 +38,12 @@ from transformer_vq.config.jobs import job_config
 from transformer_vq.data.batches import check_vocab
 from transformer_vq.data.metrics import (bits_per_byte, bpb_unit, corpus_tokens_per_byte, corpus_tokens_per_word,
                                          word_perplexity)
+from transformer_vq.data.recall import spec_of
+from transformer_vq.train.checkpoint.store import run_dir_of
 from transformer_vq.train.inference import evaluating
-from transformer_vq.train.objective import mask_generator, mask_tokens
+from transformer_vq.train.lm.build import load_corpus_for, model_from_checkpoint
+from transformer_vq.train.lm.objective import mask_generator, mask_tokens
+from transformer_vq.train.lm.recall import recall_accuracy
 
 
 @dataclass
@@ -192,10 +196,6 @@ def evaluate(ckpt: str | EvalConfig, **options) -> EvalResult:
     precision come from the checkpoint's saved config; ``data_path`` replaces the saved data path
     (for data that moved) and ``data_options`` override saved loader options.
     """
-    from transformer_vq.data.recall import spec_of
-    from transformer_vq.train.build import load_corpus_for, model_from_checkpoint, run_dir_of
-    from transformer_vq.train.recall import recall_accuracy
-
     cfg = job_config(EvalConfig, ckpt, **options)
     split = cfg.split
     model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device=cfg.device)

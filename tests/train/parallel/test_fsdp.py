@@ -15,7 +15,7 @@ from trainutil import cli_args, final_weights, read_metrics, tiny_config, torchr
 from transformer_vq import fileio
 from transformer_vq.train import CheckpointError, evaluate, train
 from transformer_vq.train.checkpoint import latest_checkpoint
-from transformer_vq.train.fsdp import mixed_precision
+from transformer_vq.train.parallel.fsdp import mixed_precision
 
 EXTRA = ("steps=6", "ckpt_every=3", "batch_size=4")
 

@@ -19,7 +19,7 @@ import torch
 from trainutil import cli_args, read_metrics, tiny_config, tvq_process
 from transformer_vq.train import CheckpointError, train
 from transformer_vq.train.checkpoint import latest_checkpoint, list_checkpoints
-from transformer_vq.train.rundir import LOCK_NAME, RunDirError, RunLock
+from transformer_vq.train.checkpoint.rundir import LOCK_NAME, RunDirError, RunLock
 
 
 def test_run_dir_that_is_a_file(corpus_file, tmp_path):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from transformer_vq.train.objective import mask_generator, mask_tokens
+from transformer_vq.train.lm.objective import mask_generator, mask_tokens
 
 
 def test_masks_about_the_rate_with_the_mask_token_and_keeps_the_rest():

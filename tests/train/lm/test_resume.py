@@ -88,20 +88,20 @@ def test_resume_without_restoring_data_or_rng_differs(reference, killed, corpus_
     end = start + 6
     cfg = tiny_config(corpus_file, run_dir, *EXTRA)
     # stop early (a config with fewer steps would change the schedule): SIGTERM ourselves at `end`
-    import transformer_vq.train.loop as loop
+    from transformer_vq.train.lm import LMTrainer
 
-    original = loop._Trainer.train_step
+    original = LMTrainer.train_step
 
-    def train_step(self, stop):
+    def train_step(self):
         if self.step == end - 1:
             signal.raise_signal(signal.SIGTERM)
-        return original(self, stop)
+        return original(self)
 
-    loop._Trainer.train_step = train_step
+    LMTrainer.train_step = train_step
     try:
         result = train(cfg, resume="auto", _skip_restore=frozenset({skip} - {""}))
     finally:
-        loop._Trainer.train_step = original
+        LMTrainer.train_step = original
     assert result.exit_code == 143 and result.step == end
 
     expected = {step: losses[0] for step, losses in losses_by_step(reference).items()}

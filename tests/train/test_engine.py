@@ -1,0 +1,129 @@
+"""The training engine (`transformer_vq.train.trainer.Trainer`) with a toy task: the order of validation and save, a
+kill between them, a stop requested through the hook, a resume at the last step. The tasks' own tests (lm/,
+classify/) show the same engine continuing bit for bit on real models."""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from transformer_vq.config import ClassifyTrainConfig
+from transformer_vq.train.checkpoint import latest_checkpoint
+from transformer_vq.train.parallel.distributed import Distributed
+from transformer_vq.train.trainer import Step, Trainer
+
+
+class ToyModel(torch.nn.Module):
+    """A linear regression with the codebook interface of the library's models, and no codebook."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 1)
+
+    def forward(self, x, y):
+        loss = torch.nn.functional.mse_loss(self.linear(x), y)
+        return SimpleNamespace(loss=loss, ce_loss=loss, commit_loss=torch.zeros(()))
+
+    def codebook_stats(self):
+        return []
+
+    def update_codebooks(self):
+        pass
+
+    def reset_codebook_stats(self):
+        pass
+
+    def codebook_metrics(self):
+        return {}
+
+
+@dataclass(frozen=True)
+class ToyConfig:
+    train: ClassifyTrainConfig
+    model: None = None
+
+    def to_dict(self):
+        return {"model": {}, "train": self.train.to_dict()}
+
+    def to_json(self):
+        return json.dumps(self.to_dict())
+
+
+class Kill(BaseException):
+    """Stands for SIGKILL: nothing after it runs, no handler sees it."""
+
+
+class ToyTrainer(Trainer):
+    def __init__(self, cfg, events: list, kill_saving: int | None = None, stop_after: int | None = None):
+        super().__init__(cfg, Distributed(), torch.device("cpu"), ToyModel)
+        self.events, self.kill_saving, self.stop_after = events, kill_saving, stop_after
+
+    def forward_backward(self) -> Step:
+        g = torch.Generator().manual_seed(self.step)
+        x = torch.randn(4, 3, generator=g)  # (B, 3)
+        out = self.forward(x, x.sum(dim=1, keepdim=True))
+        out.loss.backward()
+        return Step(output=out, tokens=4)
+
+    def validate(self):
+        self.events.append(("validate", self.step))
+        result = {"loss": float(self.step), "accuracy": 0.0}
+        self.log_eval(result)
+        return result
+
+    def stop_requested(self) -> bool:
+        return super().stop_requested() or self.step + 1 == self.stop_after
+
+    def save(self) -> None:
+        if self.step == self.kill_saving:
+            raise Kill
+        self.events.append(("save", self.step))
+        super().save()
+
+
+@pytest.fixture
+def config(tmp_path):
+    def make(**train):
+        fields = {"run_dir": str(tmp_path / "run"), "steps": 6, "eval_every": 2, "ckpt_every": 2, "warmup_steps": 0,
+                  "log_every": 100, "device": "cpu", **train}
+        return ToyConfig(train=ClassifyTrainConfig(**fields))
+    return make
+
+
+def run(cfg, resume=None, **options) -> tuple[int, list]:
+    events = []
+    trainer = ToyTrainer(cfg, events, **options)
+    trainer.run_dir.mkdir(parents=True, exist_ok=True)
+    return trainer.run(resume), events
+
+
+def test_validation_comes_before_the_save_of_its_step(config):
+    exit_code, events = run(config())
+    assert exit_code == 0
+    assert events == [(kind, step) for step in (2, 4, 6) for kind in ("validate", "save")]
+
+
+def test_a_kill_between_validation_and_save_loses_no_validation(config):
+    """The checkpoint of step 4 never came to be: the resumed run replays from step 2 and validates step 4 again."""
+    with pytest.raises(Kill):
+        run(config(), kill_saving=4)
+    assert latest_checkpoint(config().train.resolved_run_dir() / "checkpoints").step == 2
+    exit_code, events = run(config(), resume="auto")
+    assert exit_code == 0 and events[:2] == [("validate", 4), ("save", 4)]
+
+
+def test_a_stop_request_saves_after_validating_and_exits_with_sigterms_code(config):
+    exit_code, events = run(config(eval_every=3, ckpt_every=100), stop_after=3)
+    assert exit_code == 128 + signal.SIGTERM
+    assert events == [("validate", 3), ("save", 3)]
+
+
+def test_a_run_resumed_at_its_last_step_validates_once_and_trains_nothing(config):
+    run(config())
+    exit_code, events = run(config(), resume="auto")
+    assert exit_code == 0 and events == [("validate", 6)]

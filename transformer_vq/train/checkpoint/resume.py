@@ -1,0 +1,51 @@
+"""Where a training starts: a fresh run refuses a run directory that already holds checkpoints, a resumed one
+finds the checkpoint it continues from, and a resume that would train nothing is refused before anything loads.
+Shared by every task's trainer and command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformer_vq.config import ConfigError
+from transformer_vq.train.checkpoint.store import (CHECKPOINTS_DIR, STEP_DIR, Checkpoint, find_checkpoint,
+                                                  latest_checkpoint, list_checkpoints)
+
+
+def refuse_fresh_over_checkpoints(ckpt_root: Path, run_dir: Path, resume: str | None) -> None:
+    """A new run (``resume`` None) must not write over another run's checkpoints: raise :class:`ConfigError`."""
+    if resume is None and list_checkpoints(ckpt_root):
+        raise ConfigError(
+            f"run directory {run_dir} already holds checkpoints; continue that run with --resume auto, "
+            f"or start a new one with another --run-dir (or --name)"
+        )
+
+
+def checkpoint_to_resume(ckpt_root: Path, resume: str, log) -> Checkpoint | None:
+    """The checkpoint ``resume`` names: for ``"auto"`` the newest complete one under ``ckpt_root`` (None, logged,
+    when there is none yet), else the run or checkpoint directory at that path."""
+    if resume != "auto":
+        return find_checkpoint(resume)
+    ckpt = latest_checkpoint(ckpt_root, log=log)
+    if ckpt is None:
+        log(f"no checkpoint in {ckpt_root} yet: starting from scratch")
+    return ckpt
+
+
+def check_resume_steps(run_dir: Path, resume: str | None, steps: int) -> None:
+    """Refuse (:class:`ConfigError`) to resume a run that already reached ``steps``: it would train nothing.
+
+    Read from the layout alone, before any checkpoint is loaded: ``resume`` is ``"auto"`` (run directory
+    ``run_dir``), a run directory or one checkpoint directory."""
+    if resume is None:
+        return
+    path = Path(run_dir) if resume == "auto" else Path(resume)
+    found = [path] if STEP_DIR.match(path.name) else list_checkpoints(path / CHECKPOINTS_DIR) or list_checkpoints(path)
+    if not found:
+        return
+    # the newest complete checkpoint is the one `latest` names (a newer, damaged one would not be resumed from)
+    pointer = found[-1].parent / "latest"
+    named = STEP_DIR.match(pointer.read_text(errors="replace").strip()) if pointer.is_file() else None
+    step = int((named or STEP_DIR.match(found[-1].name)).group(1))
+    if steps <= step:
+        raise ConfigError(f"--steps: the run in {path} is already at step {step} and --steps is {steps}; "
+                          f"give --steps above {step} to train further")

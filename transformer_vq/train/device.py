@@ -1,0 +1,28 @@
+"""The device a job runs on, and the process set up for a training run on it."""
+
+from __future__ import annotations
+
+import torch
+
+from transformer_vq.hostmem import retain_freed_memory
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' -> cuda when available, else cpu; 'cuda' without a GPU is a clear error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but no CUDA GPU is available; use --device cpu (or auto)")
+    return torch.device(name)
+
+
+def training_device(cfg) -> torch.device:
+    """Set up this process for a training run of ``cfg`` (a task's training config) and return its device:
+    PyTorch's CPU threads (``threads``), the device, and on a CPU the host memory kept for reuse
+    (``retain_host_memory``; :mod:`transformer_vq.hostmem`)."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    if device.type == "cpu" and cfg.retain_host_memory:
+        retain_freed_memory()
+    return device

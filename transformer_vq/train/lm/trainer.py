@@ -1,0 +1,188 @@
+"""Language-model training (Sec. 3.4): truncated backprop through time over windows of ``update_len`` tokens, one
+optimizer step and one codebook EMA update per window, on the engine of :mod:`transformer_vq.train.trainer`.
+
+Per batch of ``[B, seq_len + 1]`` token windows::
+
+    state = None                                   # reset at every new batch of sequences
+    for each window w of update_len tokens:        # seq_len / update_len optimizer steps
+        out = model(x_w, state, targets=y_w)       # loss = CE + beta * commit loss
+        (the engine's guarded step: DDP or FSDP averages gradients, clip, apply or skip)
+        state = out.state.detach()                 # carried to the next window, no gradient
+
+Fault tolerance: checkpoints every ``ckpt_every`` steps (atomic, see train/checkpoint) hold everything needed to
+continue bit for bit on CPU: weights, codebooks, optimizer, scheduler, step, data position, every worker's RNG states
+and, mid-batch, the carried operator state. SIGTERM / SIGINT finish the current step, save, and make :func:`train`
+return exit code 143 / 130.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+
+from transformer_vq.config import RunConfig
+from transformer_vq.data.batches import check_vocab, corpus_batches
+from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte, corpus_tokens_per_word
+from transformer_vq.train.checkpoint.rundir import hold_run_dir
+from transformer_vq.train.device import training_device
+from transformer_vq.train.lm.build import build_model, load_corpus_for, save_run_tokenizer
+from transformer_vq.train.lm.carry import from_plain, to_plain
+from transformer_vq.train.lm.evaluate import EvalResult, evaluate_tokens
+from transformer_vq.train.lm.objective import masked_window
+from transformer_vq.train.lm.sample import stream_text
+from transformer_vq.train.parallel.distributed import Distributed, setup_distributed, teardown_distributed
+from transformer_vq.train.metrics import finite_or_none
+from transformer_vq.train.trainer import RunResult, Step, Trainer
+
+
+@dataclass
+class TrainResult(RunResult):
+    """How a call to :func:`train` ended; ``validation`` is an :class:`EvalResult`."""
+
+    sample: str | None = None
+    """The end-of-training sample."""
+
+
+def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module | None = None,
+          _skip_restore: frozenset = frozenset()) -> TrainResult:
+    """Train a model as ``cfg`` says; the Python form of ``tvq train``.
+
+    Args:
+        cfg: model and training configuration.
+        resume: ``None`` to start a new run (refused when the run directory already has checkpoints),
+            ``"auto"`` to continue from the run directory's latest complete checkpoint when there is one,
+            or the path of a run or checkpoint directory to continue from.
+        model: train this module instead of the one ``cfg`` describes (``TransformerVQ(cfg.model)``, or
+            ``LongVQLM(cfg.model)`` for arch ``longvq``; same interface).
+        _skip_restore: for tests only: parts of a checkpoint ({"data", "rng"}) *not* to restore, to
+            show that restoring them is what makes resumed training identical.
+
+    Returns a :class:`TrainResult`; raises :class:`TrainingError`, :class:`CheckpointError` (its subclass
+    ``RunDirError`` when the run directory is unusable or in use by another training) or the data
+    layer's ``DataError`` with a message for the user.
+    """
+    device = training_device(cfg.train)
+    dist_info = setup_distributed(device.type, cfg.train.parallel)
+    if device.type == "cuda":
+        device = torch.device("cuda", dist_info.local_rank)
+    try:
+        # locked before anything slow (loading the corpus): a second training is refused at once
+        with hold_run_dir(cfg.train.resolved_run_dir(), dist_info):
+            trainer = LMTrainer(cfg, dist_info, device, model)
+            exit_code = trainer.run(resume, _skip_restore)
+        # no worker tears its process group down while another still talks to it (a gloo worker that left
+        # early was once seen to abort at exit, in CI)
+        dist_info.barrier()
+        done = exit_code == 0 and dist_info.is_main  # the result of a run is rank 0's, as under DDP
+        return TrainResult(run_dir=trainer.run_dir, step=trainer.step, exit_code=exit_code,
+                           validation=trainer.validation if done else None, sample=trainer.sample if done else None,
+                           tokens_per_s=trainer.tokens_per_s)
+    finally:
+        teardown_distributed(dist_info)
+
+
+class LMTrainer(Trainer):
+    """The language-model task: windows of a corpus, the operator state carried between them."""
+
+    def __init__(self, cfg: RunConfig, dist_info: Distributed, device: torch.device, model=None):
+        tc = cfg.train
+        self.corpus = load_corpus_for(tc)
+        for split in ("train", "validation"):
+            check_vocab(self.corpus.split(split), cfg.model.vocab_size, split)
+        self.batches = corpus_batches(self.corpus, "train", batch_size=tc.batch_size, seq_len=tc.seq_len,
+                                      seed=tc.seed, rank=dist_info.rank, world_size=dist_info.world_size)
+        super().__init__(cfg, dist_info, device, lambda: model if model is not None else build_model(cfg),
+                         torch_compile=tc.torch_compile)
+        self.batch = None  # (B_local, seq_len + 1) the current batch of sequences
+        self.batch_pos = self.batches.state_dict()  # data position before the current batch
+        self.carry = None  # operator state carried into the next window
+        self.train_tokens_per_byte = corpus_tokens_per_byte(self.corpus, "train")
+        self.sample: str | None = None
+
+    def _mid_batch(self) -> bool:
+        return self.step % self.tc.windows_per_batch != 0
+
+    # ---- the step ------------------------------------------------------------------------------------
+
+    def forward_backward(self) -> Step:
+        inputs, targets = self._next_window()  # (B_local, update_len) each
+        loss_mask = None
+        if not self.cfg.model.causal:  # an encoder predicts masked tokens of its window instead
+            inputs, targets, loss_mask = masked_window(inputs, cfg=self.cfg.model, seed=self.tc.seed, step=self.step,
+                                                       rank=self.dist.rank)
+        with self.autocast():
+            out = self.forward(inputs, state=self.carry, targets=targets, loss_mask=loss_mask)
+        out.loss.backward()
+        return Step(output=out, tokens=self.tc.batch_size * self.tc.update_len)
+
+    def _next_window(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets of the next window, starting a new batch (and a fresh state) when due."""
+        window = self.step % self.tc.windows_per_batch
+        if window == 0:
+            self.batch_pos = self.batches.state_dict()
+            self.batch = next(self.batches).to(self.device)
+            self.carry = None
+        lo, update_len = window * self.tc.update_len, self.tc.update_len
+        return self.batch[:, lo:lo + update_len], self.batch[:, lo + 1:lo + update_len + 1]
+
+    def after_step(self, step: Step, ce_loss: float) -> dict:
+        state = step.output.state
+        self.carry = None if state is None else state.detach()
+        return {"bits_per_byte": finite_or_none(bits_per_byte(ce_loss, self.train_tokens_per_byte))}
+
+    # ---- checkpoints -------------------------------------------------------------------------------
+
+    def checkpoint_state(self) -> dict:
+        # every worker's carried state (its own rows of the batch), in rank order
+        carries = self.dist.all_gather_object(to_plain(self.carry) if self._mid_batch() else None)
+        # mid-batch: where the current batch starts (the carried states are saved beside it)
+        return {"data": self.batch_pos if self._mid_batch() else self.batches.state_dict(), "carry": carries}
+
+    def load_checkpoint_state(self, state: dict, skip: frozenset) -> None:
+        if "data" not in skip:
+            self.batches.load_state_dict(state["data"])
+        if not self._mid_batch():
+            return
+        self.batch_pos = self.batches.state_dict()
+        self.batch = next(self.batches).to(self.device)
+        if "data" in skip:
+            self.carry = None
+        elif len(state["carry"]) == self.dist.world_size:
+            self.carry = from_plain(state["carry"][self.dist.rank], self.device)
+        else:
+            # each worker's state covers its own rows of the batch, which change with the worker count
+            self.log(f"warning: the checkpoint falls mid-batch and was saved by {len(state['carry'])} workers, "
+                     f"this run has {self.dist.world_size}: the rest of this batch starts without context")
+            self.carry = None
+
+    # ---- start, validation and the end -----------------------------------------------------------
+
+    def on_start(self) -> None:
+        save_run_tokenizer(self.corpus, self.run_dir)
+        self.announce("model", f"{self.corpus.name} ({len(self.corpus.split('train')):,} training tokens)",
+                      f"{self.tc.batch_size} x {self.tc.update_len} tokens on {self.dist.world_size} x "
+                      f"{self.device.type}")
+
+    def validate(self) -> EvalResult:
+        result = evaluate_tokens(
+            self.model, self.corpus.split("validation"), window_len=self.tc.seq_len,
+            tokens_per_byte=corpus_tokens_per_byte(self.corpus, "validation"),
+            tokens_per_word=corpus_tokens_per_word(self.corpus, "validation"), streams=self.tc.eval_streams,
+            max_tokens=self.tc.eval_tokens, precision=self.tc.precision, progress=False,
+        )
+        self.log_eval(result.to_dict())
+        return result
+
+    def finish(self) -> None:
+        """The end-of-training sample (an encoder cannot sample)."""
+        if not (self.tc.sample_tokens and self.cfg.model.causal):
+            return
+        prompt = self.tc.sample_prompt
+        pieces = stream_text(self.model, self.corpus.encode(prompt), self.corpus.decode,
+                             max_new_tokens=self.tc.sample_tokens, seed=self.tc.seed)
+        self.sample = "".join(pieces)
+        if self.logger is not None:
+            self.logger.print(f"sample ({self.tc.sample_tokens} tokens, prompt {json.dumps(prompt)}):\n"
+                              f"{prompt}{self.sample}")
