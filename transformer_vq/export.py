@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from transformer_vq.config import ConfigError
+from transformer_vq.config.arch import find_arch
 from transformer_vq.config.jobs import ExportConfig
 
 WEIGHTS_FILE = "model.safetensors"
@@ -32,7 +33,7 @@ def export(cfg: ExportConfig) -> Path:
     from transformer_vq.train.lm.build import model_from_checkpoint
 
     model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device="cpu")
-    if run_cfg.arch != "tvq":
+    if "export" not in find_arch("lm", run_cfg.arch).commands:
         raise ConfigError(f"--ckpt: tvq export converts Transformer-VQ models only, and {cfg.ckpt} holds a "
                           f"{run_cfg.arch!r} model; use its checkpoint directly (tvq eval, tvq sample, or "
                           f"transformer_vq.train.lm.model_from_checkpoint in Python)")

@@ -43,12 +43,16 @@ def codebook_report(ckpt: str | Path) -> dict:
     Returns ``{"checkpoint", "step", "units": [{"unit", "kind", "group", ...usage}]}``; ``unit`` is the index of the
     gated attention unit (two per layer), ``kind`` "key" or "query", ``group`` the key/value group (or query head).
     """
-    from transformer_vq.config import TransformerVQConfig
-    from transformer_vq.nn.model import TransformerVQ
+    from transformer_vq.config.arch import run_arch, serving
     from transformer_vq.train.checkpoint import CheckpointError, find_checkpoint
+    from transformer_vq.train.models import instantiate
 
     found = find_checkpoint(ckpt)
-    model = TransformerVQ(TransformerVQConfig.from_dict(found.config["model"]))
+    arch = run_arch(found.config)
+    if "codebook" not in arch.commands:
+        raise CheckpointError(f"{found.path} holds {arch.title}; tvq codebook reads the per-unit codebooks of "
+                              f"{serving('codebook')}")
+    model = instantiate(arch, arch.config.from_dict(found.config["model"]))
     found.load_weights(model)
     units = []
     for index, unit in enumerate(model.units):

@@ -30,7 +30,7 @@ def add_parser(subparsers):
     import argparse
 
     from transformer_vq.config import LongVQConfig, TrainConfig, TransformerVQConfig
-    from transformer_vq.config.arch import LM_ARCHS, LM_PRESETS
+    from transformer_vq.config.arch import ARCHS, LM_ARCHS, LM_PRESETS
     from transformer_vq.config.fields import fields_of
     from transformer_vq.config.flags import add_flags, add_preset_flag, not_empty
 
@@ -41,9 +41,9 @@ def add_parser(subparsers):
     presets = {name: None for arch_presets in LM_PRESETS.values() for name in arch_presets}
     add_preset_flag(parser, "small", presets, source="App. C of the paper for enwik8, pg19, imagenet64; with --arch "
                                                      "longvq: enwik8, tiny, small of docs/longvq.md")
+    titles = "; ".join(f"'{a.name}': {a.title}" for a in ARCHS if a.task == "lm")
     parser.add_argument("--arch", type=_arch_name, metavar="{" + ",".join(LM_ARCHS) + "}",
-                        help="architecture: 'tvq' (Transformer-VQ) or 'longvq' (LongVQ's causal language model) "
-                             "(default: tvq, or the resumed run's)")
+                        help=f"architecture ({titles}; default: tvq, or the resumed run's)")
     parser.add_argument("--config", metavar="FILE", type=not_empty,
                         help="YAML or TOML file with arch / preset / model / train sections")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

@@ -12,19 +12,10 @@ from pathlib import Path
 
 from transformer_vq.config.choices import CLASSIFY_DATASETS, DEVICES, OPTIMIZERS, PRECISIONS, SPLITS
 from transformer_vq.config.fields import ConfigError, build, check, option
-from transformer_vq.config.longvq import LONGVQ_PRESETS, LongVQConfig
+from transformer_vq.config.arch import ARCHS, CLASSIFY_ARCHS, DEFAULT_PRESET
+from transformer_vq.config.longvq import CLASSIFY_PRESETS, LongVQConfig
 from transformer_vq.config.train import name_problem, retain_host_memory_option
 
-CLASSIFY_ARCHS = ("longvq", "transformer", "tvq")
-"""The classifiers: LongVQ, the full-attention Transformer baseline, the Transformer-VQ encoder (docs/longvq.md)."""
-
-CLASSIFY_PRESETS: dict[str, LongVQConfig] = {
-    **LONGVQ_PRESETS,
-    # A CPU-sized classifier for short sequences (digits, small ListOps): minutes, not hours, on 2 cores.
-    "small": LongVQConfig(d_model=64, d_qk=32, d_v=128, d_ffn=128, n_layers=2, ema_dim=8, n_code=64, block_len=32,
-                          dropout=0.1),
-}
-DEFAULT_PRESET = "small"
 FROM_DATA = ("vocab_size", "n_classes")
 """Model fields every classification run takes from its dataset."""
 
@@ -34,8 +25,8 @@ class ClassifyTrainConfig:
     """How to train a sequence classifier: data, batches, optimizer (Sec. 5 of LongVQ: AdamW, gradient clip 0.1),
     schedule, evaluation, checkpoints."""
 
-    arch: str = option("longvq", "Classifier: 'longvq', 'transformer' (full softmax attention) or 'tvq' "
-                                 "(Transformer-VQ encoder); all built from the same model fields.",
+    arch: str = option("longvq", "Classifier (" + "; ".join(f"'{a.name}': {a.title}" for a in ARCHS if a.task ==
+                                                             "classify") + "); all built from the same model fields.",
                        choices=CLASSIFY_ARCHS)
     data: str = option("digits", "Dataset of transformer_vq.data.classify (docs/datasets.md).",
                        choices=CLASSIFY_DATASETS)

@@ -19,12 +19,12 @@ import json
 import typing
 from pathlib import Path
 
-from transformer_vq.config.arch import DEFAULT_ARCH, MODEL_CLASSES, check_arch, foreign_fields, lm_preset
+from transformer_vq.config.arch import ARCHS, DEFAULT_ARCH, find_arch, foreign_fields, lm_preset
 from transformer_vq.config.fields import ConfigError, build, fields_of, unknown_message
 from transformer_vq.config.train import RunConfig, TrainConfig
 
 SECTIONS = ("model", "train")
-MODEL_FIELDS = frozenset(name for cls in MODEL_CLASSES.values() for name in fields_of(cls))
+MODEL_FIELDS = frozenset(name for a in ARCHS if a.task == "lm" for name in fields_of(a.config))
 """The fields of every architecture's model config (a bare ``--set`` key among them is a model field)."""
 
 _shared = MODEL_FIELDS & set(fields_of(TrainConfig))
@@ -50,7 +50,7 @@ def load_config(preset: str | None = None, file: str | Path | None = None,
     for section, typed in (values or {}).items():
         merged[section].update(typed)
     name = preset or loaded.get("preset")
-    arch = check_arch(arch or loaded.get("arch") or (base.arch if base is not None else DEFAULT_ARCH))
+    arch = find_arch("lm", arch or loaded.get("arch") or (base.arch if base is not None else DEFAULT_ARCH)).name
     if base is not None and name is None and base.arch != arch:
         raise ConfigError(f"--arch: the run being resumed trained a {base.arch!r} model, not {arch!r}; leave --arch "
                           f"out to continue it, or start a new run with another --run-dir")
@@ -58,7 +58,7 @@ def load_config(preset: str | None = None, file: str | Path | None = None,
     foreign = foreign_fields(arch, merged["model"])
     if foreign:
         raise ConfigError(foreign)
-    model = build(MODEL_CLASSES[arch], {**start.to_dict(), **merged["model"]}, "model")
+    model = build(find_arch("lm", arch).config, {**start.to_dict(), **merged["model"]}, "model")
     return RunConfig(model=model, train=build(TrainConfig, merged["train"], "train"))
 
 

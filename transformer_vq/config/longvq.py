@@ -69,6 +69,23 @@ LONGVQ_PRESETS: dict[str, LongVQConfig] = {
 }
 
 
+LONGVQ_LM_PRESETS: dict[str, LongVQConfig] = {
+    **LONGVQ_PRESETS,
+    # The CPU-sized language model, as wide and deep as Transformer-VQ's `small` (about 1.5M parameters).
+    "small": LongVQConfig(vocab_size=256, d_model=256, d_qk=64, d_v=512, d_ffn=512, n_layers=2, ema_dim=16,
+                          n_code=64, block_len=64, dropout=0.1),
+}
+"""The presets of ``tvq train --arch longvq``."""
+
+CLASSIFY_PRESETS: dict[str, LongVQConfig] = {
+    **LONGVQ_PRESETS,
+    # A CPU-sized classifier for short sequences (digits, small ListOps): minutes, not hours, on 2 cores.
+    "small": LongVQConfig(d_model=64, d_qk=32, d_v=128, d_ffn=128, n_layers=2, ema_dim=8, n_code=64, block_len=32,
+                          dropout=0.1),
+}
+"""The presets of every classifier (``tvq classify train``; each arch reads the same fields)."""
+
+
 def longvq_preset(name: str, **overrides) -> LongVQConfig:
     """The LongVQ preset ``name`` with ``overrides`` applied (e.g. ``longvq_preset("tiny", n_classes=10)``)."""
     if name not in LONGVQ_PRESETS:

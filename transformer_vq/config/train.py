@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformer_vq.config.arch import DEFAULT_ARCH, MODEL_CLASSES, arch_of, check_arch
+from transformer_vq.config.arch import DEFAULT_ARCH, arch_of, find_arch
 from transformer_vq.config.choices import DEVICES, OPTIMIZERS, PARALLELS, PRECISIONS
 from transformer_vq.config.jobs import eval_tokens_problem
 from transformer_vq.config.fields import ConfigError, build, check, option
@@ -159,19 +159,19 @@ class RunConfig:
         if unknown:
             raise ConfigError(f"unknown top-level config key(s): {', '.join(unknown)}; expected 'arch', 'model' and "
                               f"'train'")
-        model_cls = MODEL_CLASSES[check_arch(values.get("arch", DEFAULT_ARCH))]
+        model_cls = find_arch("lm", values.get("arch", DEFAULT_ARCH)).config
         return cls(model=build(model_cls, values.get("model", {}), "model"),
                    train=build(TrainConfig, values.get("train", {}), "train"))
 
 
 def check_compatible(model: TransformerVQConfig | LongVQConfig, train: TrainConfig) -> None:
-    """The constraints that tie the training settings to the model: windows to its block length, compilation to
-    its units."""
+    """The constraints that tie the training settings to the model: windows to its block length, and the options its
+    architecture refuses (the registry's ``refused_options``: compilation of units a LongVQ model has none of)."""
     if train.update_len % model.block_len != 0:
         multiple = max(1, train.update_len // model.block_len) * model.block_len
         text = (f"must be a multiple of the model's block_len={model.block_len} (e.g. {multiple}, or change "
                 f"block_len), got {train.update_len}")
         raise ConfigError(f"invalid RunConfig: update_len {text}", [("update_len", text)], TrainConfig)
-    if train.torch_compile and isinstance(model, LongVQConfig):
-        text = "compiles Transformer-VQ's gated attention units, which a LongVQ model has none of (leave it off)"
-        raise ConfigError(f"invalid RunConfig: torch_compile {text}", [("torch_compile", text)], TrainConfig)
+    for option, text in find_arch("lm", arch_of(model)).refused_options.items():
+        if getattr(train, option):
+            raise ConfigError(f"invalid RunConfig: {option} {text}", [(option, text)], TrainConfig)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import torch
 
 from transformer_vq.config import ClassifyConfig, ClassifyTrainConfig, ConfigError
+from transformer_vq.config.arch import find_arch
 from transformer_vq.train.checkpoint.errors import CheckpointError
 from transformer_vq.train.checkpoint.store import Checkpoint, find_checkpoint
 from transformer_vq.train.device import resolve_device
+from transformer_vq.train.models import instantiate
 
 
 def load_classify_data(train_cfg: ClassifyTrainConfig, *, data_path: str | None = None):
@@ -30,12 +32,9 @@ def check_data_fits(cfg: ClassifyConfig, data) -> None:
 
 
 def build_classifier(cfg: ClassifyConfig) -> torch.nn.Module:
-    """The classifier ``cfg.train.arch`` names, built from ``cfg.model``."""
-    from transformer_vq.nn.baselines import TransformerClassifier, TransformerVQEncoderClassifier
-    from transformer_vq.nn.longvq_model import LongVQClassifier
-
-    arch = {"longvq": LongVQClassifier, "transformer": TransformerClassifier, "tvq": TransformerVQEncoderClassifier}
-    return arch[cfg.train.arch](cfg.model)
+    """The classifier ``cfg.train.arch`` names (the registry's, :mod:`transformer_vq.config.arch`), built from
+    ``cfg.model``."""
+    return instantiate(find_arch("classify", cfg.train.arch), cfg.model)
 
 
 def classify_config_of(ckpt: Checkpoint) -> ClassifyConfig:

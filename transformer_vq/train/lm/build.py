@@ -9,10 +9,12 @@ from pathlib import Path
 import torch
 
 from transformer_vq.config import RunConfig, TrainConfig
+from transformer_vq.config.arch import find_arch
 from transformer_vq.data.codec import BYTE_VOCAB, decode_bytes, encode_bytes
 from transformer_vq.data.errors import DataError
 from transformer_vq.train.checkpoint.store import Checkpoint, find_checkpoint
 from transformer_vq.train.device import resolve_device
+from transformer_vq.train.models import instantiate
 
 # A run's copy of its corpus's tokenizer (PG-19's SentencePiece model), so the run can be evaluated
 # and sampled from wherever the original tokenizer went.
@@ -68,15 +70,10 @@ def codec_for(run_cfg: RunConfig, *, data_path: str | None = None, run_dir: str 
 
 
 def build_model(run_cfg: RunConfig) -> torch.nn.Module:
-    """The language model of a run's architecture: :class:`~transformer_vq.TransformerVQ` or
-    :class:`~transformer_vq.nn.longvq_model.LongVQLM` (same call, state and codebook interface)."""
-    if run_cfg.arch == "longvq":
-        from transformer_vq.nn.longvq_model import LongVQLM
-
-        return LongVQLM(run_cfg.model)
-    from transformer_vq import TransformerVQ
-
-    return TransformerVQ(run_cfg.model)
+    """The language model of a run's architecture (the registry's, :mod:`transformer_vq.config.arch`):
+    :class:`~transformer_vq.TransformerVQ` or :class:`~transformer_vq.nn.longvq_model.LongVQLM` (same call, state
+    and codebook interface)."""
+    return instantiate(find_arch("lm", run_cfg.arch), run_cfg.model)
 
 
 def model_from_checkpoint(path: str, *, device: str = "auto") -> tuple[torch.nn.Module, RunConfig, Checkpoint]:
