@@ -4,12 +4,18 @@ import hides a circle from Python, not from a reader).
 Circles are strongly connected groups of modules in the graph "module A imports module B". A package's __init__ is
 left out as a target of its own submodules' imports only where Python resolves ``from package import name`` to the
 submodule; otherwise an import of ``a.b.c`` counts as an import of ``a.b.c`` (the module it names).
+
+The same graph pins the layers the training package is built in (``LAYER_RULES``): the checkpointer never imports the
+parallelism, the engine never imports a task, the tasks never import each other, and configuration imports nothing
+above it.
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "transformer_vq"
 NAME = PACKAGE.name
@@ -39,16 +45,20 @@ def imported(path: Path, modules: set[str]) -> set[str]:
     return found
 
 
-def circles() -> set[frozenset[str]]:
+def graph() -> dict[str, set[str]]:
     paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
-    graph = {name: imported(path, set(paths)) for name, path in paths.items()}
+    return {name: imported(path, set(paths)) for name, path in paths.items()}
+
+
+def circles() -> set[frozenset[str]]:
+    edges = graph()
     # Tarjan's strongly connected components
     index, low, stack, on_stack, found = {}, {}, [], set(), set()
 
     def visit(v):
         index[v] = low[v] = len(index)
         stack.append(v), on_stack.add(v)
-        for w in graph[v]:
+        for w in edges[v]:
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -65,7 +75,7 @@ def circles() -> set[frozenset[str]]:
             if len(group) > 1:
                 found.add(frozenset(group))
 
-    for v in sorted(graph):
+    for v in sorted(edges):
         if v not in index:
             visit(v)
     return found
@@ -73,6 +83,27 @@ def circles() -> set[frozenset[str]]:
 
 def test_no_import_circles():
     assert circles() == set()
+
+
+TRAIN = f"{NAME}.train"
+TASK_WINGS = (f"{TRAIN}.lm", f"{TRAIN}.classify")
+LAYER_RULES = {
+    # the checkpointer is a leaf of the engine: what it needs of the workers, the trainer passes in
+    "checkpoint-parallel": (lambda m: m.startswith(f"{TRAIN}.checkpoint"), lambda m: m.startswith(f"{TRAIN}.parallel")),
+    # the engine is task-free: the wings subclass it, never the other way
+    "engine-tasks": (lambda m: m.startswith(f"{TRAIN}.") and not m.startswith(TASK_WINGS),
+                     lambda m: m.startswith(TASK_WINGS)),
+    "lm-classify": (lambda m: m.startswith(TASK_WINGS[0]), lambda m: m.startswith(TASK_WINGS[1])),
+    "classify-lm": (lambda m: m.startswith(TASK_WINGS[1]), lambda m: m.startswith(TASK_WINGS[0])),
+    # configuration is the bottom layer (torch-free; the registry names its model classes by import path)
+    "config-above": (lambda m: m.startswith(f"{NAME}.config"), lambda m: not m.startswith(f"{NAME}.config")),
+}
+
+
+@pytest.mark.parametrize("rule", LAYER_RULES)
+def test_no_import_from_a_lower_layer_to_a_higher_one(rule):
+    lower, higher = LAYER_RULES[rule]
+    assert sorted(f"{m} -> {t}" for m, targets in graph().items() if lower(m) for t in targets if higher(t)) == []
 
 
 def test_the_graph_sees_function_local_imports(tmp_path):

@@ -49,8 +49,8 @@ class Arch:
 
 
 ARCHS: tuple[Arch, ...] = (
-    Arch("lm", "tvq", "a Transformer-VQ language model", TransformerVQConfig, "transformer_vq.nn.model:TransformerVQ", PRESETS,
-         frozenset({"export", "codebook"})),
+    Arch("lm", "tvq", "a Transformer-VQ language model", TransformerVQConfig,
+         "transformer_vq.nn.model:TransformerVQ", PRESETS, frozenset({"export", "codebook"})),
     Arch("lm", "longvq", "a LongVQ causal language model (SSM and gated VQ attention)", LongVQConfig,
          "transformer_vq.nn.longvq_model:LongVQLM", LONGVQ_LM_PRESETS,
          refused_options={"torch_compile": "compiles Transformer-VQ's gated attention units, which a LongVQ model "
