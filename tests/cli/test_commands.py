@@ -8,14 +8,24 @@ import torch
 
 from cliutil import error_line, tiny_train, tvq
 
-ALREADY = ("error: --steps: the run in {run} is already at step 2 and --steps is {steps}; give --steps above 2 to "
-           "train further")
+from transformer_vq.cli import main
+
+def test_resume_with_steps_below_the_run(capsys, corpus, finished_run):
+    argv = tiny_train(corpus, finished_run, "--resume", "auto", "--steps", "1")
+    assert error_line(capsys, argv) == (
+        f"error: --steps: the run in {finished_run} is already at step 2 and --steps is 1; give --steps 2 to finish "
+        f"it as it is, or above 2 to train further")
 
 
-@pytest.mark.parametrize("steps", ["2", "1"], ids=["at", "below"])
-def test_resume_with_steps_at_or_below_the_run(capsys, corpus, finished_run, steps):
-    argv = tiny_train(corpus, finished_run, "--resume", "auto", "--steps", steps)
-    assert error_line(capsys, argv) == ALREADY.format(run=finished_run, steps=steps)
+def test_resume_of_a_finished_run_finishes_it_again(capsys, corpus, finished_run):
+    """A run killed after the save of its last step lacks its end (the final report, the sample); resuming it
+    runs that end and exits 0, and the metrics keep one line per step and validation."""
+    metrics = (finished_run / "metrics.jsonl").read_text()
+    assert main(tiny_train(corpus, finished_run, "--resume", "auto")) == 0
+    out = capsys.readouterr().out
+    assert "the run is at its last step (2): nothing to train; the end of the run follows" in out
+    assert "done: 2 steps" in out and "validation" in out
+    assert (finished_run / "metrics.jsonl").read_text() == metrics
 
 
 def test_fresh_training_on_a_finished_run(capsys, corpus, finished_run):

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from transformer_vq.config import ClassifyTrainConfig
+from transformer_vq.config import ClassifyTrainConfig, ConfigError
 from transformer_vq.train.checkpoint import latest_checkpoint
 from transformer_vq.train.parallel.distributed import Distributed
 from transformer_vq.train.trainer import Step, Trainer
@@ -127,3 +127,36 @@ def test_a_run_resumed_at_its_last_step_validates_once_and_trains_nothing(config
     run(config())
     exit_code, events = run(config(), resume="auto")
     assert exit_code == 0 and events == [("validate", 6)]
+
+
+def logged(cfg) -> list[tuple]:
+    """The lines of the run's metrics.jsonl as (kind, step)."""
+    lines = (cfg.train.resolved_run_dir() / "metrics.jsonl").read_text().splitlines()
+    return [("eval" if "eval" in row else "step", row["step"]) for row in map(json.loads, lines)]
+
+
+def test_metrics_hold_each_step_once_after_a_kill(config):
+    """Killed at the save of step 4, the run had logged steps 3 and 4 and the validation of 4; resumed from step 2
+    it logs them again, in their place, and the torn line a kill mid-write leaves goes too."""
+    with pytest.raises(Kill):
+        run(config(), kill_saving=4)
+    with open(config().train.resolved_run_dir() / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "lo')  # a line cut short by the kill
+    run(config(), resume="auto")
+    expected = [("step", s) for s in range(1, 7)]
+    for s in (2, 4, 6):
+        expected.insert(expected.index(("step", s)) + 1, ("eval", s))
+    assert logged(config()) == expected
+
+
+def test_a_run_resumed_at_its_last_step_logs_nothing_again(config):
+    run(config())
+    before = logged(config())
+    exit_code, _ = run(config(), resume="auto")
+    assert exit_code == 0 and logged(config()) == before
+
+
+def test_a_resume_to_fewer_steps_than_done_is_refused(config):
+    run(config())
+    with pytest.raises(ConfigError, match="already at step 6 and --steps is 4; give --steps 6 to finish it"):
+        run(config(steps=4), resume="auto")

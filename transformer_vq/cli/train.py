@@ -162,7 +162,9 @@ def run(args) -> int:
         sample_hint = "--out samples/ --num-samples 4" if is_image_run(cfg) else "--prompt 'ROMEO:'"
         words = (f", word-level perplexity {result.validation.word_perplexity:.2f}"
                  if result.validation.word_perplexity is not None else "")
-        print(f"done: {result.step} steps at {result.tokens_per_s:,.0f} training tokens/s; validation "
+        # a resumed run at its last step trained nothing in this call: no throughput to report
+        rate = f" at {result.tokens_per_s:,.0f} training tokens/s" if result.tokens_per_s is not None else ""
+        print(f"done: {result.step} steps{rate}; validation "
               f"{result.validation.bits_per_byte:.3f} {result.validation.unit}{words}.\n"
               f"next: tvq eval --ckpt {result.run_dir}"
               + (f"  |  tvq sample --ckpt {result.run_dir} {sample_hint}" if cfg.model.causal else ""))

@@ -8,6 +8,7 @@ import math
 import sys
 from pathlib import Path
 
+from transformer_vq import fileio
 from transformer_vq.data.metrics import bpb_unit
 
 
@@ -26,8 +27,10 @@ class MetricsLogger:
         from torch.utils.tensorboard import SummaryWriter
 
         run_dir = Path(run_dir)
+        drop_lines_after(run_dir / "metrics.jsonl", start_step)
         self.jsonl = open(run_dir / "metrics.jsonl", "a")
-        self.tensorboard = SummaryWriter(str(run_dir / "tb"))
+        # a killed run logged steps past its last checkpoint: the resumed run logs them again, in their place
+        self.tensorboard = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1)
         self.log_every = log_every
         self.total_steps = total_steps
         # step times vary with the machine's load: the console shows tokens/s over the steps since its
@@ -98,6 +101,26 @@ class MetricsLogger:
             self.bar.close()
         self.tensorboard.close()
         self.jsonl.close()
+
+
+def drop_lines_after(path: Path, step: int) -> None:
+    """Keep in the metrics file ``path`` only the lines of steps up to ``step`` (the checkpoint a run resumes
+    from): a run killed after its last checkpoint logged steps that the resumed run trains, and logs, again. A torn
+    last line (killed mid-write) goes too. The file is replaced atomically, so a kill here loses nothing."""
+    if not path.is_file():
+        return
+    lines = path.read_text(errors="replace").splitlines(keepends=True)
+    kept = [line for line in lines if _logged_by_step(line, step)]
+    if len(kept) != len(lines):
+        fileio.atomic_write_text(path, "".join(kept))
+
+
+def _logged_by_step(line: str, step: int) -> bool:
+    """Whether metrics line ``line`` is whole and belongs to a step up to ``step``."""
+    try:
+        return line.endswith("\n") and json.loads(line)["step"] <= step
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 def format_step(metrics: dict, total_steps: int, tokens_per_s: float) -> str:

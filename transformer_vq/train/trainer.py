@@ -43,7 +43,8 @@ import torch
 
 from transformer_vq import fileio
 from transformer_vq.nn.compile import compile_units
-from transformer_vq.train.checkpoint.resume import checkpoint_to_resume, refuse_fresh_over_checkpoints
+from transformer_vq.train.checkpoint.resume import (checkpoint_to_resume, refuse_fresh_over_checkpoints,
+                                                   refuse_steps_below)
 from transformer_vq.train.checkpoint.rundir import writing
 from transformer_vq.train.checkpoint.store import (CHECKPOINTS_DIR, Checkpoint, save_checkpoint, save_sharded_checkpoint,
                                                   step_name)
@@ -115,6 +116,7 @@ class Trainer:
         self.logger: MetricsLogger | None = None  # the main process's, while the loop runs
         self.validation = None  # the last validation of this call (on the workers that evaluate)
         self.validated_at: int | None = None  # its step (on every worker)
+        self.eval_logged = False  # whether the validation of this step is in metrics.jsonl already
 
     # ---- hooks ---------------------------------------------------------------------------------------
 
@@ -176,7 +178,7 @@ class Trainer:
 
     def log_eval(self, result: dict) -> None:
         """Record a validation of the current step (main process)."""
-        if self.logger is not None:
+        if self.logger is not None and not self.eval_logged:
             with writing(self.run_dir, "write metrics.jsonl"):
                 self.logger.log_eval(self.step, "validation", result)
 
@@ -239,7 +241,7 @@ class Trainer:
         if self.dist.is_main or self.dist.fsdp:  # FSDP: every worker writes its shards
             state = {**({} if self.dist.fsdp else {"optimizer": self.optimizer.state_dict()}),  # FSDP: in the shards
                      "scheduler": self.scheduler.state_dict(), "nonfinite_run": self.nonfinite_run,
-                     "world_size": self.dist.world_size, "rng": rngs, **task}
+                     "world_size": self.dist.world_size, "rng": rngs, "validated_at": self.validated_at, **task}
             with writing(self.run_dir, f"save checkpoint {step_name(self.step)}"):
                 common = {"step": self.step, "model": self.model, "config": self.cfg.to_dict(), "state": state,
                           "keep": self.tc.keep_ckpts}
@@ -256,11 +258,13 @@ class Trainer:
         ckpt = checkpoint_to_resume(self.ckpt_root, resume, self.log)
         if ckpt is None:
             return
+        refuse_steps_below(ckpt.path, ckpt.step, self.tc.steps)
         self.check_checkpoint(ckpt)
         state = ckpt.state
         ckpt.load_training_state(self.model, self.optimizer, sharded=self.dist.fsdp)
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.nonfinite_run = ckpt.step, int(state["nonfinite_run"])
+        self.validated_at = state.get("validated_at")  # absent from checkpoints of before it was saved
         if "rng" not in skip:
             self._restore_rng(state["rng"])
         self.load_checkpoint_state(state, skip)
@@ -287,8 +291,8 @@ class Trainer:
         try:
             exit_code = self._loop()
             if exit_code == 0:
-                if self.validated_at != self.step:  # resumed at the last step: no step ran, nor its validation
-                    self._validate()
+                if self.validation is None:  # resumed at the last step: no step ran in this call
+                    self._finish_resumed()
                 if self.evaluates:
                     self.finish()
         finally:
@@ -337,6 +341,15 @@ class Trainer:
             self.validation = self.validate()
         self.validated_at = self.step
         self.dist.barrier()
+
+    def _finish_resumed(self) -> None:
+        """A run resumed from the checkpoint of its last step (killed after that save, or a finished run resumed
+        again): finish what the end of a run does. Its validation ran before the save, unless the checkpoint
+        predates that order; it runs again for the result this call reports (evaluation is deterministic, so it is
+        the logged one) without a second line in metrics.jsonl."""
+        self.log(f"the run is at its last step ({self.step}): nothing to train; the end of the run follows")
+        self.eval_logged = self.validated_at == self.step
+        self._validate()
 
     def _log_step(self, metrics: dict) -> None:
         with writing(self.run_dir, "write metrics.jsonl"):

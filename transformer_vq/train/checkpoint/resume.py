@@ -32,7 +32,8 @@ def checkpoint_to_resume(ckpt_root: Path, resume: str, log) -> Checkpoint | None
 
 
 def check_resume_steps(run_dir: Path, resume: str | None, steps: int) -> None:
-    """Refuse (:class:`ConfigError`) to resume a run that already reached ``steps``: it would train nothing.
+    """Refuse (:class:`ConfigError`) to resume a run that is already past ``steps``. A run at exactly ``steps``
+    is accepted: its end (final validation, sample) runs again, which finishes a run killed after its last save.
 
     Read from the layout alone, before any checkpoint is loaded: ``resume`` is ``"auto"`` (run directory
     ``run_dir``), a run directory or one checkpoint directory."""
@@ -45,7 +46,11 @@ def check_resume_steps(run_dir: Path, resume: str | None, steps: int) -> None:
     # the newest complete checkpoint is the one `latest` names (a newer, damaged one would not be resumed from)
     pointer = found[-1].parent / "latest"
     named = STEP_DIR.match(pointer.read_text(errors="replace").strip()) if pointer.is_file() else None
-    step = int((named or STEP_DIR.match(found[-1].name)).group(1))
-    if steps <= step:
+    refuse_steps_below(path, int((named or STEP_DIR.match(found[-1].name)).group(1)), steps)
+
+
+def refuse_steps_below(path: Path, step: int, steps: int) -> None:
+    """Refuse (:class:`ConfigError`) to continue the run in ``path``, at ``step``, to fewer ``steps``."""
+    if steps < step:
         raise ConfigError(f"--steps: the run in {path} is already at step {step} and --steps is {steps}; "
-                          f"give --steps above {step} to train further")
+                          f"give --steps {step} to finish it as it is, or above {step} to train further")
