@@ -28,3 +28,42 @@ def test_signal_saves_and_exits(corpus_file, tmp_path, sig, code):
     ckpt = latest_checkpoint(run_dir / "checkpoints")
     assert ckpt is not None and ckpt.step == last_step
     assert f"stopped at step {last_step}; continue with: tvq train --resume auto --run-dir {run_dir}" in err
+
+
+PARENT = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", CHILD], env={**os.environ, "TVQ_STOP_WITH_PARENT": str(os.getpid())})
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+CHILD = """
+import signal, sys, time
+from transformer_vq.train.signals import stop_with_parent
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(43))  # a training saves here, then exits
+stop_with_parent()
+print("armed", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_child_started_to_stop_with_its_parent_gets_sigterm_when_the_parent_is_killed():
+    """What `tvq ablate` gives its trainings: its kill -9 reaches them as SIGTERM (they save and stop)."""
+    import os
+    import subprocess
+    import sys
+
+    parent = subprocess.Popen([sys.executable, "-c", f"CHILD = {CHILD!r}\n{PARENT}"], stdout=subprocess.PIPE,
+                              text=True)
+    child = int(parent.stdout.readline())
+    assert parent.stdout.readline() == "armed\n"  # the child shares its parent's stdout
+    parent.kill()
+    parent.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail("the child outlived its killed parent")

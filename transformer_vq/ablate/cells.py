@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     """Child process: train the cell of the request file, resuming its run directory when it has checkpoints, then
     score it when a probe is named after the file."""
     from transformer_vq.train import train
+    from transformer_vq.train.signals import stop_with_parent
 
+    stop_with_parent()  # a killed runner takes its trainings with it (each saves first)
     path, *probe = argv or sys.argv[1:]
     run_cfg = RunConfig.from_dict(json.loads(Path(path).read_text()))
     result = train(run_cfg, resume="auto")

@@ -34,9 +34,14 @@ from transformer_vq.ablate.cells import cell_config, cell_id, cell_record, child
 from transformer_vq.config import ConfigError
 from transformer_vq.config.ablate import MATRICES, AblateConfig, Matrix, default_of
 from transformer_vq.config.fields import fields_of
+from transformer_vq.train.checkpoint.rundir import wait_until_free
+from transformer_vq.train.signals import PARENT_ENV
 
 POLL_S = 2.0
 """How often the progress line reads the running cell's metrics."""
+
+LEFTOVER_WAIT_S = 300.0
+"""How long a cell waits for a training of it left running by a killed matrix (saving on its way out)."""
 
 
 def run_ablation(cfg: AblateConfig, *, matrix: Matrix | None = None, isolate: bool = True, log=print) -> dict:
@@ -68,6 +73,10 @@ def run_ablation(cfg: AblateConfig, *, matrix: Matrix | None = None, isolate: bo
             log(f"[{index}/{len(jobs)}] {cell_id(cell, seed)}: identical to {record['reused_from']}, reused")
             record = {**record, "cell": cell, "seed": seed}
         else:
+            # a training of this cell left by a killed matrix is stopping (SIGTERM came with its parent's death)
+            # and saves first: wait for it, then resume from its checkpoint
+            wait_until_free(Path(configs[(cell, seed)].train.run_dir), LEFTOVER_WAIT_S,
+                            on_wait=lambda message: log(f"[{index}/{len(jobs)}] {cell_id(cell, seed)}: {message}"))
             update = progress.cell(index, cell_id(cell, seed))
             record = (_train_cell(configs[(cell, seed)], cell, seed, update, matrix.probe, stop) if isolate
                       else _train_cell_here(configs[(cell, seed)], cell, seed, update, matrix.probe))
@@ -179,7 +188,8 @@ def _train_cell(run_cfg, cell: str, seed: int, progress, probe: str | None, stop
     line, until it ends or ``stop`` is set; its record."""
     request = _write_request(run_cfg)
     run_dir = request.parent
-    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+           PARENT_ENV: str(os.getpid())}
     begin = time.perf_counter()
     with open(run_dir / "train.log", "a") as out:
         child = subprocess.Popen(child_command(request, probe), stdout=out, stderr=subprocess.STDOUT, env=env)

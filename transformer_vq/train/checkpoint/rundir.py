@@ -145,6 +145,25 @@ class RunLock:
         self.fd = None
 
 
+def wait_until_free(run_dir: Path, timeout_s: float, on_wait=None, poll_s: float = 0.5) -> None:
+    """Return once no training holds the lock of ``run_dir``, calling ``on_wait(message)`` once if one does; raise
+    the :class:`RunDirError` naming the holder after ``timeout_s`` seconds. For a process that starts a training
+    in a directory an earlier one may still be leaving (a stopped child saving its checkpoint)."""
+    lock, deadline, told = RunLock(run_dir), time.monotonic() + timeout_s, False
+    while lock.path.exists():  # no lock file: no training has the directory
+        try:
+            lock.acquire()
+        except RunDirError as busy:
+            if time.monotonic() >= deadline:
+                raise
+            if not told and on_wait is not None:
+                on_wait(f"{busy}: waiting up to {timeout_s:.0f} s")
+                told = True
+            time.sleep(poll_s)
+            continue
+        lock.release()
+
+
 def _same_file(fd: int, path: Path) -> bool:
     try:
         return os.path.samestat(os.fstat(fd), os.stat(path))
