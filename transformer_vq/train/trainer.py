@@ -117,6 +117,7 @@ class Trainer:
         self.validation = None  # the last validation of this call (on the workers that evaluate)
         self.validated_at: int | None = None  # its step (on every worker)
         self.eval_logged = False  # whether the validation of this step is in metrics.jsonl already
+        self.validated_here = False  # whether this call validated (every worker: the DDP workers but rank 0 don't)
 
     # ---- hooks ---------------------------------------------------------------------------------------
 
@@ -291,7 +292,7 @@ class Trainer:
         try:
             exit_code = self._loop()
             if exit_code == 0:
-                if self.validation is None:  # resumed at the last step: no step ran in this call
+                if not self.validated_here:  # resumed at the last step: no step ran in this call
                     self._finish_resumed()
                 if self.evaluates:
                     self.finish()
@@ -339,7 +340,7 @@ class Trainer:
     def _validate(self) -> None:
         if self.evaluates:
             self.validation = self.validate()
-        self.validated_at = self.step
+        self.validated_at, self.validated_here = self.step, True
         self.dist.barrier()
 
     def _finish_resumed(self) -> None:

@@ -37,6 +37,12 @@ def test_two_workers_match_one_process(corpus_file, tmp_path):
     # the codebooks moved (EMA updates happened) and agree too
     assert not torch.equal(w1["units.0.quantizer.ema_count"], torch.zeros_like(w1["units.0.quantizer.ema_count"]))
 
+    # resumed at its last step, the run ends again on both workers (only rank 0 validates under DDP)
+    metrics = (two / "metrics.jsonl").read_text()
+    out = torchrun(["train", "--resume", "auto", "--run-dir", str(two)]).stdout
+    assert "the run is at its last step (6): nothing to train" in out and "done: 6 steps; validation" in out
+    assert (two / "metrics.jsonl").read_text() == metrics
+
 
 def test_two_workers_resume_mid_batch_bitwise(corpus_file, tmp_path):
     """Each worker's carried state and RNG (dropout on) are saved and restored: rewinding a 2-worker
