@@ -45,7 +45,8 @@ class Arch:
     """The commands beyond its task's own (train, eval, sample; classify train, eval) that read its checkpoints:
     ``export``, ``codebook``."""
     refused_options: Mapping[str, str] = field(default_factory=dict)
-    """Training options that do not apply to it (a value other than off is refused), each with the reason."""
+    """Training options that do not apply to it (a value other than the option's default is refused), each with the
+    reason."""
 
 
 ARCHS: tuple[Arch, ...] = (
@@ -54,7 +55,9 @@ ARCHS: tuple[Arch, ...] = (
     Arch("lm", "longvq", "a LongVQ causal language model (SSM and gated VQ attention)", LongVQConfig,
          "transformer_vq.nn.longvq_model:LongVQLM", LONGVQ_LM_PRESETS,
          refused_options={"torch_compile": "compiles Transformer-VQ's gated attention units, which a LongVQ model "
-                                           "has none of (leave it off)"}),
+                                           "has none of (leave it off)",
+                         "context_parallel": "hands a rank the VQ-attention state of the ranks before it, and a "
+                                             "LongVQ model's SSM state is not handed over (leave it at 1)"}),
     Arch("classify", "longvq", "a LongVQ classifier", LongVQConfig,
          "transformer_vq.nn.longvq_model:LongVQClassifier", CLASSIFY_PRESETS),
     Arch("classify", "transformer", "a full-attention Transformer classifier (baseline)", LongVQConfig,

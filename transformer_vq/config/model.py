@@ -100,6 +100,19 @@ class TransformerVQConfig:
                                           "without quantize_queries"))
         check(self, extra)
 
+    def context_parallel_problem(self) -> str | None:
+        """Why this model cannot split a sequence over ranks along time (None when it can): context parallelism
+        hands each rank the VQ-attention state of the ranks before it (a per-code cache and one block), which only
+        causal attn_type 'vq' with its cache and unquantized queries has (docs/distributed.md)."""
+        reasons = [(self.attn_type != "vq", f"attn_type 'vq', got {self.attn_type!r}"),
+                   (not self.causal, "causal attention, got an encoder (causal false)"),
+                   (not self.compressive_cache, "the per-code cache, got compressive_cache false"),
+                   (self.quantize_queries, "unquantized queries, got quantize_queries true")]
+        for refused, text in reasons:
+            if refused:
+                return f"needs {text}"
+        return None
+
     @property
     def n_kv_head(self) -> int:
         """Number of key/value groups G: 1 for 'shga' and 'mqa', n_head for 'mha'."""

@@ -75,6 +75,9 @@ class TrainConfig:
     parallel: str = option("ddp", "How torchrun workers share the model: 'ddp' (a full copy each) or 'fsdp' (weights, "
                                   "gradients and optimizer state sharded; also one process without torchrun); see "
                                   "docs/distributed.md.", choices=PARALLELS)
+    context_parallel: int = option(1, "Split every sequence along time over this many torchrun workers (context "
+                                      "parallelism of VQ attention; a divisor of the worker count, the rest share "
+                                      "batches as data-parallel groups); see docs/distributed.md.", min=1)
     torch_compile: bool = option(False, "Compile every gated attention unit with torch.compile (fused elementwise "
                                         "work; the first steps and the final evaluation wait for compilation); see "
                                         "docs/training.md.")
@@ -173,5 +176,17 @@ def check_compatible(model: TransformerVQConfig | LongVQConfig, train: TrainConf
                 f"block_len), got {train.update_len}")
         raise ConfigError(f"invalid RunConfig: update_len {text}", [("update_len", text)], TrainConfig)
     for option, text in find_arch("lm", arch_of(model)).refused_options.items():
-        if getattr(train, option):
+        if getattr(train, option) != TrainConfig.__dataclass_fields__[option].default:
             raise ConfigError(f"invalid RunConfig: {option} {text}", [(option, text)], TrainConfig)
+    if train.context_parallel > 1:
+        problem = model.context_parallel_problem() if isinstance(model, TransformerVQConfig) else None
+        chunk = train.context_parallel * model.block_len
+        if problem is not None:
+            problem += "; leave context_parallel at 1 for this model"
+        elif train.update_len % chunk != 0:
+            problem = (f"splits each window of update_len={train.update_len} tokens into {train.context_parallel} "
+                       f"chunks of whole blocks: make update_len a multiple of {chunk} "
+                       f"(context_parallel x block_len)")
+        if problem is not None:
+            text = f"{train.context_parallel} {problem}"
+            raise ConfigError(f"invalid RunConfig: context_parallel {text}", [("context_parallel", text)], TrainConfig)

@@ -7,6 +7,8 @@
 * non-causal (``causal=False``, an encoder): :func:`~transformer_vq.ops.vq_bidir.vq_bidir_attention` (with the
   table's scores when queries are quantized), or :func:`~transformer_vq.ops.full.bidir.full_bidir_attention`;
 * ``attention="quadratic"``: the dense formula of the same attention, for tests and the ``tvq demo`` comparison.
+* ``context_parallel`` (a process group): causal VQ attention of one chunk of a sequence split along time over the
+  group's ranks, :func:`~transformer_vq.ops.vq.context_parallel.vq_attention_context_parallel`.
 
 The FLASH baselines get the window bias divided by their normalizer ``n`` (:func:`flash_norm`).
 
@@ -26,6 +28,7 @@ from transformer_vq.config import TransformerVQConfig
 from transformer_vq.nn.quantizer import QuantizerOutput
 from transformer_vq.ops import KERNELS, vq_attention_naive
 from transformer_vq.ops.full.bidir import full_bidir_attention
+from transformer_vq.ops.vq.context_parallel import vq_attention_context_parallel
 from transformer_vq.ops.vq_bidir import vq_bidir_attention, vq_bidir_attention_naive
 from transformer_vq.ops.vq_qk import code_pair_table, lookup_code_scores, vq_qk_attention
 
@@ -35,7 +38,7 @@ ATTENTION_MODES = ("linear", "quadratic")
 def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *,
            state, mask: torch.Tensor | None, attention: str, keys: QuantizerOutput | None = None,
            queries: QuantizerOutput | None = None, query_shift: torch.Tensor | None = None,
-           table: torch.Tensor | None = None):
+           table: torch.Tensor | None = None, context_parallel=None):
     """``(out [B, H, T, Dv], state)`` of the unit's attention.
 
     Args:
@@ -45,12 +48,21 @@ def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
         keys: the key quantizer's output (``None``: unquantized keys). queries: the query quantizer's output.
         query_shift: ``[H, Dk]`` the content bias ``u`` (scaled) added to the query codewords.
         table: the code-pair table of these codebooks when the caller holds it (decoding); ``None``: computed here.
+        context_parallel: the process group over whose ranks the sequence is split along time (``None``: not split);
+            ``state`` is then the state at the start of the whole sequence, and so is the one returned at its end.
     """
     if attention not in ATTENTION_MODES:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
     if attention == "quadratic" and state is not None:
         raise ValueError("attention='quadratic' runs the dense reference on whole sequences: pass state=None")
     L = cfg.block_len
+    if context_parallel is not None:
+        problem = cfg.context_parallel_problem() or (attention == "quadratic" and "attention='linear'")
+        if problem:
+            raise ValueError(f"context parallelism {problem}")
+        return vq_attention_context_parallel(q, k, v, bias, block_len=L, group=context_parallel, state=state,
+                                             z=keys.z, codebook=keys.codebook, reduction=cfg.reduction,
+                                             backend=cfg.attn_backend)
     if not cfg.causal:
         if keys is None:  # the quadratic baseline is its own dense formula
             return full_bidir_attention(q, k, v, bias, block_len=L, state=state, mask=mask)

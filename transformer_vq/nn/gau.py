@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -49,6 +50,12 @@ class GAUOutput:
     """The attention state to pass to the next call on the same sequences (``None`` for quadratic mode)."""
     commit_loss: torch.Tensor
     """Scalar commitment loss of this unit's quantizer (0 for unquantized baselines)."""
+
+
+def chunk_start(group, length: int) -> int:
+    """Position of this rank's chunk in a sequence split into chunks of ``length`` tokens over the ranks of ``group``
+    in rank order (0 without a group)."""
+    return 0 if group is None else dist.get_rank(group) * length
 
 
 def rms_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -92,7 +99,7 @@ class GatedAttentionUnit(nn.Module):
         nn.init.zeros_(self.v_r)
 
     def forward(self, x: torch.Tensor, *, state=None, mask: torch.Tensor | None = None,
-                attention: str = "linear") -> GAUOutput:
+                attention: str = "linear", context_parallel=None) -> GAUOutput:
         """Apply the unit to ``x`` ``[B, T, Dm]``.
 
         Args:
@@ -100,12 +107,15 @@ class GatedAttentionUnit(nn.Module):
             mask: ``[B, T]`` True for real tokens; padded keys never update the codebook.
             attention: ``"linear"`` (the kernel of ``cfg.attn_type``, any ``state``) or ``"quadratic"`` (the
                 dense formula of VQ attention, whole sequences only; VQ attention only).
+            context_parallel: the process group over whose ranks the sequences are split along time; ``x`` is this
+                rank's chunk (the chunks of equal length, in rank order) and ``state`` the state at the start of the
+                whole sequences; the returned state is the one at their end (docs/distributed.md).
         """
         cfg = self.cfg
         B, T, _ = x.shape
         H, G, Dk, Dvh = self.n_head, self.n_group, self.d_k, self.d_v_head
         scale = Dk ** -0.25
-        offset = 0 if state is None else state.offset
+        offset = (0 if state is None else state.offset) + chunk_start(context_parallel, T)
 
         x_tilde = rms_norm(x)
         q = rms_norm(self.w_q(x_tilde).view(B, T, H, Dk)).transpose(1, 2) * scale  # (B, H, T, Dk)
@@ -126,7 +136,8 @@ class GatedAttentionUnit(nn.Module):
         bias = self._window_bias(q, offset)  # (B, H, T, 2L) causal, (B, H, T, 3L) non-causal
         shift = self.u * scale  # (H, Dk) Transformer-XL's content bias
         out, state = attend(cfg, q + shift[None, :, None, :], k, v, bias, state=state, mask=mask, attention=attention,
-                            keys=keys, queries=queries, query_shift=shift, table=self._held_code_table(queries, shift))
+                            keys=keys, queries=queries, query_shift=shift, table=self._held_code_table(queries, shift),
+                            context_parallel=context_parallel)
 
         out = out.transpose(1, 2).reshape(B, T, H * Dvh) * gate  # (B, T, Dv)
         branch = F.dropout(self.w_o(out), p=cfg.dropres, training=self.training)

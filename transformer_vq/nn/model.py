@@ -6,11 +6,12 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from transformer_vq.config import TransformerVQConfig
-from transformer_vq.nn.gau import GatedAttentionUnit, rms_norm
+from transformer_vq.nn.gau import GatedAttentionUnit, chunk_start, rms_norm
 from transformer_vq.nn.position import sinusoids
 from transformer_vq.nn.quantizer import VectorQuantizer
 from transformer_vq.nn.sampling import sample_next_token
@@ -89,7 +90,8 @@ class TransformerVQ(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, state: ModelState | None = None, *,
                 targets: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                loss_mask: torch.Tensor | None = None, attention: str = "linear") -> ModelOutput:
+                loss_mask: torch.Tensor | None = None, attention: str = "linear",
+                context_parallel=None) -> ModelOutput:
         """Run the model on ``input_ids`` ``[B, T]``.
 
         Args:
@@ -101,17 +103,22 @@ class TransformerVQ(nn.Module):
                 or the codebook statistics; ``None`` means every position is real.
             loss_mask: ``[B, T]`` bool, the positions whose targets count in ``ce_loss`` (default: ``mask``).
             attention: ``"linear"`` (the operator) or ``"quadratic"`` (the dense reference, same parameters).
+            context_parallel: a process group whose ranks each pass one chunk of the same sequences, of equal length
+                and in rank order (context parallelism, docs/distributed.md): ``logits`` and the losses are this
+                chunk's, ``state`` is shared by the ranks (the sequences' start in, their end out).
         """
         self._check_ids(input_ids, "input_ids", self.embed.num_embeddings)
         B, T = input_ids.shape
-        x, states, commit_loss = self.features(input_ids, state, mask=mask, attention=attention)
+        x, states, commit_loss = self.features(input_ids, state, mask=mask, attention=attention,
+                                               context_parallel=context_parallel)
         offset = 0 if state is None else state.offset
         if self.head is None:
             # tied, scaled to unit variance (an encoder's mask token is an input only)
             logits = x @ self.embed.weight[:self.cfg.vocab_size].t() * self.cfg.d_model ** -0.5
         else:
             logits = self.head(x)
-        new_state = None if attention == "quadratic" or not self.cfg.causal else ModelState(offset + T, states)
+        consumed = T if context_parallel is None else T * dist.get_world_size(context_parallel)
+        new_state = None if attention == "quadratic" or not self.cfg.causal else ModelState(offset + consumed, states)
         result = ModelOutput(logits=logits, state=new_state, commit_loss=commit_loss)
         if targets is not None:
             self._check_ids(targets, "targets", self.cfg.vocab_size)
@@ -124,20 +131,21 @@ class TransformerVQ(nn.Module):
         return result
 
     def features(self, input_ids: torch.Tensor, state: ModelState | None = None, *, mask: torch.Tensor | None = None,
-                 attention: str = "linear") -> tuple[torch.Tensor, list[Any], torch.Tensor]:
+                 attention: str = "linear", context_parallel=None) -> tuple[torch.Tensor, list[Any], torch.Tensor]:
         """``(x [B, T, Dm], unit states, commit_loss)``: the residual stream after every unit (and the final norm),
         before the output head. A classifier pools ``x``; :meth:`forward` turns it into logits. ``input_ids`` are
         not checked here (:meth:`forward` checks them)."""
         if state is not None and not self.cfg.causal:
             raise ValueError("an encoder (causal=False) reads whole sequences and carries no state: pass state=None")
-        offset = 0 if state is None else state.offset
+        offset = (0 if state is None else state.offset) + chunk_start(context_parallel, input_ids.shape[1])
         x = self.embed(input_ids)  # (B, T, Dm)
         if self.abs_pos_scale is not None:
             positions = torch.arange(offset, offset + input_ids.shape[1], device=input_ids.device)
             x = x + self.abs_pos_scale * sinusoids(positions, self.cfg.d_model, self.cfg.max_wavelength, x.dtype)
         states, commit_loss = [], x.new_zeros((), dtype=torch.float32)
         for i, unit in enumerate(self.units):
-            out = unit(x, state=None if state is None else state.layers[i], mask=mask, attention=attention)
+            out = unit(x, state=None if state is None else state.layers[i], mask=mask, attention=attention,
+                       context_parallel=context_parallel)
             x, commit_loss = out.x, commit_loss + out.commit_loss
             states.append(out.state)
         if self.cfg.final_norm:

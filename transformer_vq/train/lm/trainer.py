@@ -64,7 +64,7 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
     layer's ``DataError`` with a message for the user.
     """
     device = training_device(cfg.train)
-    dist_info = setup_distributed(device.type, cfg.train.parallel)
+    dist_info = setup_distributed(device.type, cfg.train.parallel, cfg.train.context_parallel)
     if device.type == "cuda":
         device = torch.device("cuda", dist_info.local_rank)
     try:
@@ -92,7 +92,8 @@ class LMTrainer(Trainer):
         for split in ("train", "validation"):
             check_vocab(self.corpus.split(split), cfg.model.vocab_size, split)
         self.batches = corpus_batches(self.corpus, "train", batch_size=tc.batch_size, seq_len=tc.seq_len,
-                                      seed=tc.seed, rank=dist_info.rank, world_size=dist_info.world_size)
+                                      seed=tc.seed, rank=dist_info.data_rank,
+                                      world_size=dist_info.data_world)
         super().__init__(cfg, dist_info, device, lambda: model if model is not None else build_model(cfg),
                          torch_compile=tc.torch_compile)
         self.batch = None  # (B_local, seq_len + 1) the current batch of sequences
@@ -113,7 +114,8 @@ class LMTrainer(Trainer):
             inputs, targets, loss_mask = masked_window(inputs, cfg=self.cfg.model, seed=self.tc.seed, step=self.step,
                                                        rank=self.dist.rank)
         with self.autocast():
-            out = self.forward(inputs, state=self.carry, targets=targets, loss_mask=loss_mask)
+            out = self.forward(inputs, state=self.carry, targets=targets, loss_mask=loss_mask,
+                               **({"context_parallel": self.dist.cp_group} if self.dist.cp_group is not None else {}))
         out.loss.backward()
         return Step(output=out, tokens=self.tc.batch_size * self.tc.update_len)
 
@@ -124,8 +126,10 @@ class LMTrainer(Trainer):
             self.batch_pos = self.batches.state_dict()
             self.batch = next(self.batches).to(self.device)
             self.carry = None
-        lo, update_len = window * self.tc.update_len, self.tc.update_len
-        return self.batch[:, lo:lo + update_len], self.batch[:, lo + 1:lo + update_len + 1]
+        # with context parallelism, this worker's chunk of the window
+        chunk = self.tc.update_len // self.dist.context_parallel
+        lo = window * self.tc.update_len + self.dist.cp_rank * chunk
+        return self.batch[:, lo:lo + chunk], self.batch[:, lo + 1:lo + chunk + 1]
 
     def after_step(self, step: Step, ce_loss: float) -> dict:
         state = step.output.state
@@ -163,7 +167,8 @@ class LMTrainer(Trainer):
         save_run_tokenizer(self.corpus, self.run_dir)
         self.announce("model", f"{self.corpus.name} ({len(self.corpus.split('train')):,} training tokens)",
                       f"{self.tc.batch_size} x {self.tc.update_len} tokens on {self.dist.world_size} x "
-                      f"{self.device.type}")
+                      f"{self.device.type}" + (f" (context parallel {self.dist.context_parallel})"
+                                               if self.dist.context_parallel > 1 else ""))
 
     def validate(self) -> EvalResult:
         result = evaluate_tokens(

@@ -6,15 +6,24 @@ Backend: ``nccl`` when the run uses CUDA, ``gloo`` on CPU. FSDP (``parallel="fsd
 group even for one process (its sharding runs over a device mesh), so without torchrun it joins a
 group of one through an in-memory store; the run and its checkpoints are then those of a
 one-worker FSDP run (resumable by any number of workers, see docs/distributed.md).
+
+Context parallelism (``context_parallel`` N > 1) arranges the workers as a ``DeviceMesh`` of shape
+``(world_size / N, N)`` named ``("dp", "cp")``: the N workers of a "cp" row read the same sequences, each a chunk of
+every window in time, and hand each other VQ-attention states; the rows read different sequences. Gradients,
+losses and codebook statistics are reduced over every worker (DDP, or FSDP2 sharding over the whole mesh), which is
+right because each worker's loss is the mean over an equal share of the tokens.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 
 @dataclass(frozen=True)
@@ -26,6 +35,25 @@ class Distributed:
     local_rank: int = 0
     fsdp: bool = False
     """Parameters, gradients and optimizer state are sharded over the workers (FSDP2)."""
+    context_parallel: int = 1
+    """Workers that share each sequence, split along time (the "cp" dimension of the mesh)."""
+    cp_group: Any = None
+    """The process group of this worker's "cp" row (``None`` without context parallelism)."""
+
+    @property
+    def data_rank(self) -> int:
+        """Which share of every batch's rows this worker reads (its "dp" index: the same along a "cp" row)."""
+        return self.rank // self.context_parallel
+
+    @property
+    def data_world(self) -> int:
+        """Number of shares the rows of a batch are split into."""
+        return self.world_size // self.context_parallel
+
+    @property
+    def cp_rank(self) -> int:
+        """Which chunk of every window this worker reads (its "cp" index)."""
+        return self.rank % self.context_parallel
 
     @property
     def enabled(self) -> bool:
@@ -55,10 +83,14 @@ class Distributed:
             dist.barrier()
 
 
-def setup_distributed(device_type: str, parallel: str = "ddp") -> Distributed:
+def setup_distributed(device_type: str, parallel: str = "ddp", context_parallel: int = 1) -> Distributed:
     """Join the process group described by torchrun's environment variables, if any (for FSDP, a
-    group of one without them)."""
+    group of one without them); with ``context_parallel`` > 1, the "cp" rows of the workers' mesh."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size % context_parallel != 0:
+        raise ValueError(f"context_parallel {context_parallel} splits each sequence over that many torchrun workers, "
+                         f"and this run has {world_size}: start it with torchrun --nproc_per_node set to a multiple of "
+                         f"{context_parallel}, or lower --context-parallel")
     fsdp = parallel == "fsdp"
     if world_size == 1 and not fsdp:
         return Distributed()
@@ -73,7 +105,15 @@ def setup_distributed(device_type: str, parallel: str = "ddp") -> Distributed:
             dist.init_process_group(backend=backend)
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)
-    return Distributed(rank=rank, world_size=world_size, local_rank=local_rank, fsdp=fsdp)
+    info = Distributed(rank=rank, world_size=world_size, local_rank=local_rank, fsdp=fsdp)
+    if context_parallel == 1:
+        return info
+    # A group of its own for "cp", even when it spans every worker (the mesh would reuse the default group): the
+    # state hand-off's collective runs inside the backward, where DDP's gradient all-reduces on the default group
+    # may be issued in another order on another worker.
+    mesh = init_device_mesh(device_type, (world_size // context_parallel, context_parallel),
+                            mesh_dim_names=("dp", "cp"), backend_override={"cp": backend})
+    return dataclasses.replace(info, context_parallel=context_parallel, cp_group=mesh.get_group("cp"))
 
 
 def data_parallel(model: torch.nn.Module, info: Distributed, device: torch.device, *,

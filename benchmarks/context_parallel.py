@@ -1,0 +1,167 @@
+"""Context parallelism of VQ attention on CPU (gloo): what it sends, and what it costs in time and memory per rank.
+
+    PYTHONPATH=$PWD python benchmarks/context_parallel.py --bytes     # bytes per layer, 2 processes (the docs' table)
+    PYTHONPATH=$PWD python benchmarks/context_parallel.py             # time and peak memory, 64k-256k tokens
+
+``--bytes`` runs one attention call (one layer) forward and backward over 2 gloo processes at several sequence
+lengths and counts, with a wrapper around ``torch.distributed.all_gather`` and ``all_reduce``, the bytes each rank
+hands to a collective; beside them, ring attention's volume from its formula at the same sizes (docs/distributed.md).
+Counting, not timing: the machine's load does not change it.
+
+The default mode trains the ``small`` preset's model (``--layers`` of it) for ``--steps`` forward and backward passes
+on one sequence of each length: once in one process, once split over 2 processes with ``context_parallel``. It
+reports per rank the median time of a step and the peak resident set size (``ru_maxrss``). A timing: run it on an
+otherwise idle machine. Results go to a JSON file with the machine, commit and library versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+REPO = Path(__file__).resolve().parents[1]
+MIB = 2 ** 20
+
+
+def spawn(fn, nprocs: int, *args) -> list:
+    """``fn(rank, nprocs, *args)`` in ``nprocs`` gloo processes; their results in rank order."""
+    with tempfile.TemporaryDirectory() as folder:
+        mp.spawn(_entry, args=(nprocs, folder, fn, args), nprocs=nprocs, join=True)
+        return [torch.load(Path(folder) / f"{rank}.pt", weights_only=False) for rank in range(nprocs)]
+
+
+def _entry(rank, nprocs, folder, fn, args):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // nprocs))
+    dist.init_process_group("gloo", store=dist.FileStore(f"{folder}/store", nprocs), rank=rank, world_size=nprocs)
+    try:
+        torch.save(fn(rank, nprocs, *args), Path(folder) / f"{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+# ---- bytes ---------------------------------------------------------------------------------------------------------
+
+def count_bytes(rank, ranks, length, dims):
+    """Bytes this rank hands to each collective during one forward and backward of one attention call."""
+    from transformer_vq.ops.vq.context_parallel import vq_attention_context_parallel
+
+    B, G, S, L, Dk, Dv = dims
+    sent = {"all_gather": 0, "all_reduce": 0}
+    originals = {name: getattr(dist, name) for name in sent}
+
+    def counting(name):
+        def call(*args, **kwargs):
+            tensor = args[1] if name == "all_gather" else args[0]  # all_gather(outputs, input), all_reduce(tensor)
+            sent[name] += tensor.numel() * tensor.element_size()
+            return originals[name](*args, **kwargs)
+        return call
+
+    gen = torch.Generator().manual_seed(rank)
+    T = length // ranks
+    codebook = torch.randn(G, S, Dk, generator=gen)
+    z = torch.randint(0, S, (B, G, T), generator=gen)
+    k_hat = codebook[torch.arange(G)[None, :, None], z].requires_grad_()
+    q = torch.randn(B, G, T, Dk, generator=gen, requires_grad=True)
+    v = torch.randn(B, G, T, Dv, generator=gen, requires_grad=True)
+    bias = torch.randn(B, G, T, 2 * L, generator=gen, requires_grad=True)
+    for name in sent:
+        setattr(dist, name, counting(name))
+    try:
+        out, _ = vq_attention_context_parallel(q, k_hat, v, bias, block_len=L, group=None, z=z, codebook=codebook)
+        out.sum().backward()
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+    return sent
+
+
+def bytes_table(args) -> dict:
+    from transformer_vq.config import preset
+
+    cfg = preset(args.preset)
+    B, G, S, L, Dk, Dv = 1, 1, cfg.n_code, cfg.block_len, cfg.d_k, cfg.d_v
+    rows = []
+    for length in args.lengths:
+        sent = spawn(count_bytes, 2, length, (B, G, S, L, Dk, Dv))[1]
+        ring = (2 - 1) * length // 2 * (Dk + Dv) * B * G * 4  # float32 keys and values passed once around the ring
+        rows.append({"tokens": length, "cp_forward_bytes": sent["all_gather"], "cp_backward_bytes": sent["all_reduce"],
+                     "ring_forward_bytes": ring, "ring_backward_bytes": 2 * ring})
+        print(f"T={length:>7}: context parallel {sent['all_gather']:>9,} B forward, {sent['all_reduce']:>9,} B "
+              f"backward; ring attention {ring:>12,} B forward, {2 * ring:>12,} B backward (per rank, one layer)")
+    return {"dims": {"B": B, "G": G, "S": S, "L": L, "Dk": Dk, "Dv": Dv, "dtype": "float32"}, "rows": rows}
+
+
+# ---- time and memory -----------------------------------------------------------------------------------------------
+
+def train_steps(rank, ranks, length, args):
+    """Median seconds of a forward and backward pass on this rank's chunk of one sequence, and the peak RSS."""
+    from transformer_vq.config import preset
+    from transformer_vq.nn.model import TransformerVQ
+
+    torch.manual_seed(0)
+    model = TransformerVQ(preset(args.preset, n_layers=args.layers)).train()
+    ids = torch.randint(0, 256, (1, length + 1), generator=torch.Generator().manual_seed(1))
+    chunk = length // ranks
+    lo = rank * chunk
+    group = dist.group.WORLD if ranks > 1 else None
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        out = model(ids[:, lo:lo + chunk], targets=ids[:, lo + 1:lo + chunk + 1], context_parallel=group)
+        (out.loss / ranks).backward()
+        times.append(time.perf_counter() - start)
+        model.zero_grad(set_to_none=True)
+    return {"step_s": statistics.median(times), "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def timing_table(args) -> dict:
+    rows = []
+    for length in args.lengths:
+        for ranks in (1, 2):
+            per_rank = spawn(train_steps, ranks, length, args)
+            for rank, result in enumerate(per_rank):
+                rows.append({"tokens": length, "processes": ranks, "rank": rank, **result})
+                print(f"T={length:>7} processes={ranks} rank={rank}: {result['step_s']:.2f} s/step, "
+                      f"peak RSS {result['peak_rss_mib']:,.0f} MiB")
+    return {"rows": rows}
+
+
+def machine() -> dict:
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    return {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
+            "python": platform.python_version(), "torch": torch.__version__, "commit": commit}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bytes", action="store_true", help="count the bytes of the collectives instead of timing")
+    parser.add_argument("--preset", default="small", help="model preset (its widths, codes and block length)")
+    parser.add_argument("--layers", type=int, default=2, help="layers of the timed model")
+    parser.add_argument("--steps", type=int, default=3, help="timed forward and backward passes per run")
+    parser.add_argument("--lengths", type=int, nargs="+", default=None, help="sequence lengths in tokens")
+    parser.add_argument("--out", default=None, help="JSON file of the results (default: benchmarks/results/...)")
+    args = parser.parse_args()
+    if args.lengths is None:
+        args.lengths = [4096, 16384, 65536] if args.bytes else [65536, 131072, 262144]
+    result = {"machine": machine(), "args": vars(args),
+              **(bytes_table(args) if args.bytes else timing_table(args))}
+    name = "context_parallel_bytes.json" if args.bytes else "context_parallel_timing.json"
+    out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / name
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
