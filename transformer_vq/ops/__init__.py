@@ -6,7 +6,8 @@ right: :mod:`~transformer_vq.ops.vq` (the linear-time operator), :mod:`~transfor
 attention, which returns no state), :mod:`~transformer_vq.ops.vq_qk` (queries quantized too, causal and non-causal). Every kernel is called the same way
 (:class:`~transformer_vq.ops.protocol.AttentionKernel`) and returns a state satisfying
 :class:`~transformer_vq.ops.protocol.AttentionState` (``None`` for the non-causal one); ``KERNELS`` maps each
-``attn_type`` to its kernel.
+``attn_type`` to its kernel. Beside the attention operators, :mod:`~transformer_vq.ops.ema` holds LongVQ's state
+space layer (Mega's damped EMA): an FFT convolution and the recurrence it is tested against.
 """
 
 from transformer_vq.ops.flash import FlashState, flash_attention, flash_quad_attention
