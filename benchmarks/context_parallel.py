@@ -108,7 +108,7 @@ def bytes_table(args) -> dict:
 def train_steps(rank, ranks, length, args):
     """Median seconds of a forward and backward pass on this rank's chunk of one sequence, and the peak RSS."""
     from transformer_vq.config import preset
-    from transformer_vq.nn.model import TransformerVQ
+    from transformer_vq.models.tvq.model import TransformerVQ
 
     torch.manual_seed(0)
     model = TransformerVQ(preset(args.preset, n_layers=args.layers)).train()

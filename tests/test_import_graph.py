@@ -5,9 +5,10 @@ Circles are strongly connected groups of modules in the graph "module A imports 
 left out as a target of its own submodules' imports only where Python resolves ``from package import name`` to the
 submodule; otherwise an import of ``a.b.c`` counts as an import of ``a.b.c`` (the module it names).
 
-The same graph pins the layers the training package is built in (``LAYER_RULES``): the checkpointer never imports the
-parallelism, the engine never imports a task, the tasks never import each other, and configuration imports nothing
-above it.
+The same graph pins the layers the package is built in (``LAYER_RULES``): the operators import no module, model or
+training code; the shared layers (``nn``) import no model; the models import no training, command-line or
+``transformers`` code, and Transformer-VQ no other family; the checkpointer never imports the parallelism, the engine
+never imports a task, the tasks never import each other, and configuration imports nothing above it.
 """
 
 from __future__ import annotations
@@ -86,8 +87,19 @@ def test_no_import_circles():
 
 
 TRAIN = f"{NAME}.train"
+# what sits above the models: the engine and its tasks, the command line, the transformers wrapper, the tools
+ABOVE_MODELS = tuple(f"{NAME}.{p}" for p in ("train", "cli", "hf", "bench", "ablate", "export", "__main__"))
 TASK_WINGS = (f"{TRAIN}.lm", f"{TRAIN}.classify")
 LAYER_RULES = {
+    # the math is pure: operators take tensors, never modules, models or the engine
+    "ops-above": (lambda m: m.startswith(f"{NAME}.ops"),
+                  lambda m: m.startswith((f"{NAME}.nn", f"{NAME}.models", *ABOVE_MODELS))),
+    # shared layers serve every family, so none of them is built on one
+    "nn-models": (lambda m: m.startswith(f"{NAME}.nn"), lambda m: m.startswith((f"{NAME}.models", *ABOVE_MODELS))),
+    "models-above": (lambda m: m.startswith(f"{NAME}.models"), lambda m: m.startswith(ABOVE_MODELS)),
+    # the other families are built on Transformer-VQ (its output types, its encoder), never the reverse
+    "tvq-families": (lambda m: m.startswith(f"{NAME}.models.tvq"),
+                     lambda m: m.startswith(f"{NAME}.models.") and not m.startswith(f"{NAME}.models.tvq")),
     # the checkpointer is a leaf of the engine: what it needs of the workers, the trainer passes in
     "checkpoint-parallel": (lambda m: m.startswith(f"{TRAIN}.checkpoint"), lambda m: m.startswith(f"{TRAIN}.parallel")),
     # the engine is task-free: the wings subclass it, never the other way

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from transformer_vq import TransformerVQ, preset
-from transformer_vq.nn.compile import compile_units
+from transformer_vq.models.tvq.compile import compile_units
 
 pytestmark = pytest.mark.gpu
 

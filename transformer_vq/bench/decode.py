@@ -38,7 +38,7 @@ def decode_cell(model: str, config: dict) -> dict:
     allocations), so the latency ratios between contexts measure the model, not the machine's mood. A context whose
     prompt would take longer than the budget (extrapolated from the prompt read so far) is skipped.
     """
-    from transformer_vq.nn.model import TransformerVQ
+    from transformer_vq.models.tvq.model import TransformerVQ
     from transformer_vq.nn.sampling import sample_next_token
 
     cfg = DecodeBenchConfig.from_dict(config)

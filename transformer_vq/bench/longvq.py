@@ -5,9 +5,9 @@ For each block kind and sequence length ``T`` it times the forward pass (no grad
 backward pass (train mode; gradients of the weights and of the input, as for a block inside a deeper model) of ONE
 block on random embeddings ``[B, T, d_model]`` with an all-real mask:
 
-* ``longvq`` / ``longvq-relu2``: :class:`~transformer_vq.nn.longvq.LongVQBlock` as an encoder (bidirectional SSM,
-  VQ attention over every token) with softmax / ``relu^2`` scoring; its commitment loss joins the backward pass;
-* ``transformer``: :class:`~transformer_vq.nn.baselines.TransformerEncoderLayer` built from the same
+* ``longvq`` / ``longvq-relu2``: :class:`~transformer_vq.models.longvq.layer.LongVQBlock` as an encoder (bidirectional
+  SSM, VQ attention over every token) with softmax / ``relu^2`` scoring; its commitment loss joins the backward pass;
+* ``transformer``: :class:`~transformer_vq.models.baselines.classifiers.TransformerEncoderLayer` built from the same
   :class:`~transformer_vq.config.LongVQConfig` (heads of width ``d_qk``, FFN ``d_ffn``), quadratic attention.
 
 Memory is the peak resident set size of the cell's own process above its size after importing torch (see
@@ -28,8 +28,8 @@ from transformer_vq.bench.isolate import budget_plan, host_options, run_cell
 from transformer_vq.bench.machine import machine_info, median_seconds
 from transformer_vq.bench.report import progress_note
 # imported with this module, so that their import is part of a cell's baseline memory, not of its peak
-from transformer_vq.nn.baselines import TransformerEncoderLayer
-from transformer_vq.nn.longvq import LongVQBlock
+from transformer_vq.models.baselines.classifiers import TransformerEncoderLayer
+from transformer_vq.models.longvq.layer import LongVQBlock
 
 BASELINE = "transformer"
 

@@ -39,7 +39,7 @@ def _config(config: dict) -> TrainBenchConfig:
 
 def _training_step(cfg: TrainBenchConfig, model: str):
     """``(step(ids), parameter count)``: one training step of a fresh ``model`` on ``ids [B, T + 1]``."""
-    from transformer_vq.nn.model import TransformerVQ
+    from transformer_vq.models.tvq.model import TransformerVQ
 
     torch.manual_seed(cfg.seed)
     net = TransformerVQ(model_config(cfg, model)).to(cfg.device).train()

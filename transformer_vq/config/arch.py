@@ -51,19 +51,19 @@ class Arch:
 
 ARCHS: tuple[Arch, ...] = (
     Arch("lm", "tvq", "a Transformer-VQ language model", TransformerVQConfig,
-         "transformer_vq.nn.model:TransformerVQ", PRESETS, frozenset({"export", "codebook"})),
+         "transformer_vq.models.tvq.model:TransformerVQ", PRESETS, frozenset({"export", "codebook"})),
     Arch("lm", "longvq", "a LongVQ causal language model (SSM and gated VQ attention)", LongVQConfig,
-         "transformer_vq.nn.longvq_model:LongVQLM", LONGVQ_LM_PRESETS,
+         "transformer_vq.models.longvq.model:LongVQLM", LONGVQ_LM_PRESETS,
          refused_options={"torch_compile": "compiles Transformer-VQ's gated attention units, which a LongVQ model "
                                            "has none of (leave it off)",
                          "context_parallel": "hands a rank the VQ-attention state of the ranks before it, and a "
                                              "LongVQ model's SSM state is not handed over (leave it at 1)"}),
     Arch("classify", "longvq", "a LongVQ classifier", LongVQConfig,
-         "transformer_vq.nn.longvq_model:LongVQClassifier", CLASSIFY_PRESETS),
+         "transformer_vq.models.longvq.model:LongVQClassifier", CLASSIFY_PRESETS),
     Arch("classify", "transformer", "a full-attention Transformer classifier (baseline)", LongVQConfig,
-         "transformer_vq.nn.baselines:TransformerClassifier", CLASSIFY_PRESETS),
+         "transformer_vq.models.baselines.classifiers:TransformerClassifier", CLASSIFY_PRESETS),
     Arch("classify", "tvq", "a Transformer-VQ encoder classifier (baseline)", LongVQConfig,
-         "transformer_vq.nn.baselines:TransformerVQEncoderClassifier", CLASSIFY_PRESETS),
+         "transformer_vq.models.baselines.classifiers:TransformerVQEncoderClassifier", CLASSIFY_PRESETS),
 )
 
 

@@ -1,11 +1,11 @@
 """The decoding state of a Transformer-VQ model as a ``transformers`` cache.
 
-``generate`` carries a :class:`~transformers.Cache` between forward calls. This one holds the library's states per
-row (:class:`~transformer_vq.nn.ragged.RowStates`): for VQ attention, per gated attention unit, the per-code counts
-and means of the summarized keys plus the keys of the current window, whose size is bounded whatever the context
-length (docs/operator.md, "State"). Rows are kept per row rather than as one batch because, with padding, the rows of
-a batch sit at different positions of their own sequences (``transformer_vq.nn.ragged`` says why that matters); a
-batch without padding is one group, the model's own batched state.
+``generate`` carries a :class:`~transformers.Cache` between forward calls. This one holds the library's states per row
+(:class:`~transformer_vq.models.tvq.ragged.RowStates`): for VQ attention, per gated attention unit, the per-code counts
+and means of the summarized keys plus the keys of the current window, whose size is bounded whatever the context length
+(docs/operator.md, "State"). Rows are kept per row rather than as one batch because, with padding, the rows of a batch
+sit at different positions of their own sequences (``transformer_vq.models.tvq.ragged`` says why that matters); a batch
+without padding is one group, the model's own batched state.
 
 ``transformers`` counts positions by columns, padding included (the attention mask is ``[B, past + new]``), while
 each row's state counts its real tokens: :meth:`TransformerVQCache.get_seq_length` is the former, :meth:`offsets`
@@ -22,8 +22,8 @@ import inspect
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from transformer_vq.nn.model import ModelState
-from transformer_vq.nn.ragged import RowStates
+from transformer_vq.models.tvq.model import ModelState
+from transformer_vq.models.tvq.ragged import RowStates
 
 # transformers 5.0 crops to a length (``crop(max_length)``, negative: remove that many); later ones remove a count.
 CROP_TAKES_LENGTH = "max_length" in inspect.signature(Cache.crop).parameters

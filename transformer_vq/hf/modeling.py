@@ -3,7 +3,7 @@
 (``generate``), the VQ attention state carried between steps in a :class:`TransformerVQCache`.
 
 The wrapper computes nothing itself: every logit comes from the wrapped module (``self.model``), so the math lives
-in one place (``transformer_vq.nn``). Its weights and EMA codebook buffers are saved under the same names as the
+in one place (``transformer_vq.models.tvq``). Its weights and EMA codebook buffers are saved under the same names as the
 library's state dict, prefixed ``model.``.
 
 ``transformer_vq.hf`` registers these classes with the auto classes.
@@ -21,9 +21,9 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from transformer_vq.hf.cache import TransformerVQCache
 from transformer_vq.hf.configuration import TransformerVQHFConfig
-from transformer_vq.nn.gau import GatedAttentionUnit
-from transformer_vq.nn.model import TransformerVQ
-from transformer_vq.nn.ragged import RowStates, plan_segments, run_segments
+from transformer_vq.models.tvq.gau import GatedAttentionUnit
+from transformer_vq.models.tvq.model import TransformerVQ
+from transformer_vq.models.tvq.ragged import RowStates, plan_segments, run_segments
 
 # The remote code every saved directory carries (transformer_vq/hf/remote_code.py under the name transformers
 # expects) and the auto classes config.json's auto_map sends to its classes: trust_remote_code=True loads the
@@ -145,8 +145,8 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
                 version uses; give one, not both).
             attention_mask: ``[B, P + T]`` (``P`` columns consumed before), zero for padding. Padding is taken out
                 before the model runs: each row's real tokens get exactly the logits, state and loss they get alone
-                (``transformer_vq.nn.ragged``), left padding, right padding or holes alike. A padded column holds
-                the logits of its row's last real token before it (so the last column predicts what follows each
+                (``transformer_vq.models.tvq.ragged``), left padding, right padding or holes alike. A padded column
+                holds the logits of its row's last real token before it (so the last column predicts what follows each
                 row's sequence), zero before a row's first.
             position_ids: ``[B, T]`` (or ``[1, T]``) positions of the tokens in their own sequences. A token at
                 position 0 starts a new sequence: packed documents (``DataCollatorWithFlattening``) are run as

@@ -1,5 +1,5 @@
 """What every sequence classifier of the library shares: mean pooling over real tokens, a linear head, the loss, the
-codebook interface a training loop calls (docs/longvq.md, "Classifiers").
+input checks (docs/longvq.md, "Classifiers"; the codebook interface is :mod:`transformer_vq.nn.codebooks`).
 
 Letters: B batch, T positions, D width, C classes.
 """
@@ -11,9 +11,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from transformer_vq.nn.model import TransformerVQ
-from transformer_vq.nn.quantizer import VectorQuantizer
 
 
 @dataclass
@@ -74,30 +71,3 @@ class PoolingHead(nn.Module):
             result.ce_loss = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), labels)
             result.loss = result.ce_loss + self.commit_coef * commit_loss
         return result
-
-
-class Codebooks:
-    """The codebook interface of a model whose quantizers are listed by ``quantizers``: the same methods, with the
-    same meaning, as :class:`~transformer_vq.nn.model.TransformerVQ` (whose implementations serve here unchanged).
-
-    A training loop calls ``codebook_stats()`` (all-reduce them across workers), then ``update_codebooks()`` after
-    the optimizer step (``reset_codebook_stats()`` for a skipped step), and logs ``codebook_metrics()``.
-    """
-
-    @property
-    def quantizers(self) -> list[VectorQuantizer]:
-        """Every EMA-trained codebook of the model."""
-        return [m for m in self.modules() if isinstance(m, VectorQuantizer)]
-
-    @property
-    def _key_quantizers(self) -> list[VectorQuantizer]:
-        return self.quantizers
-
-    @property
-    def _query_quantizers(self) -> list[VectorQuantizer]:
-        return []
-
-    codebook_stats = TransformerVQ.codebook_stats
-    update_codebooks = TransformerVQ.update_codebooks
-    reset_codebook_stats = TransformerVQ.reset_codebook_stats
-    codebook_metrics = TransformerVQ.codebook_metrics

@@ -42,7 +42,7 @@ from typing import Any, Callable
 import torch
 
 from transformer_vq import fileio
-from transformer_vq.nn.compile import compile_units
+from transformer_vq.models.tvq.compile import compile_units
 from transformer_vq.train.checkpoint.resume import (checkpoint_to_resume, refuse_fresh_over_checkpoints,
                                                    refuse_steps_below)
 from transformer_vq.train.checkpoint.rundir import writing

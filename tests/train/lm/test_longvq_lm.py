@@ -16,7 +16,7 @@ from trainutil import final_weights, read_metrics, rewind, tiny_overrides
 from transformer_vq.cli import main
 from transformer_vq.config import load_config
 from transformer_vq.data.codec import decode_bytes
-from transformer_vq.nn.longvq_model import LongVQLM
+from transformer_vq.models.longvq.model import LongVQLM
 from transformer_vq.train import evaluate, evaluate_tokens, sample, train
 from transformer_vq.train.lm.build import model_from_checkpoint
 

@@ -71,7 +71,7 @@ def codec_for(run_cfg: RunConfig, *, data_path: str | None = None, run_dir: str 
 
 def build_model(run_cfg: RunConfig) -> torch.nn.Module:
     """The language model of a run's architecture (the registry's, :mod:`transformer_vq.config.arch`):
-    :class:`~transformer_vq.TransformerVQ` or :class:`~transformer_vq.nn.longvq_model.LongVQLM` (same call, state
+    :class:`~transformer_vq.TransformerVQ` or :class:`~transformer_vq.models.longvq.model.LongVQLM` (same call, state
     and codebook interface)."""
     return instantiate(find_arch("lm", run_cfg.arch), run_cfg.model)
 

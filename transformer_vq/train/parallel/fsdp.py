@@ -3,8 +3,8 @@
 Each worker keeps ``1 / world_size`` of every parameter, of its gradient and of the optimizer state
 (row slices of each tensor, as ``DTensor``). A unit's full parameters are all-gathered just before its
 forward (and again for its backward) and freed after; its gradients are reduce-scattered (averaged)
-as soon as they are computed. Sharding units are one per :class:`~transformer_vq.nn.gau.GatedAttentionUnit`
-(LongVQ: one per :class:`~transformer_vq.nn.longvq.LongVQBlock`), then the root (the embedding, the optional
+as soon as they are computed. Sharding units are one per :class:`~transformer_vq.models.tvq.gau.GatedAttentionUnit`
+(LongVQ: one per :class:`~transformer_vq.models.longvq.layer.LongVQBlock`), then the root (the embedding, the optional
 head and gains), so at most one unit's full weights are live at a time besides the root's.
 
 What stays replicated: the buffers, in particular the codebook EMA sums and counts. They are not

@@ -2,7 +2,7 @@
 
 Tensor letters: B batch, T positions, D model width, Dqk query/key width, Dv value width, L block length.
 
-    Z   = SiLU(SSM(X))                                         (eq. 9; SSM: transformer_vq.nn.ssm)
+    Z   = SiLU(SSM(X))                                         (eq. 9; SSM: transformer_vq.models.longvq.ssm)
     G_a = SiLU(Z W_g)     Q = Dqk^-1/4 RMSNorm(Z W_q)     K = Dqk^-1/4 RMSNorm(Z W_k)        (eqs. 10-12)
     V   = SiLU(X W_v)                                                                       (eq. 13)
     K^  = STVQ(K; C)                                                                        (eq. 15)
@@ -29,10 +29,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer_vq.config import LongVQConfig
+from transformer_vq.models.longvq.ssm import DampedEMA, EMAState
 from transformer_vq.nn.attend import ATTENTION_MODES
-from transformer_vq.nn.gau import rms_norm
+from transformer_vq.nn.norm import rms_norm
 from transformer_vq.nn.quantizer import VectorQuantizer
-from transformer_vq.nn.ssm import DampedEMA, EMAState
 from transformer_vq.ops import vq_attention, vq_attention_naive
 from transformer_vq.ops.vq.state import VQAttentionState
 from transformer_vq.ops.vq_bidir import vq_bidir_attention, vq_bidir_attention_naive

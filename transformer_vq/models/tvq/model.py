@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer_vq.config import TransformerVQConfig
-from transformer_vq.nn.gau import GatedAttentionUnit, chunk_start, rms_norm
+from transformer_vq.models.tvq.gau import GatedAttentionUnit, chunk_start
+from transformer_vq.nn.codebooks import Codebooks
+from transformer_vq.nn.norm import rms_norm
 from transformer_vq.nn.position import sinusoids
 from transformer_vq.nn.quantizer import VectorQuantizer
 from transformer_vq.nn.sampling import sample_next_token
@@ -47,11 +49,13 @@ class ModelOutput:
     """``ce_loss + cfg.commit_coef * commit_loss`` (Eq. 35), when targets are given."""
 
 
-class TransformerVQ(nn.Module):
+class TransformerVQ(Codebooks, nn.Module):
     """Decoder-only Transformer-VQ.
 
     ``model(input_ids, state=None)`` processes ``[B, T]`` token ids in time linear in ``T``; passing the
-    returned ``state`` back continues the same sequences (training windows, long evaluation, sampling).
+    returned ``state`` back continues the same sequences (training windows, long evaluation, sampling). The codebook
+    methods (:class:`~transformer_vq.nn.codebooks.Codebooks`) see the units' key quantizers, then their query
+    quantizers (``quantize_queries``).
     """
 
     def __init__(self, cfg: TransformerVQConfig):
@@ -74,11 +78,6 @@ class TransformerVQ(nn.Module):
     def num_parameters(self) -> int:
         """Trainable parameters (the EMA codebooks are buffers and not counted)."""
         return sum(p.numel() for p in self.parameters())
-
-    @property
-    def quantizers(self) -> list[VectorQuantizer]:
-        """Every EMA-trained codebook: the key quantizers, then the query quantizers (``quantize_queries``)."""
-        return self._key_quantizers + self._query_quantizers
 
     @property
     def _key_quantizers(self) -> list[VectorQuantizer]:
@@ -164,32 +163,6 @@ class TransformerVQ(nn.Module):
                 f"{name} holds token id {bad}, outside the vocabulary [0, {n_ids}); "
                 f"check the tokenizer or set vocab_size to cover it"
             )
-
-    # ------------------------------------------------------------------ codebooks (EMA k-means)
-
-    def codebook_stats(self) -> list[torch.Tensor]:
-        """Every quantizer's accumulated statistics: all-reduce (SUM) them across workers before updating."""
-        return [t for quantizer in self.quantizers for t in quantizer.stats()]
-
-    def update_codebooks(self) -> None:
-        """Apply one EMA step to every codebook from the accumulated statistics (after the optimizer step)."""
-        for quantizer in self.quantizers:
-            quantizer.update()
-
-    def reset_codebook_stats(self) -> None:
-        """Discard accumulated statistics without updating (e.g. for a skipped non-finite step)."""
-        for quantizer in self.quantizers:
-            quantizer.reset_stats()
-
-    def codebook_metrics(self) -> dict[str, float]:
-        """Code-usage perplexity and fraction of unused codes in the last update, averaged over units (the query
-        codebooks' under names starting with ``query_``)."""
-        metrics = {}
-        for prefix, quantizers in (("", self._key_quantizers), ("query_", self._query_quantizers)):
-            per_unit = [q.metrics() for q in quantizers]
-            if per_unit:
-                metrics.update({prefix + key: sum(m[key] for m in per_unit) / len(per_unit) for key in per_unit[0]})
-        return metrics
 
     # ------------------------------------------------------------------ sampling
 

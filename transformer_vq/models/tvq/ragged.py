@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from transformer_vq.nn.model import ModelState, TransformerVQ
+from transformer_vq.models.tvq.model import ModelState, TransformerVQ
 
 IGNORE_INDEX = -100  # the label of a position without a target (PyTorch's and transformers' convention)
 

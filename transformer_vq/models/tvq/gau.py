@@ -36,10 +36,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer_vq.config import TransformerVQConfig
+from transformer_vq.nn.attend import attend, shifted_codebook
+from transformer_vq.nn.norm import rms_norm
 from transformer_vq.nn.position import sinusoids
 from transformer_vq.nn.quantizer import VectorQuantizer
 from transformer_vq.ops.vq_qk import code_pair_table
-from transformer_vq.nn.attend import attend, shifted_codebook
 
 
 @dataclass
@@ -56,11 +57,6 @@ def chunk_start(group, length: int) -> int:
     """Position of this rank's chunk in a sequence split into chunks of ``length`` tokens over the ranks of ``group``
     in rank order (0 without a group)."""
     return 0 if group is None else dist.get_rank(group) * length
-
-
-def rms_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """RMS layer norm without gain or bias."""
-    return F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
 class GatedAttentionUnit(nn.Module):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from transformer_vq import TransformerVQ, preset
-from transformer_vq.nn.ragged import RowStates, Segment, plan_segments, run_segments, select_rows
+from transformer_vq.models.tvq.ragged import RowStates, Segment, plan_segments, run_segments, select_rows
 
 
 @pytest.fixture(scope="module")

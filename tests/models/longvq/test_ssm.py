@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer_vq.nn.ssm import DampedEMA, EMAState
+from transformer_vq.models.longvq.ssm import DampedEMA, EMAState
 
 # float64: both forms are exact math, so they agree to rounding
 TOL = dict(rtol=1e-10, atol=1e-10)

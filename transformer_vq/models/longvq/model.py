@@ -11,9 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer_vq.config import LongVQConfig
-from transformer_vq.nn.longvq import LongVQBlock
-from transformer_vq.nn.model import ModelOutput, ModelState, TransformerVQ
-from transformer_vq.nn.pooling import ClassifierOutput, Codebooks, PoolingHead, check_inputs
+from transformer_vq.models.longvq.layer import LongVQBlock
+from transformer_vq.models.tvq.model import ModelOutput, ModelState, TransformerVQ
+from transformer_vq.nn.codebooks import Codebooks
+from transformer_vq.nn.pooling import ClassifierOutput, PoolingHead, check_inputs
 
 
 class LongVQBackbone(nn.Module):
@@ -66,7 +67,7 @@ class LongVQLM(Codebooks, nn.Module):
 
     Passing the returned ``state`` back continues the same sequences; its size does not grow with their length
     (per block: the SSM's ``[B, D, h]`` EMA and the VQ attention state: a per-code cache and at most ``2L - 1`` keys).
-    ``stream`` and ``generate`` sample as :class:`~transformer_vq.nn.model.TransformerVQ` does.
+    ``stream`` and ``generate`` sample as :class:`~transformer_vq.models.tvq.model.TransformerVQ` does.
     """
 
     def __init__(self, cfg: LongVQConfig):

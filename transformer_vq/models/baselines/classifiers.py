@@ -4,7 +4,7 @@
 * :class:`TransformerClassifier`: a pre-norm Transformer encoder with full softmax attention over every real token
   (:func:`~transformer_vq.ops.full.bidir.full_bidir_attention`, quadratic), heads of width ``d_qk``, a GELU FFN of
   width ``d_ffn`` and sinusoid absolute positions (LRA's Transformer).
-* :class:`TransformerVQEncoderClassifier`: the library's :class:`~transformer_vq.nn.model.TransformerVQ` with
+* :class:`TransformerVQEncoderClassifier`: the library's :class:`~transformer_vq.models.tvq.model.TransformerVQ` with
   ``causal=False`` (``n_layers`` layers of two gated attention units, ``d_k = d_qk``, ``d_v``, the same codebook
   size and block length), its units' output pooled.
 
@@ -18,8 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer_vq.config import LongVQConfig, TransformerVQConfig
-from transformer_vq.nn.model import TransformerVQ
-from transformer_vq.nn.pooling import ClassifierOutput, Codebooks, PoolingHead, check_inputs
+from transformer_vq.models.tvq.model import TransformerVQ
+from transformer_vq.nn.codebooks import Codebooks
+from transformer_vq.nn.pooling import ClassifierOutput, PoolingHead, check_inputs
 from transformer_vq.nn.position import sinusoids
 from transformer_vq.ops.full.bidir import full_bidir_attention
 

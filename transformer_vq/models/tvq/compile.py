@@ -10,14 +10,14 @@ Recompiles are bounded. Every unit shares one compiled code object (the modules'
 constants). A graph is specialized on whether a state is carried (the first window of a batch has none), on grad mode
 (training vs evaluation), and first on the exact length and offset of the call; when a later call differs in those,
 ``torch.compile``'s automatic dynamic shapes recompile once with them symbolic, and that graph serves every later
-length and offset. So training windows settle after at most three graphs; tests/nn/test_compile.py counts them.
+length and offset. So training windows settle after at most three graphs; tests/models/tvq/test_compile.py counts them.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from transformer_vq.nn.gau import GatedAttentionUnit
+from transformer_vq.models.tvq.gau import GatedAttentionUnit
 
 
 def compile_units(model: nn.Module, *, backend="inductor") -> int:

@@ -4,7 +4,7 @@ Compiling with inductor costs one to two minutes per graph on a shared 2-core CP
 warm one), so the default suite traces without generating code: the operator through ``aot_eager`` (the forward and
 backward graphs AOTAutograd hands inductor, run as they are) and the units through a counting backend. The inductor
 checks (every reduction with and without grad, the units in training) are marked ``slow``:
-``python -m pytest -m slow tests/nn/test_compile.py``.
+``python -m pytest -m slow tests/models/tvq/test_compile.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch._dynamo.testing import CompileCounter
 
 from transformer_vq import TransformerVQ, preset
 from transformer_vq.config import REDUCTIONS
-from transformer_vq.nn.compile import compile_units
+from transformer_vq.models.tvq.compile import compile_units
 from transformer_vq.ops.vq import vq_attention
 from transformer_vq.train import load_config
 

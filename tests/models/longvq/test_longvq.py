@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from transformer_vq.config import ConfigError, LongVQConfig, longvq_preset
-from transformer_vq.nn.baselines import TransformerClassifier, TransformerVQEncoderClassifier
-from transformer_vq.nn.longvq import SequenceNorm
-from transformer_vq.nn.longvq_model import LongVQClassifier, LongVQLM
+from transformer_vq.models.baselines.classifiers import TransformerClassifier, TransformerVQEncoderClassifier
+from transformer_vq.models.longvq.layer import SequenceNorm
+from transformer_vq.models.longvq.model import LongVQClassifier, LongVQLM
 from transformer_vq.nn.pooling import masked_mean
 
 TOL = dict(rtol=1e-10, atol=1e-10)  # float64: the linear-time forms are exact rewritings

@@ -1,0 +1,7 @@
+"""Transformer-VQ (Lingle, ICLR 2024): the gated attention unit (:mod:`.gau`), the model (:mod:`.model`), the
+compilation of its units (:mod:`.compile`) and ragged batches run row by row (:mod:`.ragged`)."""
+
+from transformer_vq.models.tvq.gau import GatedAttentionUnit
+from transformer_vq.models.tvq.model import ModelOutput, ModelState, TransformerVQ
+
+__all__ = ["GatedAttentionUnit", "ModelOutput", "ModelState", "TransformerVQ"]
