@@ -125,9 +125,13 @@ def load_enwik8(
         return _corpus(source, fractions, digests, str(source))
 
     directory = cache.dataset_dir("enwik8", cache_dir)
-    out = directory / MEMBER
+    # Pinned checksums name the content wherever it comes from (a zip extracted once serves later loads without
+    # it); without them the extraction is keyed on the zip given, or on the address a download comes from.
+    origin = {} if expected_digests else {"inputs": [source]} if source is not None else {"url": url}
+    key = cache.fingerprint(**origin, expected_size=expected_size, expected_digests=expected_digests)
+    out = directory / key / MEMBER
     manifest = fileio.verified_manifest(out)
-    if manifest is None or any(manifest.get(a) != d for a, d in (expected_digests or {}).items()):
+    if manifest is None:
         zip_path = source
         if zip_path is None:
             zip_path = directory / ZIP_NAME

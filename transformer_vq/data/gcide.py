@@ -87,14 +87,14 @@ def load_gcide(
         use_dpkg: force (``True``) or avoid (``False``) ``dpkg-deb``; default: use it if present.
     """
     directory = cache.dataset_dir("gcide", cache_dir)
-    out = directory / "gcide.txt"
+    if data_path is not None:
+        source = find_source(data_path)
+    else:
+        cached = sorted((directory / "download").glob(f"{PACKAGE}_*.deb"))
+        source = cached[-1] if cached else apt_download(PACKAGE, directory / "download", command=apt_command)
+    out = directory / cache.fingerprint([source], format=1) / "gcide.txt"
     manifest = fileio.verified_manifest(out)
-    if manifest is None or (data_path is not None and manifest.get("source") != str(find_source(data_path))):
-        if data_path is not None:
-            source = find_source(data_path)
-        else:
-            cached = sorted((directory / "download").glob(f"{PACKAGE}_*.deb"))
-            source = cached[-1] if cached else apt_download(PACKAGE, directory / "download", command=apt_command)
+    if manifest is None:
         facts = {"source": str(source)}
         if source.suffix == ".deb":
             deb_sha256 = fileio.file_digest(source)

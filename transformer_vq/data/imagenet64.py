@@ -23,8 +23,6 @@ The paper adds absolute sinusoidal position embeddings for images: ``metadata`` 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import zipfile
@@ -199,8 +197,7 @@ def convert(train_files: list[Path], val_file: Path, directory: Path, validation
 def converted_dir(train_files: list[Path], val_file: Path, validation_every: int,
                   cache_dir: str | os.PathLike | None) -> Path:
     """The cache directory of a conversion, keyed by the release files' names, sizes and times."""
-    listing = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in (*train_files, val_file)]
-    key = hashlib.sha256(json.dumps([listing, validation_every]).encode()).hexdigest()[:16]
+    key = cache.fingerprint([*train_files, val_file], validation_every=validation_every)
     return cache.dataset_dir("imagenet64", cache_dir) / key
 
 

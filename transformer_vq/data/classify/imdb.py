@@ -76,10 +76,9 @@ def load_imdb(data_path: str | os.PathLike | None = None, *, cache_dir: str | os
         raise DataError(f"{source} does not exist; {GET_IT}")
     if max_len < 1:
         raise DataError(f"imdb: max_len must be positive, got {max_len}")
-    stat = source.stat()
-    key = {"source": str(source.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-           "max_len": max_len, "seed": seed, "format": 1}
-    stored = cached_splits("imdb", key, lambda _: convert(source, max_len, seed), cache_dir, splits=("train", "test"))
+    options = {"max_len": max_len, "seed": seed, "format": 1}
+    stored = cached_splits("imdb", [source], options, lambda _: convert(source, max_len, seed), cache_dir,
+                           splits=("train", "test"))
     train, validation = holdout(stored["train"], validation_size, "imdb")
     return ClassificationData("imdb", {"train": train, "validation": validation, "test": stored["test"]},
                               vocab_size=256, n_classes=2, max_len=max_len, class_names=("negative", "positive"),

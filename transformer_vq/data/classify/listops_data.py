@@ -18,7 +18,7 @@ import numpy as np
 from transformer_vq.config.choices import SPLITS
 from transformer_vq.data.classify import listops
 from transformer_vq.data.classify.examples import ClassificationData, Examples
-from transformer_vq.data.classify.release import file_key, find_release_files
+from transformer_vq.data.classify.release import find_release_files
 from transformer_vq.data.classify.store import ExamplesWriter, cached_splits
 from transformer_vq.data.errors import DataError
 
@@ -66,8 +66,7 @@ def load_listops(data_path: str | os.PathLike | None = None, *, cache_dir: str |
     """
     if data_path is not None:
         files = find_release_files(data_path, RELEASE_FILES, what="ListOps", get_it=GET_IT)
-        key = {"files": file_key(files.values())}
-        splits = cached_splits("listops", key, lambda scratch: {s: read_tsv(files[s], scratch / s) for s in SPLITS},
+        splits = cached_splits("listops", files.values(), {"format": 1}, lambda scratch: {s: read_tsv(files[s], scratch / s) for s in SPLITS},
                                cache_dir)
         max_len = max(int(e.lengths.max()) for e in splits.values())
         metadata = {"source": str(Path(data_path)), "generated": False}
@@ -78,7 +77,7 @@ def load_listops(data_path: str | os.PathLike | None = None, *, cache_dir: str |
         options = dict(seed=seed, max_depth=max_depth, max_args=max_args, min_length=min_length,
                        max_length=max_length)
         key = {"generator": "lra-listops-1", "sizes": sizes, **options}
-        splits = cached_splits("listops", key, lambda _: generated_splits(sizes, options), cache_dir)
+        splits = cached_splits("listops", (), key, lambda _: generated_splits(sizes, options), cache_dir)
         max_len = max_length - 1
         metadata = {"generated": True, **key}
     return ClassificationData("listops", splits, vocab_size=len(listops.VOCAB), n_classes=listops.N_CLASSES,

@@ -158,7 +158,7 @@ def load_pathfinder(data_path: str | os.PathLike | None = None, *, cache_dir: st
                         f"distractors={distractors}")
     options = dict(seed=seed, side=side, dashes=dashes, distractors=distractors, curvature=curvature)
     key = {"generator": "pathfinder-style-1", "sizes": sizes, **options}
-    splits = cached_splits("pathfinder", key,
+    splits = cached_splits("pathfinder", (), key,
                            lambda _: {s: generate(sizes[s], split=s, **options) for s in SPLITS}, cache_dir)
     return ClassificationData("pathfinder", splits, vocab_size=256, n_classes=2, max_len=side * side,
                               class_names=CLASS_NAMES,
