@@ -6,7 +6,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -60,10 +62,11 @@ def test_full_disk_saves_nothing_unresumable(capsys, corpus, tmp_path, monkeypat
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", save)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(free=5 * 2**29))
     run_dir = tmp_path / "run"
     assert error_line(capsys, tiny_train(corpus, run_dir)) == (
-        f"error: cannot save checkpoint step_00000002: no space left on the disk holding {run_dir}; free some "
-        f"space, or pass another --run-dir on a disk with room")
+        f"error: cannot save checkpoint step_00000002: no space left on the disk holding {run_dir} (2.5 GiB free; "
+        f"nothing saved before was changed); free some space, or pass another --run-dir on a disk with room")
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == []  # no half-written checkpoint
 
 
