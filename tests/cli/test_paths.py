@@ -21,8 +21,9 @@ NO_CKPT = ("no checkpoint found in {path}; pass a run directory written by `tvq 
 MISSING_CKPT = ("checkpoint path {path} does not exist; pass a run directory (e.g. runs/default) or one of its "
                 "checkpoints/step_* directories")
 
-FRACTIONS = ("split fractions must be three positive numbers (train, validation, test) summing to 1, got {got}; "
-             "the default is (0.9, 0.05, 0.05)")
+FRACTIONS = ("dataset 'text': option fractions must be three positive numbers (train, validation, test) summing to "
+             "1, got {got}; pass --data-option fractions=VALUE with such a value, or leave it out (default (0.9, 0.05, "
+             "0.05))")
 
 
 @pytest.mark.parametrize("name, message", [
@@ -85,7 +86,7 @@ def test_full_disk_saves_nothing_unresumable(capsys, corpus, tmp_path, monkeypat
     (["--data-option", "fractions=null"], FRACTIONS.format(got="None")),
     (["--data-option", "fractions=abc"], FRACTIONS.format(got="'abc'")),
     (["--data-option", "fractions=3"], FRACTIONS.format(got="3")),
-    (["--data-option", "fractions=[0.5, 0.5, nan]"], FRACTIONS.format(got="(0.5, 0.5, nan)")),
+    (["--data-option", "fractions=[0.5, 0.5, nan]"], FRACTIONS.format(got="[0.5, 0.5, 'nan']")),
     (["--config", "{tmp}/none.yaml"], "--config: {tmp}/none.yaml does not exist or is not a file; check the path"),
     (["--config", "{tmp}"], "--config: {tmp} does not exist or is not a file; check the path"),
     (["--config", "{tmp}/run.txt"], "config file {tmp}/run.txt must end in .yaml, .yml, .json or .toml"),

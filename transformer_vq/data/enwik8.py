@@ -25,6 +25,7 @@ from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.download import download
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import Fractions, Positive
 from transformer_vq.data.splits import DEFAULT_FRACTIONS, byte_corpus
 
 URL = "http://mattmahoney.net/dc/enwik8.zip"
@@ -104,8 +105,8 @@ def load_enwik8(
     *,
     cache_dir: str | os.PathLike | None = None,
     url: str = URL,
-    fractions: Sequence[float] = DEFAULT_FRACTIONS,
-    expected_size: int | None = SIZE,
+    fractions: Fractions = DEFAULT_FRACTIONS,
+    expected_size: Positive | None = SIZE,
     expected_digests: Mapping[str, str] | None = DIGESTS,
 ) -> Corpus:
     """Load enwik8 as a byte-level corpus (90M/5M/5M), downloading the zip when no path is given.

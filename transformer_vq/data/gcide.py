@@ -21,13 +21,13 @@ import gzip
 import os
 import zlib
 from pathlib import Path
-from typing import Sequence
 
 from transformer_vq import fileio
 from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.debian import apt_download, read_deb_file
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import Fractions
 from transformer_vq.data.splits import DEFAULT_FRACTIONS, byte_corpus
 
 PACKAGE = "dict-gcide"
@@ -73,7 +73,7 @@ def load_gcide(
     data_path: str | os.PathLike | None = None,
     *,
     cache_dir: str | os.PathLike | None = None,
-    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    fractions: Fractions = DEFAULT_FRACTIONS,
     apt_command: tuple[str, ...] | None = None,
     use_dpkg: bool | None = None,
 ) -> Corpus:

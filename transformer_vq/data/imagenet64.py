@@ -27,7 +27,7 @@ import os
 import re
 import zipfile
 from pathlib import Path
-from typing import Iterator
+from typing import Annotated, Iterator
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from transformer_vq import fileio
 from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import Positive, Rules
 from transformer_vq.data.safe_pickle import load_array_pickle
 
 SIDE = 64
@@ -227,9 +228,9 @@ def load_imagenet64(
     data_path: str | os.PathLike | None = None,
     *,
     cache_dir: str | os.PathLike | None = None,
-    validation_every: int = VALIDATION_EVERY,
-    expected_train_batches: int | None = TRAIN_BATCHES,
-    expected_images: tuple[int, int] | None = (TRAIN_IMAGES, TEST_IMAGES),
+    validation_every: Annotated[int, Rules(min=2)] = VALIDATION_EVERY,
+    expected_train_batches: Positive | None = TRAIN_BATCHES,
+    expected_images: tuple[Positive, Positive] | None = (TRAIN_IMAGES, TEST_IMAGES),
 ) -> Corpus:
     """Load downsampled ImageNet 64x64 as bytes in raster order, converting it into the cache once.
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Annotated, Iterator
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from transformer_vq import fileio
 from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import Rules
 from transformer_vq.data.metrics import count_words
 from transformer_vq.data.splits import SPLITS
 from transformer_vq.data.tokenizer import ExactTokenizer, train_tokenizer
@@ -156,7 +157,7 @@ def load_pg19(
     *,
     cache_dir: str | os.PathLike | None = None,
     tokenizer: str | os.PathLike | None = None,
-    vocab_size: int | None = None,
+    vocab_size: Annotated[int, Rules(min=2)] | None = None,
 ) -> Corpus:
     """Load PG-19 tokenized with its SentencePiece model, tokenizing each split once into the cache.
 

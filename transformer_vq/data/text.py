@@ -17,6 +17,7 @@ from transformer_vq import fileio
 from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import Fractions
 from transformer_vq.data.splits import DEFAULT_FRACTIONS, byte_corpus
 
 
@@ -60,7 +61,7 @@ def load_text(
     *,
     cache_dir: str | os.PathLike | None = None,
     glob: str | None = None,
-    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    fractions: Fractions = DEFAULT_FRACTIONS,
 ) -> Corpus:
     """Load a local text file or directory as a byte-level corpus named ``"text"``.
 

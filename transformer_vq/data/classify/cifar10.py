@@ -25,6 +25,7 @@ from transformer_vq.data.classify.examples import ClassificationData, Examples, 
 from transformer_vq.data.classify.release import find_release_files
 from transformer_vq.data.classify.store import cached_splits
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import Positive
 from transformer_vq.data.safe_pickle import load_array_pickle
 
 SIDE = 32
@@ -89,7 +90,7 @@ def convert(files: dict[str, list[Path]], grayscale: bool) -> dict[str, Examples
 
 
 def load_cifar10(data_path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
-                 grayscale: bool = True, validation_size: int = 5_000) -> ClassificationData:
+                 grayscale: bool = True, validation_size: Positive = 5_000) -> ClassificationData:
     """CIFAR-10 as 1,024 gray (default, LRA Image) or 3,072 RGB tokens per image (10 classes)."""
     files = find_release(data_path)
     inputs = [p for paths in files.values() for p in paths]
