@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import pkgutil
+
 import pytest
 
+import transformer_vq.config as config_package
 from transformer_vq import TransformerVQConfig, preset
+from transformer_vq.config.fields import kinds
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -71,3 +77,25 @@ def test_enumerations_and_training_only_fields_live_on_the_config():
                                                     ("serial", "matmul", "assoc"))
     assert TRAINING_ONLY_FIELDS == {"dropsin", "dropres", "droplyr", "commit_coef", "ema_rate", "dead_code_restart",
                                     "reduction", "mask_rate", "attn_backend"}
+
+
+def config_classes() -> list[type]:
+    """Every config dataclass of transformer_vq.config and of the benchmarks (their fields are flags)."""
+    names = [f"transformer_vq.config.{m.name}" for m in pkgutil.iter_modules(config_package.__path__)]
+    found = []
+    for module in map(importlib.import_module, [*names, "transformer_vq.bench.config"]):
+        found += [obj for obj in vars(module).values() if isinstance(obj, type) and dataclasses.is_dataclass(obj)
+                  and obj.__module__ == module.__name__ and any("help" in f.metadata for f in dataclasses.fields(obj))]
+    return found
+
+
+def test_every_numeric_config_field_declares_its_range():
+    """A negative or zero value is refused wherever it is meaningless: every int and float field says which values
+    it takes (a field of a new config without a range fails here)."""
+    classes = config_classes()
+    assert {"TransformerVQConfig", "LongVQConfig", "TrainConfig", "OpBenchConfig", "AblateConfig"} <= \
+        {c.__name__ for c in classes}
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            if kinds(cls)[f.name].base in (int, float):
+                assert "min" in f.metadata or "max" in f.metadata, f"{cls.__name__}.{f.name} declares no range"

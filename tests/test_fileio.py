@@ -86,3 +86,21 @@ def test_dir_manifest_names_the_first_problem(tmp_path):
     assert fileio.check_dir_manifest(tmp_path, ["a", "b"]) == fileio.ManifestProblem("missing", "a")
     (tmp_path / "manifest.json").write_text("{not json")
     assert fileio.check_dir_manifest(tmp_path, ["a"]) == fileio.ManifestProblem("bad_manifest", "manifest.json")
+
+
+def test_save_png_writes_exactly_the_path_it_returns(tmp_path):
+    """matplotlib alone appends .png to a name without a suffix: the message would name a file that is not there."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(1, 1))
+    assert fileio.save_png(fig, tmp_path / "plain", dpi=20) == tmp_path / "plain"
+    assert fileio.save_png(fig, tmp_path, dpi=20, default_name="x.png") == tmp_path / "x.png"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain", "x.png"]
+    assert (tmp_path / "plain").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(IsADirectoryError) as caught:
+        fileio.save_png(fig, tmp_path, dpi=20)
+    assert (caught.value.filename, caught.value.strerror) == (str(tmp_path), "a directory where a PNG file was expected")
+    plt.close(fig)

@@ -18,6 +18,7 @@ from pathlib import Path
 from transformer_vq.config import ConfigError
 from transformer_vq.config.arch import find_arch
 from transformer_vq.config.jobs import ExportConfig
+from transformer_vq.config.reading import check_safetensors, read_json
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -85,8 +86,11 @@ def load_safetensors(directory: str | Path):
     from transformer_vq import TransformerVQ, TransformerVQConfig
 
     directory = Path(directory)
-    model = TransformerVQ(TransformerVQConfig.from_dict(json.loads((directory / CONFIG_FILE).read_text())))
-    missing, unexpected = model.load_state_dict(load_file(str(directory / WEIGHTS_FILE)), strict=False)
+    hint = "pass a directory written by tvq export --format safetensors, or export the run again"
+    config = read_json(directory / CONFIG_FILE, "the model config of an export (JSON)", hint)
+    model = TransformerVQ(TransformerVQConfig.from_dict(config))
+    weights = check_safetensors(directory / WEIGHTS_FILE, "model weights in safetensors format", hint)
+    missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
     if missing or unexpected:  # loaded whole or not at all, every offending name listed
         raise ValueError(f"{directory / WEIGHTS_FILE} does not hold this model's tensors (missing: "
                          f"{', '.join(missing) or 'none'}; unexpected: {', '.join(unexpected) or 'none'}); it was "

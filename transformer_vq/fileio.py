@@ -20,6 +20,7 @@ checkpoints).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -87,6 +88,20 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (see :func:`atomic_writer`)."""
     with atomic_writer(path) as handle:
         handle.write(data)
+
+
+def save_png(fig, path: str | os.PathLike, *, dpi: int, default_name: str | None = None) -> Path:
+    """Write the matplotlib figure ``fig`` as a PNG at ``path`` (atomically) and return the path written, which is
+    the one to print: exactly ``path`` (matplotlib alone would append ``.png`` to a name without a suffix, so the
+    file would not be where a message said), or ``default_name`` inside ``path`` when ``path`` is a directory."""
+    path = Path(path)
+    if path.is_dir():
+        if default_name is None:
+            raise IsADirectoryError(errno.EISDIR, "a directory where a PNG file was expected", str(path))
+        path = path / default_name
+    with atomic_writer(path) as handle:
+        fig.savefig(handle, format="png", dpi=dpi)
+    return path
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

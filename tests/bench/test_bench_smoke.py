@@ -11,6 +11,7 @@ import json
 import pytest
 import torch
 
+import transformer_vq.bench.decode as decode
 from transformer_vq.bench.config import (LONGVQ_BENCH_PRESETS, DecodeBenchConfig, LongVQBenchConfig, OpBenchConfig,
                                          TrainBenchConfig)
 from transformer_vq.bench.decode import run_decode_bench
@@ -267,3 +268,30 @@ def test_triton_method_computes_what_the_eager_operator_does(monkeypatch):
     result = run_op_bench(cfg, log=lambda line: None)
     row = next(r for r in result["rows"] if r["method"] == "vq-triton")
     assert row["status"] == "ok" and row["forward_flops"] == forward_flops("vq-serial", cfg, 64)
+
+
+DECODE_ARGS = ["bench", "decode", "--contexts", "16", "--new-tokens", "1", "--d-model", "16", "--d-k", "8", "--d-v",
+               "16", "--n-code", "4", "--block-len", "8", "--no-isolate", "--name", "d"]
+
+
+def test_cli_exits_non_zero_naming_every_failed_cell(tmp_path, capsys, monkeypatch):
+    """A benchmark goes on past a failed cell, then exits 1 naming each one with its reason (0 only when every cell
+    succeeded or was skipped over the budget, as asked)."""
+    real = decode.run_cell
+
+    def fail_full(target, kwargs, **options):
+        if kwargs["model"] == "full":
+            return {"status": "oom", "error": "RuntimeError: out of memory (a stand-in)"}
+        return real(target, kwargs, **options)
+
+    monkeypatch.setattr(decode, "run_cell", fail_full)
+    code = main([*DECODE_ARGS, "--models", "vq", "full", "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.err.splitlines() == [
+        "error: 1 of 2 cells failed:", "  model=full context=16: oom: RuntimeError: out of memory (a stand-in)",
+        "see docs/benchmarks.md for each failure; a cell skipped over --budget-s is not a failure"]
+    assert {p.name for p in tmp_path.iterdir()} == {"d.json", "d.md", "d.png"}  # the report is written all the same
+    skipping = [*DECODE_ARGS, "--models", "vq", "--contexts", "16", "4k", "--budget-s", "1e-6", "--out", str(tmp_path)]
+    assert main(skipping) == 0
+    assert "| vq | 4096 | skipped" in capsys.readouterr().out

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+import transformer_vq.ablate as ablate
 from transformer_vq import TransformerVQ, preset
 from transformer_vq.cli import main
 from transformer_vq.config import RunConfig, TrainConfig
@@ -76,3 +77,19 @@ def test_ablate_command_trains_a_cell_in_its_own_process(tmp_path, capsys):
     assert record["steps"] == [1, 2] and math.isfinite(record["final_bpb"])
     assert f"| S4 |  | 1 | {record['final_bpb']:.4f} +- 0.0000 |" in out
     assert "training a" in (tmp_path / "w" / "runs" / "S4-seed0" / "train.log").read_text()  # the child's output
+
+
+def test_ablate_exits_non_zero_naming_every_failed_training(tmp_path, capsys, monkeypatch):
+    """The shared rule of batch commands (transformer_vq/cli/batch.py): the report is printed, then each failed
+    training is named with its reason and the exit status is 1."""
+    report = tmp_path / "r.md"
+    report.write_text("the report\n")
+    summary = [{"cell": "vq", "failed": []}, {"cell": "full", "failed": ["seed 1: RuntimeError: boom"]}]
+    monkeypatch.setattr(ablate, "run_ablation", lambda cfg: {"summary": summary, "paths": {"md": str(report)}})
+    assert main(["ablate", "--matrix", "attention", "--seeds", "0", "1"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.startswith("the report\n")
+    assert captured.err.splitlines() == ["error: 1 of 4 trainings failed:", "  full: seed 1: RuntimeError: boom",
+                                         "rerun the same command to retry them"]
+    summary[1]["failed"] = []
+    assert main(["ablate", "--matrix", "attention", "--seeds", "0", "1"]) == 0

@@ -6,7 +6,10 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,8 +22,10 @@ NO_CKPT = ("no checkpoint found in {path}; pass a run directory written by `tvq 
 MISSING_CKPT = ("checkpoint path {path} does not exist; pass a run directory (e.g. runs/default) or one of its "
                 "checkpoints/step_* directories")
 
-FRACTIONS = ("split fractions must be three positive numbers (train, validation, test) summing to 1, got {got}; "
-             "the default is (0.9, 0.05, 0.05)")
+CONFIG_HINT = "pass --config with a text file of 'arch', 'preset', 'model' and 'train' keys (docs/training.md)"
+FRACTIONS = ("dataset 'text': option fractions must be three positive numbers (train, validation, test) summing to "
+             "1, got {got}; pass --data-option fractions=VALUE with such a value, or leave it out (default (0.9, 0.05, "
+             "0.05))")
 
 
 @pytest.mark.parametrize("name, message", [
@@ -60,10 +65,11 @@ def test_full_disk_saves_nothing_unresumable(capsys, corpus, tmp_path, monkeypat
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", save)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(free=5 * 2**29))
     run_dir = tmp_path / "run"
     assert error_line(capsys, tiny_train(corpus, run_dir)) == (
-        f"error: cannot save checkpoint step_00000002: no space left on the disk holding {run_dir}; free some "
-        f"space, or pass another --run-dir on a disk with room")
+        f"error: cannot save checkpoint step_00000002: no space left on the disk holding {run_dir} (2.5 GiB free; "
+        f"nothing saved before was changed); free some space, or pass another --run-dir on a disk with room")
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == []  # no half-written checkpoint
 
 
@@ -82,19 +88,23 @@ def test_full_disk_saves_nothing_unresumable(capsys, corpus, tmp_path, monkeypat
     (["--data-option", "fractions=null"], FRACTIONS.format(got="None")),
     (["--data-option", "fractions=abc"], FRACTIONS.format(got="'abc'")),
     (["--data-option", "fractions=3"], FRACTIONS.format(got="3")),
-    (["--data-option", "fractions=[0.5, 0.5, nan]"], FRACTIONS.format(got="(0.5, 0.5, nan)")),
-    (["--config", "{tmp}/none.yaml"], "--config: {tmp}/none.yaml does not exist or is not a file; check the path"),
-    (["--config", "{tmp}"], "--config: {tmp} does not exist or is not a file; check the path"),
+    (["--data-option", "fractions=[0.5, 0.5, nan]"], FRACTIONS.format(got="[0.5, 0.5, 'nan']")),
+    (["--config", "{tmp}/none.yaml"], "--config: {tmp}/none.yaml does not exist or is not a regular file (a YAML run "
+                                      "config was expected); " + CONFIG_HINT),
+    (["--config", "{tmp}"], "--config: {tmp} is a directory, not a YAML run config; " + CONFIG_HINT),
+    (["--config", "{tmp}/binary.json"], "--config: {tmp}/binary.json is not a JSON run config: it is not UTF-8 text "
+                                        "(byte 0x80 at offset 0; a binary file?); " + CONFIG_HINT),
     (["--config", "{tmp}/run.txt"], "config file {tmp}/run.txt must end in .yaml, .yml, .json or .toml"),
     (["--resume", "{tmp}/nowhere"], MISSING_CKPT.format(path="{tmp}/nowhere")),
     (["--resume", "{tmp}/empty"], NO_CKPT.format(path="{tmp}/empty")),
 ], ids=["data-path-missing", "data-path-fifo", "data-unknown", "data-option-malformed", "data-option-unknown",
         "data-option-empty-value", "fractions-null", "fractions-word", "fractions-one-number", "fractions-nan",
-        "config-missing", "config-directory", "config-txt-suffix", "resume-path-missing", "resume-empty-dir"])
+        "config-missing", "config-directory", "config-binary", "config-txt-suffix", "resume-path-missing", "resume-empty-dir"])
 def test_train_paths(capsys, corpus, tmp_path, flags, message):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     (tmp_path / "run.txt").write_text("train:\n  steps: 3\n")
+    (tmp_path / "binary.json").write_bytes(pickle.dumps({"steps": 3}))
     (tmp_path / "empty").mkdir()
     values = {"tmp": tmp_path, "fifo": fifo}
     argv = tiny_train(corpus, tmp_path / "run", *[f.format(**values) for f in flags])
@@ -149,9 +159,10 @@ def test_config_file_with_an_unknown_key(capsys, corpus, tmp_path):
 def test_corrupted_run_config(capsys, corpus, finished_run):
     (finished_run / "config.json").write_text('{"model": {"d_model": 32,')
     line = error_line(capsys, ["train", "--resume", "--run-dir", str(finished_run), "--steps", "4"])
-    assert line.startswith(f"error: {finished_run / 'config.json'} is not a valid run config (Expecting ")
-    assert line.endswith("); restore it from config.json of one of the run's checkpoints/step_* directories, or "
-                         "pass --preset/--config to start over")
+    assert line == (f"error: {finished_run / 'config.json'} is not a run's saved config (config.json): invalid JSON "
+                    f"at line 1, column 26 (Expecting property name enclosed in double quotes); restore it from "
+                    f"config.json of one of the run's checkpoints/step_* directories, or pass --preset/--config to "
+                    f"start over")
 
 
 @pytest.mark.parametrize("command", ["eval", "sample"])

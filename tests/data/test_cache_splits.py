@@ -7,6 +7,7 @@ import pytest
 
 from transformer_vq import fileio
 from transformer_vq.data import cache
+from transformer_vq.data.classify import load_classification
 from transformer_vq.data.errors import DataError
 from transformer_vq.data.splits import byte_corpus, documents_per_split, split_bounds
 
@@ -88,3 +89,42 @@ def test_byte_corpus_is_a_memmap_of_the_file(tmp_path):
 def test_byte_corpus_missing_file(tmp_path):
     with pytest.raises(DataError, match="cannot read .*missing.*check the path"):
         byte_corpus("t", tmp_path / "missing")
+
+
+def touch_later(path, text):
+    """Rewrite ``path`` with ``text`` and move its modification time on (file systems with coarse clocks)."""
+    stat = path.stat()
+    path.write_text(text)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+
+
+def test_fingerprint_follows_every_file_below_a_directory_and_every_option(tmp_path):
+    deep = tmp_path / "data" / "a" / "b" / "c.txt"
+    deep.parent.mkdir(parents=True)
+    deep.write_text("one")
+    first = cache.fingerprint([tmp_path / "data"], size=1)
+    assert cache.fingerprint([tmp_path / "data"], size=1) == first and len(first) == 20
+    assert cache.fingerprint([tmp_path / "data"], size=2) != first
+    touch_later(deep, "two")  # same size, later time
+    second = cache.fingerprint([tmp_path / "data"], size=1)
+    assert second != first
+    (deep.parent / "new.txt").write_text("x")
+    third = cache.fingerprint([tmp_path / "data"], size=1)
+    assert third not in (first, second)
+    (deep.parent / "new.txt").unlink()
+    assert cache.fingerprint([tmp_path / "data"], size=1) == second
+    assert cache.input_listing([deep]) == [[str(deep.resolve()), 3, deep.stat().st_mtime_ns]]
+
+
+def test_a_file_changed_deep_inside_a_dataset_directory_rebuilds_its_cached_splits(tmp_path, cache_dir):
+    review = tmp_path / "aclImdb" / "test" / "pos" / "0_10.txt"
+    review.parent.mkdir(parents=True)
+    for name, text in {"train/pos/0_9.txt": "Great", "train/neg/0_2.txt": "Dull", "test/neg/0_3.txt": "Meh"}.items():
+        (tmp_path / "aclImdb" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "aclImdb" / name).write_text(text)
+    review.write_text("Superb")
+    before = load_classification("imdb", data_path=tmp_path, validation_size=1).splits["test"]
+    touch_later(review, "Superbly")
+    after = load_classification("imdb", data_path=tmp_path, validation_size=1).splits["test"]
+    assert [bytes(np.asarray(e[0], np.uint8)) for e in (before[1], after[1])] == [b"Superb", b"Superbly"]
+    assert len(list((cache_dir / "imdb").glob("*/key.json"))) == 2  # the stale entry is never read again

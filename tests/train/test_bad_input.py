@@ -112,6 +112,6 @@ def test_corrupted_run_config(capsys, tmp_path):
     (run_dir / "config.json").write_text('{"model": {"d_model": 32,')
     assert main(["train", "--resume", "--run-dir", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: {run_dir / 'config.json'} is not a valid run config (Expecting ")
-    assert err.endswith("); restore it from config.json of one of the run's checkpoints/step_* directories, or pass "
-                        "--preset/--config to start over")
+    assert err == (f"error: {run_dir / 'config.json'} is not a run's saved config (config.json): invalid JSON at line "
+                   f"1, column 26 (Expecting property name enclosed in double quotes); restore it from config.json of "
+                   f"one of the run's checkpoints/step_* directories, or pass --preset/--config to start over")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from transformer_vq import fileio
+
 
 def usage_figure(report: dict):
     """One panel per layer (two units each): the share of every code, sorted from the largest, per codebook."""
@@ -60,8 +62,7 @@ def write_codebook_figures(report: dict, curve: dict, out: Path, run_dir: Path |
         figures["training"] = training_figure(curve)
     paths = {}
     for name, fig in figures.items():
-        paths[name] = out / f"codebook-{name}.png"
-        fig.savefig(paths[name], dpi=110)
+        paths[name] = fileio.save_png(fig, out / f"codebook-{name}.png", dpi=110)
     if run_dir is not None:
         from torch.utils.tensorboard import SummaryWriter
 

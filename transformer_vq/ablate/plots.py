@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from transformer_vq import fileio
+
 
 def _pyplot():
     import matplotlib
@@ -59,7 +61,7 @@ def _save_panels(plt, fig, axes, result: dict, path: Path) -> None:
     axes[0].legend(fontsize=8)
     fig.suptitle(_title(result), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fileio.save_png(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -81,7 +83,7 @@ def plot_final(result: dict, path: Path) -> None:
     ax.grid(True, axis="y", alpha=0.3)
     ax.set_title(_title(result), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fileio.save_png(fig, path, dpi=110)
     plt.close(fig)
 
 

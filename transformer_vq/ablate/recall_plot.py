@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from transformer_vq import fileio
+
 
 def bucket_means(runs: list[dict]) -> list[dict]:
     """Per distance bucket over ``runs`` (the seeds of one model): ``{"bucket", "queries", "mean", "low", "high",
@@ -86,7 +88,6 @@ def plot_recall(models: dict[str, list[dict]], path: str | Path, title: str = "R
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
+    path = fileio.save_png(fig, path, dpi=120)
     plt.close(fig)
     return path

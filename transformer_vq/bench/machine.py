@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from transformer_vq.hostmem import meminfo_bytes
+
 
 def synchronizer(device: str = "cpu"):
     """A call that waits until the device has finished its queued work: CUDA runs asynchronously, so a timer read
@@ -92,13 +94,8 @@ def _cpu_flags() -> list[str]:
 
 
 def _memory_gib() -> float | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                return round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return None
+    total = meminfo_bytes("MemTotal")
+    return None if total is None else round(total / 2**30, 1)
 
 
 def git_commit() -> dict:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from transformer_vq import fileio
+
 
 def _seconds(x: float | None) -> str:
     if x is None:
@@ -24,6 +26,17 @@ def _cell_status(row: dict) -> str | None:
     if status in ("oom", "timeout", "error"):
         return status.upper() if status == "oom" else status
     return None
+
+
+CELL_KEYS = ("method", "model", "layer", "T", "context")
+"""The fields that name a benchmark cell (each benchmark's rows hold some of them)."""
+
+
+def failed_cells(result: dict) -> list[tuple[str, str]]:
+    """``(cell, why)`` for every cell of ``result`` that failed (out of memory, over its timeout, an error); a cell
+    skipped over the time budget was skipped as asked."""
+    return [(" ".join(f"{k}={row[k]}" for k in CELL_KEYS if k in row), f"{row['status']}: {row.get('error', '')}")
+            for row in result["rows"] if row.get("status") not in ("ok", "skipped")]
 
 
 def progress_note(row: dict, skipped: str) -> str | None:
@@ -212,7 +225,7 @@ def plot(result: dict, path: Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fileio.save_png(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -57,6 +57,7 @@ def run(args) -> int:
     import signal
 
     from transformer_vq.ablate import run_ablation
+    from transformer_vq.cli.batch import batch_status
     from transformer_vq.config.ablate import AblateConfig
     from transformer_vq.config.flags import given
     from transformer_vq.config.fields import build
@@ -66,10 +67,8 @@ def run(args) -> int:
     # SIGTERM would end this process alone and leave its trainings running)
     signal.signal(signal.SIGTERM, _interrupt)
     result = run_ablation(cfg)
-    failed = [text for row in result["summary"] for text in row["failed"]]
+    failed = [(row["cell"], text) for row in result["summary"] for text in row["failed"]]
     print(open(result["paths"]["md"]).read())
     print("wrote " + ", ".join(result["paths"].values()))
-    if failed:
-        print(f"error: {len(failed)} training(s) failed; rerun the same command to retry them", flush=True)
-        return 1
-    return 0
+    total = len(result["summary"]) * len(cfg.seeds)
+    return batch_status(failed, total, what="trainings", retry="rerun the same command to retry them")

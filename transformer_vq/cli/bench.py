@@ -66,7 +66,8 @@ def bench_config(args):
 def run(args) -> int:
     import importlib
 
-    from transformer_vq.bench.report import table, write_report
+    from transformer_vq.bench.report import failed_cells, table, write_report
+    from transformer_vq.cli.batch import batch_status
     from transformer_vq.cli.errors import check_device
 
     cfg = bench_config(args)
@@ -78,4 +79,5 @@ def run(args) -> int:
     paths = write_report(result, args.out, args.name)
     print()
     print("wrote " + ", ".join(str(p) for p in paths.values()))
-    return 0
+    return batch_status(failed_cells(result), len(result["rows"]), what="cells",
+                        retry="see docs/benchmarks.md for each failure; a cell skipped over --budget-s is not a failure")

@@ -72,9 +72,11 @@ def build_config(args):
         where = {k: v for k, v in train.items() if k in ("name", "run_dir")}
         saved = build(ClassifyTrainConfig, where, "train").resolved_run_dir() / "config.json"
         if saved.is_file():
-            import json
+            from transformer_vq.config.reading import read_json
 
-            base = ClassifyConfig.from_dict(json.loads(saved.read_text()))
+            base = ClassifyConfig.from_dict(read_json(saved, "a classification run's saved config (config.json)",
+                                                      "restore it from config.json of one of the run's "
+                                                      "checkpoints/step_* directories, or pass --preset"))
     options = train.pop("data_options", {})
     merged = {**(base.train.to_dict() if base else {}), **train}
     merged["data_options"] = {**merged.get("data_options", {}), **options}  # on top of the resumed run's

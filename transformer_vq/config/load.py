@@ -15,12 +15,12 @@ need Python >= 3.11 (``tomllib``) or the ``tomli`` package; YAML works everywher
 
 from __future__ import annotations
 
-import json
 import typing
 from pathlib import Path
 
 from transformer_vq.config.arch import ARCHS, DEFAULT_ARCH, find_arch, foreign_fields, lm_preset
 from transformer_vq.config.fields import ConfigError, build, fields_of, unknown_message
+from transformer_vq.config.reading import UnreadableFile, read_json, read_text
 from transformer_vq.config.train import RunConfig, TrainConfig
 
 SECTIONS = ("model", "train")
@@ -65,11 +65,13 @@ def load_config(preset: str | None = None, file: str | Path | None = None,
 def read_run_config(path: str | Path) -> RunConfig:
     """A run's saved ``config.json``; a damaged file is a :class:`ConfigError` naming it."""
     path = Path(path)
+    hint = ("restore it from config.json of one of the run's checkpoints/step_* directories, or pass "
+            "--preset/--config to start over")
+    saved = read_json(path, "a run's saved config (config.json)", hint)
     try:
-        return RunConfig.from_dict(json.loads(path.read_text()))
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path} is not a valid run config ({err}); restore it from config.json of one of the "
-                          f"run's checkpoints/step_* directories, or pass --preset/--config to start over") from None
+        return RunConfig.from_dict(saved)
+    except (ValueError, TypeError, AttributeError) as err:
+        raise ConfigError(f"{path} is not a valid run config ({err}); {hint}") from None
 
 
 def parse_data_options(items: typing.Sequence[str]) -> dict:
@@ -97,11 +99,16 @@ def parse_data_options(items: typing.Sequence[str]) -> dict:
     return options
 
 
+CONFIG_FORMATS = {".yaml": "YAML", ".yml": "YAML", ".json": "JSON", ".toml": "TOML"}
+
+
 def read_file(path: Path) -> dict:
     """A config file's mapping, its top-level keys and sections checked."""
-    if not path.is_file():
-        raise ConfigError(f"--config: {path} does not exist or is not a file; check the path")
-    text = path.read_text()
+    try:
+        text = read_text(path, f"a {CONFIG_FORMATS.get(path.suffix, 'YAML')} run config", "pass --config with "
+                         "a text file of 'arch', 'preset', 'model' and 'train' keys (docs/training.md)")
+    except UnreadableFile as err:
+        raise ConfigError(f"--config: {err}") from None
     if path.suffix == ".toml":
         try:
             import tomllib

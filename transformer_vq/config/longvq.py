@@ -33,7 +33,8 @@ class LongVQConfig:
     block_len: int = option(512, "Block length L of the local-bias window (the paper leaves it open).", min=1)
     scoring: str = option("softmax", "Attention function: 'softmax' or 'relu2' (eq. 16; causal models: softmax).",
                           choices=LONGVQ_SCORINGS)
-    norm: str = option("layer", "Normalization of eqs. 21-22: 'layer', 'batch' or 'scale' (Table 7).", choices=NORMS)
+    norm: str = option("layer", "Normalization of eqs. 21-22: 'layer', 'batch' or 'scale' (Table 7; causal "
+                                 "models: layer or scale).", choices=NORMS)
     dropout: float = option(0.1, "Dropout on the attention branch and in the FFN.", **PROBABILITY,
                             training_only=True)
     n_classes: int = option(0, "Number of classes of a classifier (mean pooling, linear head); 0: a language "
@@ -49,6 +50,12 @@ class LongVQConfig:
         extra = []
         if self.scoring == "relu2" and self.causal is True:
             extra.append(("scoring", "'relu2' needs causal false (the causal operator computes softmax)"))
+        if self.norm == "batch" and self.causal is True:
+            # batch norm's training statistics are taken over every position of a sequence: a causal model's
+            # output at t would depend on the tokens after t
+            extra.append(("norm", "'batch' mixes the positions of a sequence (its statistics are taken over time), "
+                                  "so a causal model would see later tokens: use norm 'layer' or 'scale', or causal "
+                                  "false for an encoder"))
         if self.n_classes == 0 and self.causal is False:
             extra.append(("causal", "false needs n_classes > 0: a language model (n_classes 0) is causal"))
         check(self, extra)

@@ -34,6 +34,12 @@ def retain_host_memory_option():
                         "long sequences train 1.5-1.7x slower per token; see docs/training.md.")
 
 
+FSDP_ADAFACTOR = ("'adafactor' does not run with parallel 'fsdp': its factored second moment updates statistics of "
+                  "whole rows and columns of each matrix in place, which FSDP shards across workers (PyTorch "
+                  "refuses such in-place updates of sharded tensors); use --optimizer adamw with --parallel fsdp, "
+                  "or --parallel ddp with adafactor")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """How to train: data, batches, optimizer, schedule, checkpoints, logging.
@@ -106,6 +112,8 @@ class TrainConfig:
             extra.append(("seq_len", f"must be a multiple of update_len={self.update_len} (e.g. {multiple}), "
                                      f"got {self.seq_len}"))
         extra.append(eval_tokens_problem("eval_tokens", self.eval_tokens))
+        if self.optimizer == "adafactor" and self.parallel == "fsdp":
+            extra.append(("optimizer", FSDP_ADAFACTOR))
         check(self, extra)
 
     @property

@@ -10,12 +10,21 @@ Every assembled file comes with a small JSON *manifest* recording its size and S
 (:func:`transformer_vq.fileio.write_manifest`), written after the file itself; a file whose manifest
 is missing or disagrees is treated as absent (derived files) or as an error (downloaded sources, see
 the loaders).
+
+Every derived file or directory (a concatenated text tree, a tokenized split, a trained tokenizer, converted
+classification splits) lives under a name given by :func:`fingerprint`: a hash of every input file it was built
+from, by path, size and modification time (a directory input stands for every file below it, however deep), and
+of every option that shapes it. A changed input or option therefore names another entry, and the stale one is
+never read.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
+from typing import Iterable
 
 from transformer_vq.data.errors import DataError
 
@@ -44,3 +53,24 @@ def dataset_dir(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
             f"Set {ENV_VAR} to a writable directory, or pass --cache-dir DIR"
         ) from exc
     return path
+
+
+def input_listing(inputs: Iterable[str | os.PathLike]) -> list[list]:
+    """``[path, size, modification time in ns]`` of every file ``inputs`` stand for: a file itself, a directory
+    every file below it (recursively, in path order, hidden files included: a reader may use any of them)."""
+    listing = []
+    for given in inputs:
+        path = Path(given).expanduser().resolve()
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for file in files:
+            stat = file.stat()
+            listing.append([str(file), stat.st_size, stat.st_mtime_ns])
+    return listing
+
+
+def fingerprint(inputs: Iterable[str | os.PathLike] = (), **options) -> str:
+    """The cache key of something built from the files ``inputs`` (see :func:`input_listing`) with ``options``
+    (JSON-serializable; every option that changes the result, including a format version): 20 hex digits that
+    change when any input file is added, removed, resized or touched, or any option changes."""
+    text = json.dumps([input_listing(inputs), options], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]

@@ -25,6 +25,7 @@ from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.download import download
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import Fractions, Positive
 from transformer_vq.data.splits import DEFAULT_FRACTIONS, byte_corpus
 
 URL = "http://mattmahoney.net/dc/enwik8.zip"
@@ -104,8 +105,8 @@ def load_enwik8(
     *,
     cache_dir: str | os.PathLike | None = None,
     url: str = URL,
-    fractions: Sequence[float] = DEFAULT_FRACTIONS,
-    expected_size: int | None = SIZE,
+    fractions: Fractions = DEFAULT_FRACTIONS,
+    expected_size: Positive | None = SIZE,
     expected_digests: Mapping[str, str] | None = DIGESTS,
 ) -> Corpus:
     """Load enwik8 as a byte-level corpus (90M/5M/5M), downloading the zip when no path is given.
@@ -125,9 +126,13 @@ def load_enwik8(
         return _corpus(source, fractions, digests, str(source))
 
     directory = cache.dataset_dir("enwik8", cache_dir)
-    out = directory / MEMBER
+    # Pinned checksums name the content wherever it comes from (a zip extracted once serves later loads without
+    # it); without them the extraction is keyed on the zip given, or on the address a download comes from.
+    origin = {} if expected_digests else {"inputs": [source]} if source is not None else {"url": url}
+    key = cache.fingerprint(**origin, expected_size=expected_size, expected_digests=expected_digests)
+    out = directory / key / MEMBER
     manifest = fileio.verified_manifest(out)
-    if manifest is None or any(manifest.get(a) != d for a, d in (expected_digests or {}).items()):
+    if manifest is None:
         zip_path = source
         if zip_path is None:
             zip_path = directory / ZIP_NAME

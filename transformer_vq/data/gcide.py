@@ -21,13 +21,13 @@ import gzip
 import os
 import zlib
 from pathlib import Path
-from typing import Sequence
 
 from transformer_vq import fileio
 from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.debian import apt_download, read_deb_file
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import Fractions
 from transformer_vq.data.splits import DEFAULT_FRACTIONS, byte_corpus
 
 PACKAGE = "dict-gcide"
@@ -73,7 +73,7 @@ def load_gcide(
     data_path: str | os.PathLike | None = None,
     *,
     cache_dir: str | os.PathLike | None = None,
-    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    fractions: Fractions = DEFAULT_FRACTIONS,
     apt_command: tuple[str, ...] | None = None,
     use_dpkg: bool | None = None,
 ) -> Corpus:
@@ -87,14 +87,14 @@ def load_gcide(
         use_dpkg: force (``True``) or avoid (``False``) ``dpkg-deb``; default: use it if present.
     """
     directory = cache.dataset_dir("gcide", cache_dir)
-    out = directory / "gcide.txt"
+    if data_path is not None:
+        source = find_source(data_path)
+    else:
+        cached = sorted((directory / "download").glob(f"{PACKAGE}_*.deb"))
+        source = cached[-1] if cached else apt_download(PACKAGE, directory / "download", command=apt_command)
+    out = directory / cache.fingerprint([source], format=1) / "gcide.txt"
     manifest = fileio.verified_manifest(out)
-    if manifest is None or (data_path is not None and manifest.get("source") != str(find_source(data_path))):
-        if data_path is not None:
-            source = find_source(data_path)
-        else:
-            cached = sorted((directory / "download").glob(f"{PACKAGE}_*.deb"))
-            source = cached[-1] if cached else apt_download(PACKAGE, directory / "download", command=apt_command)
+    if manifest is None:
         facts = {"source": str(source)}
         if source.suffix == ".deb":
             deb_sha256 = fileio.file_digest(source)

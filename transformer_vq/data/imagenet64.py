@@ -23,13 +23,11 @@ The paper adds absolute sinusoidal position embeddings for images: ``metadata`` 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import zipfile
 from pathlib import Path
-from typing import Iterator
+from typing import Annotated, Iterator
 
 import numpy as np
 
@@ -37,6 +35,7 @@ from transformer_vq import fileio
 from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import Positive, Rules
 from transformer_vq.data.safe_pickle import load_array_pickle
 
 SIDE = 64
@@ -199,8 +198,7 @@ def convert(train_files: list[Path], val_file: Path, directory: Path, validation
 def converted_dir(train_files: list[Path], val_file: Path, validation_every: int,
                   cache_dir: str | os.PathLike | None) -> Path:
     """The cache directory of a conversion, keyed by the release files' names, sizes and times."""
-    listing = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in (*train_files, val_file)]
-    key = hashlib.sha256(json.dumps([listing, validation_every]).encode()).hexdigest()[:16]
+    key = cache.fingerprint([*train_files, val_file], validation_every=validation_every)
     return cache.dataset_dir("imagenet64", cache_dir) / key
 
 
@@ -230,9 +228,9 @@ def load_imagenet64(
     data_path: str | os.PathLike | None = None,
     *,
     cache_dir: str | os.PathLike | None = None,
-    validation_every: int = VALIDATION_EVERY,
-    expected_train_batches: int | None = TRAIN_BATCHES,
-    expected_images: tuple[int, int] | None = (TRAIN_IMAGES, TEST_IMAGES),
+    validation_every: Annotated[int, Rules(min=2)] = VALIDATION_EVERY,
+    expected_train_batches: Positive | None = TRAIN_BATCHES,
+    expected_images: tuple[Positive, Positive] | None = (TRAIN_IMAGES, TEST_IMAGES),
 ) -> Corpus:
     """Load downsampled ImageNet 64x64 as bytes in raster order, converting it into the cache once.
 

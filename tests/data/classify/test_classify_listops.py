@@ -122,7 +122,9 @@ def test_missing_release_file_and_bad_options(tmp_path):
     with pytest.raises(DataError, match=r"no basic_val.tsv under .*; pass --data-path with the directory of LRA's "
                                         r"listops-1000 release"):
         load_classification("listops", data_path=tmp_path)
-    with pytest.raises(DataError, match=r"listops needs max_args >= 2"):
+    with pytest.raises(DataError) as caught:
         load_classification("listops", max_args=1)
+    assert str(caught.value) == ("dataset 'listops': option max_args must be >= 2, got 1; pass --data-option "
+                                 "max_args=VALUE with such a value, or leave it out (default 10)")
     with pytest.raises(DataError, match=r"only 0 distinct expressions of 50 < length < 60 found"):
         listops.generate(1, seed=0, min_length=50, max_length=60, max_depth=2, max_args=3)

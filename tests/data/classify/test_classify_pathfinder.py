@@ -56,8 +56,10 @@ def test_labels_say_whether_one_dashed_contour_joins_the_dots(side):
 
 
 def test_generator_options_are_checked():
-    with pytest.raises(DataError, match=r"pathfinder needs positive split sizes, 8 <= side <= 256"):
+    with pytest.raises(DataError) as caught:
         load_classification("pathfinder", side=512)
+    assert str(caught.value) == ("dataset 'pathfinder': option side must be in [8, 256], got 512; pass --data-option "
+                                 "side=VALUE with such a value, or leave it out (default 32)")
 
 
 def write_release(root, n=10, side=16, difficulty_dir="curv_contour_length_14", bad_line=None):
@@ -96,7 +98,7 @@ def test_release_errors(tmp_path):
         load_classification("pathfinder", data_path=tmp_path)
     with pytest.raises(DataError, match=r"no metadata/ folder in .* or .*curv_baseline; pass --data-path"):
         load_classification("pathfinder", data_path=tmp_path / "nothing", difficulty="easy")
-    with pytest.raises(DataError, match=r"unknown pathfinder difficulty 'extreme'; choose one of easy, intermediate"):
+    with pytest.raises(DataError, match=r"option difficulty must be one of easy, intermediate, hard, got 'extreme'"):
         load_classification("pathfinder", data_path=tmp_path, difficulty="extreme")
     write_release(tmp_path / "two")
     (tmp_path / "two" / "curv_contour_length_14" / "imgs" / "1" / "sample_2.png").write_bytes(b"not a png")

@@ -16,6 +16,7 @@ from transformer_vq.nn.pooling import masked_mean
 TOL = dict(rtol=1e-10, atol=1e-10)  # float64: the linear-time forms are exact rewritings
 CLASSIFIER = dict(n_classes=3, causal=False, block_len=4, n_code=6)
 NORMS = ["layer", "batch", "scale"]
+CAUSAL_NORMS = ["layer", "scale"]  # batch norm mixes positions: refused for causal models (tests/nn/test_causality.py)
 
 
 def randomize(model):
@@ -57,7 +58,7 @@ def test_language_model_linear_equals_dense(length):
     torch.testing.assert_close(model(ids).logits, model(ids, attention="quadratic").logits, **TOL)
 
 
-@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("norm", CAUSAL_NORMS)
 def test_windows_with_carried_state_equal_the_whole_sequence(norm):
     model = language_model(norm=norm)
     ids = ids_of((2, 41), 3)
@@ -146,8 +147,8 @@ def test_language_model_is_causal():
     torch.testing.assert_close(model(ids).logits[:, :15], model(changed).logits[:, :15], **TOL)
 
 
-@pytest.mark.parametrize("norm", NORMS)
-@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "causal"])
+@pytest.mark.parametrize("norm, causal", [(n, False) for n in NORMS] + [(n, True) for n in CAUSAL_NORMS],
+                         ids=lambda v: {False: "encoder", True: "causal"}.get(v, v))
 def test_appended_padding_changes_nothing(norm, causal):
     model = classifier(norm=norm, causal=causal)
     ids = ids_of((2, 21), 7)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from trainutil import cli_args, read_metrics, tiny_config, tvq_process
 from transformer_vq.train import CheckpointError, train
 from transformer_vq.train.checkpoint import latest_checkpoint, list_checkpoints
 from transformer_vq.train.checkpoint.rundir import LOCK_NAME, RunDirError, RunLock
+from transformer_vq.train.metrics import MetricsLogger
 
 
 def test_run_dir_that_is_a_file(corpus_file, tmp_path):
@@ -77,10 +80,12 @@ def test_full_disk_while_saving_keeps_the_previous_checkpoint(corpus_file, tmp_p
         return original_save(obj, f, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", save)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(free=3 * 2**19))
     with pytest.raises(RunDirError) as err:
         train(tiny_config(corpus_file, run_dir, "steps=4", "ckpt_every=2"))
-    assert str(err.value) == (f"cannot save checkpoint step_00000004: no space left on the disk holding {run_dir}; "
-                              f"free some space, or pass another --run-dir on a disk with room")
+    assert str(err.value) == (f"cannot save checkpoint step_00000004: no space left on the disk holding {run_dir} "
+                              f"(1.5 MiB free; nothing saved before was changed); free some space, or pass another "
+                              f"--run-dir on a disk with room")
     monkeypatch.undo()
     root = run_dir / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000002"]  # no half-written debris
@@ -171,3 +176,23 @@ def test_second_training_on_the_same_run_dir_is_refused(corpus_file, tmp_path):
     assert steps == list(range(1, len(steps) + 1))  # one writer only
     assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == [f"step_{steps[-1]:08d}"]
     assert not (run_dir / LOCK_NAME).exists()
+
+
+def test_full_disk_while_writing_metrics_names_the_path_and_the_free_space(corpus_file, tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+
+    def log_step(self, metrics):
+        if metrics["step"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device", str(run_dir / "metrics.jsonl"))
+
+    monkeypatch.setattr(MetricsLogger, "log_step", log_step)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(free=0))
+    with pytest.raises(RunDirError) as err:
+        train(tiny_config(corpus_file, run_dir, "steps=4", "ckpt_every=2"))
+    metrics = run_dir / "metrics.jsonl"
+    assert str(err.value) == (f"cannot write metrics.jsonl: no space left on the disk holding {metrics} (0.0 MiB "
+                              f"free; nothing saved before was changed); free some space, or pass another --run-dir "
+                              f"on a disk with room")
+    monkeypatch.undo()
+    assert latest_checkpoint(run_dir / "checkpoints").step == 2  # the checkpoint before is intact and resumable
+    assert train(tiny_config(corpus_file, run_dir, "steps=4", "ckpt_every=2"), resume="auto").step == 4

@@ -4,6 +4,7 @@ the confusion-matrix PNG), resuming it, and the one-line errors of bad input."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -72,6 +73,18 @@ def test_eval_text_of_the_best_checkpoint(capsys, trained):
     assert lines[0].startswith(f"test (step {best_step}): accuracy ") and lines[0].endswith("over 360 examples")
     assert lines[1].startswith("per class: 0 ") and lines[2] == f"confusion matrix: {trained}/confusion_test.png"
     assert (trained / "confusion_test.png").is_file()
+
+
+@pytest.mark.parametrize("given, written", [("plots", "plots/confusion_test.png"), ("cm", "cm")],
+                         ids=["directory", "no-suffix"])
+def test_the_plot_path_printed_is_the_one_written(capsys, trained, tmp_path, given, written):
+    (tmp_path / "plots").mkdir()
+    code, out, _ = run_cli(capsys, ["classify", "eval", "--ckpt", str(trained), "--plot", str(tmp_path / given),
+                                    "--device", "cpu"])
+    assert code == 0
+    assert out.splitlines()[2] == f"confusion matrix: {tmp_path / written}"
+    assert (tmp_path / written).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == [Path(written).name]
 
 
 def test_resume_continues_the_saved_config(capsys, trained, tmp_path):

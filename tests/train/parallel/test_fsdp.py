@@ -13,11 +13,16 @@ import torch
 
 from trainutil import cli_args, final_weights, read_metrics, tiny_config, torchrun
 from transformer_vq import fileio
-from transformer_vq.train import CheckpointError, evaluate, train
+from transformer_vq.cli import main
+from transformer_vq.config.choices import OPTIMIZERS
+from transformer_vq.config.train import FSDP_ADAFACTOR
+from transformer_vq.train import CheckpointError, ConfigError, TrainConfig, evaluate, train
 from transformer_vq.train.checkpoint import latest_checkpoint
 from transformer_vq.train.parallel.fsdp import mixed_precision
 
 EXTRA = ("steps=6", "ckpt_every=3", "batch_size=4")
+FSDP_OPTIMIZERS = ("adamw",)
+"""The optimizers the tests above train under FSDP."""
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +120,21 @@ def test_tampered_index_is_refused_before_running_code(fsdp_one, tmp_path):
     with pytest.raises(CheckpointError) as err:
         evaluate(str(run_dir), max_tokens=64)
     assert f"refusing to load {ckpt}: its .metadata names posix.getpid, which a DCP index never holds" in str(err.value)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_every_optimizer_runs_under_fsdp_or_is_refused_when_the_config_is_read(optimizer, capsys):
+    """adamw runs under FSDP (the tests above); any other optimizer must be refused before a worker starts, with
+    the reason, or be added to FSDP_OPTIMIZERS with a test of its own."""
+    if optimizer in FSDP_OPTIMIZERS:
+        assert TrainConfig(optimizer=optimizer, parallel="fsdp").optimizer == optimizer
+        return
+    with pytest.raises(ConfigError) as caught:
+        TrainConfig(optimizer=optimizer, parallel="fsdp")
+    assert caught.value.problems == (("optimizer", FSDP_ADAFACTOR),)
+    assert main(["train", "--parallel", "fsdp", "--optimizer", optimizer]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --optimizer: 'adafactor' does not run with parallel 'fsdp': its factored second moment updates "
+        "statistics of whole rows and columns of each matrix in place, which FSDP shards across workers (PyTorch "
+        "refuses such in-place updates of sharded tensors); use --optimizer adamw with --parallel fsdp, or "
+        "--parallel ddp with adafactor")

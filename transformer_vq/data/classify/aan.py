@@ -20,9 +20,10 @@ import numpy as np
 
 from transformer_vq.config.choices import SPLITS
 from transformer_vq.data.classify.examples import ClassificationData, Examples
-from transformer_vq.data.classify.release import file_key, find_release_files
+from transformer_vq.data.classify.release import find_release_files
 from transformer_vq.data.classify.store import ExamplesWriter, cached_splits
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import Positive
 
 SEPARATOR_ID = 256
 RELEASE_FILES = {"train": "new_aan_pairs.train.tsv", "validation": "new_aan_pairs.eval.tsv",
@@ -62,13 +63,11 @@ def read_tsv(path: Path, max_doc_len: int, scratch: Path) -> Examples:
 
 
 def load_aan(data_path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
-             max_doc_len: int = 4000) -> ClassificationData:
+             max_doc_len: Positive = 4000) -> ClassificationData:
     """AAN pairs as one byte sequence each (2 classes: not linked, linked)."""
-    if max_doc_len < 1:
-        raise DataError(f"aan: max_doc_len must be positive, got {max_doc_len}")
     files = find_release_files(data_path, RELEASE_FILES, what="aan", get_it=GET_IT)
-    key = {"files": file_key(files.values()), "max_doc_len": max_doc_len, "format": 1}
-    splits = cached_splits("aan", key, lambda scratch: {s: read_tsv(files[s], max_doc_len, scratch / s)
+    options = {"max_doc_len": max_doc_len, "format": 1}
+    splits = cached_splits("aan", files.values(), options, lambda scratch: {s: read_tsv(files[s], max_doc_len, scratch / s)
                                                         for s in SPLITS}, cache_dir)
     return ClassificationData("aan", splits, vocab_size=SEPARATOR_ID + 1, n_classes=2, max_len=2 * max_doc_len + 1,
                               class_names=("not linked", "linked"),

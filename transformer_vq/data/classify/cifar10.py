@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from transformer_vq.data.classify.examples import ClassificationData, Examples, holdout
-from transformer_vq.data.classify.release import file_key, find_release_files
+from transformer_vq.data.classify.release import find_release_files
 from transformer_vq.data.classify.store import cached_splits
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import Positive
 from transformer_vq.data.safe_pickle import load_array_pickle
 
 SIDE = 32
@@ -89,12 +90,12 @@ def convert(files: dict[str, list[Path]], grayscale: bool) -> dict[str, Examples
 
 
 def load_cifar10(data_path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
-                 grayscale: bool = True, validation_size: int = 5_000) -> ClassificationData:
+                 grayscale: bool = True, validation_size: Positive = 5_000) -> ClassificationData:
     """CIFAR-10 as 1,024 gray (default, LRA Image) or 3,072 RGB tokens per image (10 classes)."""
     files = find_release(data_path)
-    key = {"files": file_key(p for paths in files.values() for p in paths),
-           "grayscale": bool(grayscale), "format": 1}
-    stored = cached_splits("cifar10", key, lambda _: convert(files, grayscale), cache_dir, splits=("train", "test"))
+    inputs = [p for paths in files.values() for p in paths]
+    stored = cached_splits("cifar10", inputs, {"grayscale": bool(grayscale), "format": 1},
+                           lambda _: convert(files, grayscale), cache_dir, splits=("train", "test"))
     train, validation = holdout(stored["train"], validation_size, "cifar10")
     channels = 1 if grayscale else CHANNELS
     return ClassificationData("cifar10", {"train": train, "validation": validation, "test": stored["test"]},

@@ -16,6 +16,7 @@ import numpy as np
 
 from transformer_vq.data.classify.examples import ClassificationData, Examples
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import NonNegative, Positive
 
 SIDE = 8
 LEVELS = 17  # gray levels 0..16
@@ -33,7 +34,8 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_digits_data(data_path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
-                     seed: int = 0, validation_size: int = 180, test_size: int = 360) -> ClassificationData:
+                     seed: NonNegative = 0, validation_size: Positive = 180,
+                     test_size: Positive = 360) -> ClassificationData:
     """The 8x8 digits as 64-token sequences (10 classes), split by a permutation drawn from ``seed``."""
     if data_path is not None:
         raise DataError("the digits dataset ships with scikit-learn and takes no --data-path; leave it out")

@@ -28,6 +28,7 @@ from transformer_vq.data.classify.examples import ClassificationData, Examples, 
 from transformer_vq.data.classify.store import cached_splits
 from transformer_vq.data.debian import apt_download, read_deb_file
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import Positive
 
 PACKAGE = "dataset-fashion-mnist"
 DEB_DIR = "usr/share/datasets/fashion-mnist"
@@ -113,13 +114,11 @@ def convert(source: Path, use_dpkg: bool | None) -> dict[str, Examples]:
 
 
 def load_fashion_mnist(data_path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
-                       validation_size: int = 5_000, apt_command: tuple[str, ...] | None = None,
+                       validation_size: Positive = 5_000, apt_command: tuple[str, ...] | None = None,
                        use_dpkg: bool | None = None) -> ClassificationData:
     """Fashion-MNIST as 784-token sequences (10 classes), fetched with apt on first use."""
     source = find_source(data_path, cache_dir, apt_command)
-    stat = source.stat()
-    key = {"source": str(source.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "format": 1}
-    stored = cached_splits("fashion-mnist", key, lambda _: convert(source, use_dpkg), cache_dir,
+    stored = cached_splits("fashion-mnist", [source], {"format": 1}, lambda _: convert(source, use_dpkg), cache_dir,
                            splits=("train", "test"))
     train, validation = holdout(stored["train"], validation_size, "fashion-mnist")
     return ClassificationData("fashion-mnist", {"train": train, "validation": validation, "test": stored["test"]},

@@ -23,6 +23,7 @@ import numpy as np
 from transformer_vq.data.classify.examples import ClassificationData, Examples, holdout
 from transformer_vq.data.classify.store import cached_splits
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import NonNegative, Positive
 
 LABELS = {"neg": 0, "pos": 1}
 MEMBER = re.compile(r"(?:^|/)(train|test)/(neg|pos)/(\d+)_(\d+)\.txt$")
@@ -67,19 +68,17 @@ def convert(source: Path, max_len: int, seed: int) -> dict[str, Examples]:
 
 
 def load_imdb(data_path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
-              max_len: int = 4096, validation_size: int = 2_500, seed: int = 0) -> ClassificationData:
+              max_len: Positive = 4096, validation_size: Positive = 2_500,
+              seed: NonNegative = 0) -> ClassificationData:
     """IMDB reviews as byte sequences of at most ``max_len`` (2 classes: negative, positive)."""
     if data_path is None:
         raise DataError(f"imdb is not fetched automatically; {GET_IT}")
     source = Path(data_path).expanduser()
     if not source.exists():
         raise DataError(f"{source} does not exist; {GET_IT}")
-    if max_len < 1:
-        raise DataError(f"imdb: max_len must be positive, got {max_len}")
-    stat = source.stat()
-    key = {"source": str(source.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-           "max_len": max_len, "seed": seed, "format": 1}
-    stored = cached_splits("imdb", key, lambda _: convert(source, max_len, seed), cache_dir, splits=("train", "test"))
+    options = {"max_len": max_len, "seed": seed, "format": 1}
+    stored = cached_splits("imdb", [source], options, lambda _: convert(source, max_len, seed), cache_dir,
+                           splits=("train", "test"))
     train, validation = holdout(stored["train"], validation_size, "imdb")
     return ClassificationData("imdb", {"train": train, "validation": validation, "test": stored["test"]},
                               vocab_size=256, n_classes=2, max_len=max_len, class_names=("negative", "positive"),

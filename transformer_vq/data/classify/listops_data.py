@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 
 from transformer_vq.config.choices import SPLITS
 from transformer_vq.data.classify import listops
 from transformer_vq.data.classify.examples import ClassificationData, Examples
-from transformer_vq.data.classify.release import file_key, find_release_files
+from transformer_vq.data.classify.release import find_release_files
 from transformer_vq.data.classify.store import ExamplesWriter, cached_splits
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import NonNegative, Positive, Rules
 
 RELEASE_FILES = {"train": "basic_train.tsv", "validation": "basic_val.tsv", "test": "basic_test.tsv"}
 HEADER = "Source\tTarget"
@@ -56,9 +58,9 @@ def read_tsv(path: Path, scratch: Path) -> Examples:
 
 
 def load_listops(data_path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
-                 n_train: int = 96_000, n_validation: int = 2_000, n_test: int = 2_000, seed: int = 0,
-                 max_depth: int = 10, max_args: int = 10, min_length: int = 500,
-                 max_length: int = 2000) -> ClassificationData:
+                 n_train: Positive = 96_000, n_validation: Positive = 2_000, n_test: Positive = 2_000,
+                 seed: NonNegative = 0, max_depth: Annotated[int, Rules(min=2)] = 10, max_args: Annotated[int, Rules(min=2)] = 10,
+                 min_length: Positive = 500, max_length: Annotated[int, Rules(min=2)] = 2000) -> ClassificationData:
     """ListOps: generated (default; sizes, seed and limits are options) or the LRA release (``data_path``).
 
     Generation options are ignored when ``data_path`` is given; the release's longest expression
@@ -66,19 +68,16 @@ def load_listops(data_path: str | os.PathLike | None = None, *, cache_dir: str |
     """
     if data_path is not None:
         files = find_release_files(data_path, RELEASE_FILES, what="ListOps", get_it=GET_IT)
-        key = {"files": file_key(files.values())}
-        splits = cached_splits("listops", key, lambda scratch: {s: read_tsv(files[s], scratch / s) for s in SPLITS},
+        splits = cached_splits("listops", files.values(), {"format": 1}, lambda scratch: {s: read_tsv(files[s], scratch / s) for s in SPLITS},
                                cache_dir)
         max_len = max(int(e.lengths.max()) for e in splits.values())
         metadata = {"source": str(Path(data_path)), "generated": False}
     else:
         sizes = {"train": n_train, "validation": n_validation, "test": n_test}
-        if min(sizes.values()) < 1:
-            raise DataError(f"listops split sizes must be positive, got {sizes}")
         options = dict(seed=seed, max_depth=max_depth, max_args=max_args, min_length=min_length,
                        max_length=max_length)
         key = {"generator": "lra-listops-1", "sizes": sizes, **options}
-        splits = cached_splits("listops", key, lambda _: generated_splits(sizes, options), cache_dir)
+        splits = cached_splits("listops", (), key, lambda _: generated_splits(sizes, options), cache_dir)
         max_len = max_length - 1
         metadata = {"generated": True, **key}
     return ClassificationData("listops", splits, vocab_size=len(listops.VOCAB), n_classes=listops.N_CLASSES,

@@ -21,14 +21,16 @@ from __future__ import annotations
 import functools
 import math
 import os
+from typing import Annotated
 
 import numpy as np
 
 from transformer_vq.config.choices import SPLITS
 from transformer_vq.data.classify.examples import ClassificationData, Examples
-from transformer_vq.data.classify.pathfinder_release import CLASS_NAMES, load_release
+from transformer_vq.data.classify.pathfinder_release import CLASS_NAMES, DIFFICULTIES, load_release
 from transformer_vq.data.classify.store import cached_splits
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import NonNegative, Positive, Rules
 
 INK = 255
 MAX_SIDE = 256
@@ -141,9 +143,11 @@ def generate(n: int, *, seed: int, split: str, side: int = 32, dashes: int = 8, 
 
 
 def load_pathfinder(data_path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
-                    n_train: int = 10_000, n_validation: int = 1_000, n_test: int = 1_000, seed: int = 0,
-                    side: int = 32, dashes: int = 8, distractors: int = 4, curvature: float = 0.35,
-                    difficulty: str = "hard") -> ClassificationData:
+                    n_train: Positive = 10_000, n_validation: Positive = 1_000, n_test: Positive = 1_000,
+                    seed: NonNegative = 0, side: Annotated[int, Rules(min=8, max=MAX_SIDE)] = 32,
+                    dashes: Positive = 8, distractors: NonNegative = 4,
+                    curvature: Annotated[float, Rules(min=0.0)] = 0.35,
+                    difficulty: Annotated[str, Rules(choices=tuple(DIFFICULTIES))] = "hard") -> ClassificationData:
     """Pathfinder: generated Pathfinder-style images (default) or the LRA release (``data_path``).
 
     ``difficulty`` picks the release's folder (``easy``, ``intermediate``, ``hard``); the size
@@ -152,13 +156,9 @@ def load_pathfinder(data_path: str | os.PathLike | None = None, *, cache_dir: st
     if data_path is not None:
         return load_release(data_path, cache_dir=cache_dir, difficulty=difficulty)
     sizes = {"train": n_train, "validation": n_validation, "test": n_test}
-    if min(sizes.values()) < 1 or not 8 <= side <= MAX_SIDE or dashes < 1 or distractors < 0:
-        raise DataError(f"pathfinder needs positive split sizes, 8 <= side <= {MAX_SIDE}, dashes >= 1 and "
-                        f"distractors >= 0; got sizes {sizes}, side={side}, dashes={dashes}, "
-                        f"distractors={distractors}")
     options = dict(seed=seed, side=side, dashes=dashes, distractors=distractors, curvature=curvature)
     key = {"generator": "pathfinder-style-1", "sizes": sizes, **options}
-    splits = cached_splits("pathfinder", key,
+    splits = cached_splits("pathfinder", (), key,
                            lambda _: {s: generate(sizes[s], split=s, **options) for s in SPLITS}, cache_dir)
     return ClassificationData("pathfinder", splits, vocab_size=256, n_classes=2, max_len=side * side,
                               class_names=CLASS_NAMES,

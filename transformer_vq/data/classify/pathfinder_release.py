@@ -94,10 +94,8 @@ def load_release(data_path: str | os.PathLike, *, cache_dir: str | os.PathLike |
     """The released Pathfinder images of one difficulty as ``side * side``-token sequences (2 classes)."""
     folder = difficulty_dir(data_path, difficulty)
     entries = read_metadata(folder)
-    metadata_files = sorted((folder / "metadata").glob("*.npy"))
-    key = {"folder": str(folder.resolve()), "format": 1,
-           "metadata": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in metadata_files]}
-    splits = cached_splits("pathfinder", key, lambda _: convert(entries), cache_dir)
+    # the whole folder: its metadata and every image they name
+    splits = cached_splits("pathfinder", [folder], {"format": 1}, lambda _: convert(entries), cache_dir)
     side = int(round(np.sqrt(splits["train"].lengths[0])))
     return ClassificationData("pathfinder", splits, vocab_size=256, n_classes=2, max_len=side * side,
                               class_names=CLASS_NAMES,

@@ -1,10 +1,10 @@
-"""Finding the files of a released dataset under a user's ``--data-path``, and naming them in cache keys."""
+"""Finding the files of a released dataset under a user's ``--data-path``."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Mapping
 
 from transformer_vq.data.errors import DataError
 
@@ -28,8 +28,3 @@ def find_release_files(data_path: str | os.PathLike | None, names: Mapping[str, 
             raise DataError(f"no {name} under {root}; {get_it}")
         found[key] = matches[0]
     return found
-
-
-def file_key(paths: Iterable[Path]) -> list[list]:
-    """``[path, size, modification time]`` of each file: a cache key that changes when a file does."""
-    return [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in paths]

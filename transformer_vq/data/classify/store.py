@@ -1,8 +1,8 @@
 """Generated or converted classification splits, built once and memory-mapped from the cache.
 
 Generating 100,000 ListOps expressions or decoding 200,000 Pathfinder PNGs takes minutes; the
-result depends only on the inputs and options, so it is written once into the dataset's cache
-directory, under a name derived from those options (``key``), and memory-mapped afterwards. Each
+result depends only on the input files and options, so it is written once into the dataset's cache
+directory, under their :func:`~transformer_vq.data.cache.fingerprint`, and memory-mapped afterwards. Each
 split is three ``.npy`` files (``tokens``, ``offsets``, ``labels``: an
 :class:`~transformer_vq.data.classify.examples.Examples`) in a directory written atomically with a
 checksum manifest; a directory that fails its manifest is rebuilt.
@@ -10,12 +10,11 @@ checksum manifest; a directory that fails its manifest is rebuilt.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -25,11 +24,6 @@ from transformer_vq.data import cache
 from transformer_vq.data.classify.examples import Examples
 
 PARTS = ("tokens", "offsets", "labels")
-
-
-def store_key(key: Mapping) -> str:
-    """A short stable name for the options ``key`` (JSON-serializable)."""
-    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 class ExamplesWriter:
@@ -69,14 +63,15 @@ class ExamplesWriter:
         return Examples(tokens, np.array(self.offsets, dtype=np.int64), np.array(self.labels, dtype=np.int64))
 
 
-def cached_splits(name: str, key: Mapping, build: Callable[[Path], Mapping[str, Examples]],
-                  cache_dir: str | os.PathLike | None = None, splits: tuple[str, ...] = SPLITS,
-                  ) -> dict[str, Examples]:
-    """The ``splits`` of ``name`` built by ``build(scratch)`` for options ``key``: from the cache
-    when present and intact, else built, saved and then memory-mapped. ``scratch`` is a directory
-    for :class:`ExamplesWriter` files, removed once the splits are saved."""
+def cached_splits(name: str, inputs: Iterable[Path], options: Mapping,
+                  build: Callable[[Path], Mapping[str, Examples]], cache_dir: str | os.PathLike | None = None,
+                  splits: tuple[str, ...] = SPLITS) -> dict[str, Examples]:
+    """The ``splits`` of ``name`` built by ``build(scratch)`` from the files ``inputs`` (a directory: every file
+    below it) with ``options``: from the cache when present and intact, else built, saved and then memory-mapped.
+    ``scratch`` is a directory for :class:`ExamplesWriter` files, removed once the splits are saved."""
+    inputs = list(inputs)
     root = cache.dataset_dir(name, cache_dir)
-    directory = root / store_key(key)
+    directory = root / cache.fingerprint(inputs, **options)
     names = [f"{split}.{part}.npy" for split in splits for part in PARTS]
     if not directory.is_dir() or fileio.check_dir_manifest(directory, names) is not None:
         with tempfile.TemporaryDirectory(prefix=".scratch-", dir=root) as scratch, \
@@ -85,6 +80,7 @@ def cached_splits(name: str, key: Mapping, build: Callable[[Path], Mapping[str, 
             for split in splits:
                 for part in PARTS:  # np.save writes a memory map through, without loading it
                     np.save(tmp / f"{split}.{part}.npy", getattr(built[split], part))
+            key = {"inputs": cache.input_listing(inputs), "options": options}  # for a reader of the cache
             (tmp / "key.json").write_text(json.dumps(key, sort_keys=True, default=str, indent=2))
             fileio.write_dir_manifest(tmp, names)
     return {split: Examples(*(np.load(directory / f"{split}.{part}.npy", mmap_mode="r") for part in PARTS))

@@ -20,6 +20,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -34,12 +35,24 @@ class RunDirError(CheckpointError):
     """The run directory cannot be used (not a directory, not writable, disk full, in use)."""
 
 
+def free_space(path: Path) -> str:
+    """How much room is left on the disk holding ``path`` (its nearest existing ancestor), e.g. ``"312.0 MiB"``."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return "unknown space"
+    return f"{free / 2**30:.1f} GiB" if free >= 2**30 else f"{free / 2**20:.1f} MiB"
+
+
 def disk_error(err: OSError, path: Path, doing: str) -> RunDirError:
     """A :class:`RunDirError` for an ``OSError`` raised while ``doing`` something in run directory ``path``."""
     where = err.filename or path
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return RunDirError(f"cannot {doing}: no space left on the disk holding {where}; free some space, "
-                           f"or pass another --run-dir on a disk with room")
+        return RunDirError(f"cannot {doing}: no space left on the disk holding {where} ({free_space(Path(where))} "
+                           f"free; nothing saved before was changed); free some space, or pass another --run-dir "
+                           f"on a disk with room")
     if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return RunDirError(f"cannot {doing}: {where} is not writable ({err.strerror}); pass a writable "
                            f"--run-dir, or fix the directory's permissions")

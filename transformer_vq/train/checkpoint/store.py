@@ -35,6 +35,7 @@ import torch
 
 from transformer_vq import fileio
 from transformer_vq.config import LongVQConfig, TransformerVQConfig
+from transformer_vq.config.reading import check_safetensors
 from transformer_vq.train.checkpoint import dcp
 from transformer_vq.train.checkpoint.errors import CheckpointError
 from transformer_vq.train.finite import named_tensors, nonfinite_names
@@ -70,8 +71,10 @@ class Checkpoint:
         if self.sharded:
             dcp.load_consolidated(self.path, model)
             return
+        weights = check_safetensors(self.path / "model.safetensors", "the weights of a checkpoint (safetensors)",
+                                    "resume from another checkpoint of the run (checkpoints/step_*)")
         try:
-            missing, unexpected = safetensors.torch.load_model(model, self.path / "model.safetensors", strict=False)
+            missing, unexpected = safetensors.torch.load_model(model, weights, strict=False)
         except RuntimeError as err:
             raise CheckpointError(f"checkpoint {self.path} does not fit this model: {err}") from None
         if missing or unexpected:

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from transformer_vq import fileio
 from transformer_vq.config import ClassifyEvalConfig
 from transformer_vq.config.jobs import job_config
 from transformer_vq.data.classify import Examples, ordered_batches
@@ -106,9 +107,7 @@ def confusion_png(result: ClassifyEvalResult, path: str | Path) -> Path:
                 ax.text(j, i, int(counts[i, j]), ha="center", va="center", fontsize=7,
                         color="white" if shares[i, j] > 0.5 else "black")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    path = fileio.save_png(fig, path, dpi=100, default_name=f"confusion_{result.split}.png")
     plt.close(fig)
     return path
 

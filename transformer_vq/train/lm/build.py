@@ -30,19 +30,36 @@ def load_corpus_for(train_cfg: TrainConfig, *, data_path: str | None = None, run
     A loader that takes ``seq_len`` (a corpus of fixed-length sequences, like the recall probe) gets
     the run's, so its sequences and the training sequences always coincide.
     """
-    import inspect
-
     from transformer_vq.data import load_corpus
-    from transformer_vq.data.registry import loader
 
     path = data_path if data_path is not None else train_cfg.data_path
-    options = dict(train_cfg.data_options)
-    if "seq_len" in inspect.signature(loader(train_cfg.data)).parameters:
-        options.setdefault("seq_len", train_cfg.seq_len)
+    options = corpus_options(train_cfg)
     if run_dir is not None and (Path(run_dir) / RUN_TOKENIZER).is_file():
         options["tokenizer"] = str(Path(run_dir) / RUN_TOKENIZER)
     options.update(data_options or {})
     return load_corpus(train_cfg.data, data_path=path, **options)
+
+
+def corpus_options(train_cfg: TrainConfig) -> dict:
+    """The loader options of the corpus a training config names: its ``data_options``, with the run's ``seq_len``
+    for a loader that takes one."""
+    import inspect
+
+    from transformer_vq.data.registry import loader
+
+    options = dict(train_cfg.data_options)
+    if "seq_len" in inspect.signature(loader(train_cfg.data)).parameters:
+        options.setdefault("seq_len", train_cfg.seq_len)
+    return options
+
+
+def check_corpus_options(train_cfg: TrainConfig) -> None:
+    """Refuse an unknown dataset or a dataset option its declaration refuses (``DataError``), before any work: the
+    run directory is not touched and no model is built for a run whose data cannot load."""
+    from transformer_vq.data.options import checked_options
+    from transformer_vq.data.registry import loader
+
+    checked_options(train_cfg.data, loader(train_cfg.data), corpus_options(train_cfg))
 
 
 def save_run_tokenizer(corpus, run_dir: str | Path) -> Path | None:

@@ -27,7 +27,7 @@ from transformer_vq.data.batches import check_vocab, corpus_batches
 from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte, corpus_tokens_per_word
 from transformer_vq.train.checkpoint.rundir import hold_run_dir
 from transformer_vq.train.device import training_device
-from transformer_vq.train.lm.build import build_model, load_corpus_for, save_run_tokenizer
+from transformer_vq.train.lm.build import build_model, check_corpus_options, load_corpus_for, save_run_tokenizer
 from transformer_vq.train.lm.carry import from_plain, to_plain
 from transformer_vq.train.lm.evaluate import EvalResult, evaluate_tokens
 from transformer_vq.train.lm.objective import masked_window
@@ -63,6 +63,7 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
     ``RunDirError`` when the run directory is unusable or in use by another training) or the data
     layer's ``DataError`` with a message for the user.
     """
+    check_corpus_options(cfg.train)
     device = training_device(cfg.train)
     dist_info = setup_distributed(device.type, cfg.train.parallel, cfg.train.context_parallel)
     if device.type == "cuda":
