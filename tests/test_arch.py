@@ -45,7 +45,7 @@ def test_presets_and_defaults_of_each_architecture():
     (lambda: RunConfig.from_dict({"arch": "mamba", "model": {}, "train": {}}),
      "unknown architecture 'mamba'; available: tvq, longvq"),
     (lambda: RunConfig.from_dict({"arch": "tvq", "model": {}, "train": {}, "x": 1}),
-     "unknown top-level config key(s): x; expected 'arch', 'model' and 'train'"),
+     "unknown top-level config key(s): x; expected 'task', 'arch', 'model' and 'train'"),
     (lambda: load_config("tiny", overrides=["d_qk=8"]),
      "model field(s) d_qk belong to arch 'longvq', and this run's arch is 'tvq'; give --arch longvq (arch: longvq "
      "in a config file) or leave them out"),
@@ -108,14 +108,15 @@ def test_every_longvq_language_model_field_is_a_flag_with_its_help(capsys):
 
 
 def test_shared_fields_have_the_same_rules_in_both_model_configs():
-    """A shared flag is registered once (from TransformerVQConfig): its rules must be LongVQConfig's too."""
+    """A shared flag is registered once (from TransformerVQConfig): its rules must be LongVQConfig's too (where an
+    option applies is each config's own: it names the fields of its class)."""
     tvq = {f.name: f for f in dataclasses.fields(TransformerVQConfig)}
     shared = [f for f in dataclasses.fields(LongVQConfig) if f.name in tvq]
     assert {f.name for f in shared} == {"vocab_size", "d_model", "d_v", "n_layers", "n_code", "block_len", "causal",
                                         "commit_coef", "ema_rate"}
     for field in shared:
-        rules = {k: v for k, v in field.metadata.items() if k != "help"}
-        assert rules == {k: v for k, v in tvq[field.name].metadata.items() if k != "help"}, field.name
+        rules = {k: v for k, v in field.metadata.items() if k not in ("help", "applies")}
+        assert rules == {k: v for k, v in tvq[field.name].metadata.items() if k not in ("help", "applies")}, field.name
         assert kinds(LongVQConfig)[field.name] == kinds(TransformerVQConfig)[field.name], field.name
 
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from transformer_vq.ablate.codebook import codebook_report
-from transformer_vq.config import ClassifyConfig, ClassifyTrainConfig, ConfigError, load_config
+from transformer_vq.config import ClassifyConfig, ClassifyTrainConfig, ConfigError, classify_config, load_config
 from transformer_vq.config.arch import ARCHS, CLASSIFY_ARCHS, LM_ARCHS, find_arch, run_arch
-from transformer_vq.train.checkpoint import CheckpointError, save_checkpoint
+from transformer_vq.train.checkpoint import save_checkpoint
 from transformer_vq.train.models import instantiate
 
 
@@ -52,12 +52,26 @@ def test_a_saved_run_config_names_its_architecture():
     assert str(err.value) == "unknown architecture 'mamba'; available: longvq, transformer, tvq"
 
 
-def test_tvq_codebook_refuses_an_architecture_it_does_not_serve(tmp_path):
+def test_tvq_codebook_reads_every_model_with_vq_layers(tmp_path):
     cfg = load_config("tiny", arch="longvq")
     torch.manual_seed(0)
-    path = save_checkpoint(tmp_path / "checkpoints", step=1, model=instantiate(find_arch("lm", "longvq"), cfg.model),
+    save_checkpoint(tmp_path / "checkpoints", step=1, model=instantiate(find_arch("lm", "longvq"), cfg.model),
+                    config=cfg.to_dict(), state={}, keep=1)
+    units = codebook_report(tmp_path)["units"]
+    assert [(u["unit"], u["kind"], u["group"], u["codes"]) for u in units] == [(0, "key", 0, 8), (1, "key", 0, 8)]
+
+
+def test_tvq_codebook_refuses_an_architecture_it_does_not_serve(tmp_path):
+    cfg = classify_config(n_classes=3, vocab_size=10, preset="tiny", train={"arch": "transformer"})
+    torch.manual_seed(0)
+    path = save_checkpoint(tmp_path / "checkpoints", step=1,
+                           model=instantiate(find_arch("classify", "transformer"), cfg.model),
                            config=cfg.to_dict(), state={}, keep=1)
-    with pytest.raises(CheckpointError) as err:
+    with pytest.raises(ConfigError) as err:
         codebook_report(tmp_path)
-    assert str(err.value) == (f"{path} holds a LongVQ causal language model (SSM and gated VQ attention); tvq codebook "
-                              f"reads the per-unit codebooks of a Transformer-VQ language model (tvq train --arch tvq)")
+    assert str(err.value) == (
+        f"--ckpt: {path} holds a full-attention Transformer classifier (baseline) (a run of tvq classify train --arch "
+        f"transformer), and tvq codebook reads a Transformer-VQ language model (tvq train --arch tvq) or a LongVQ "
+        f"causal language model (SSM and gated VQ attention) (tvq train --arch longvq) or a LongVQ classifier (tvq "
+        f"classify train --arch longvq) or a Transformer-VQ encoder classifier (baseline) (tvq classify train --arch "
+        f"tvq); for this run use tvq classify eval")

@@ -16,7 +16,6 @@ import json
 from pathlib import Path
 
 from transformer_vq.config import ConfigError
-from transformer_vq.config.arch import find_arch
 from transformer_vq.config.jobs import ExportConfig
 from transformer_vq.config.reading import check_safetensors, read_json
 
@@ -33,11 +32,7 @@ def export(cfg: ExportConfig) -> Path:
     from transformer_vq.fileio import atomic_directory
     from transformer_vq.train.lm.build import model_from_checkpoint
 
-    model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device="cpu")
-    if "export" not in find_arch("lm", run_cfg.arch).commands:
-        raise ConfigError(f"--ckpt: tvq export converts Transformer-VQ models only, and {cfg.ckpt} holds a "
-                          f"{run_cfg.arch!r} model; use its checkpoint directly (tvq eval, tvq sample, or "
-                          f"transformer_vq.train.lm.model_from_checkpoint in Python)")
+    model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device="cpu", command="export")
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_directory(out) as tmp:
         if cfg.format == "hf":

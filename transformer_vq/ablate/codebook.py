@@ -38,30 +38,32 @@ def usage(ema_count: torch.Tensor, updates_unused: torch.Tensor) -> dict:
 
 
 def codebook_report(ckpt: str | Path) -> dict:
-    """Per codebook of the model in ``ckpt`` (a run directory or a checkpoint): its :func:`usage`.
+    """Per codebook of the model in ``ckpt`` (a run directory or a checkpoint, of any run whose model has VQ layers:
+    the registry's architectures with the ``codebook`` command): its :func:`usage`.
 
     Returns ``{"checkpoint", "step", "units": [{"unit", "kind", "group", ...usage}]}``; ``unit`` is the index of the
-    gated attention unit (two per layer), ``kind`` "key" or "query", ``group`` the key/value group (or query head).
+    module that owns the codebook (a gated attention unit, two per Transformer-VQ layer; a LongVQ layer), ``kind``
+    "key" or "query", ``group`` the key/value group (or query head).
     """
-    from transformer_vq.config.arch import run_arch, serving
+    from transformer_vq.config.arch import check_serves
+    from transformer_vq.nn.quantizer import VectorQuantizer
     from transformer_vq.train.checkpoint import CheckpointError, find_checkpoint
     from transformer_vq.train.models import instantiate
 
     found = find_checkpoint(ckpt)
-    arch = run_arch(found.config)
-    if "codebook" not in arch.commands:
-        raise CheckpointError(f"{found.path} holds {arch.title}; tvq codebook reads the per-unit codebooks of "
-                              f"{serving('codebook')}")
+    arch = check_serves(found.config, "codebook", found.path)
     model = instantiate(arch, arch.config.from_dict(found.config["model"]))
     found.load_weights(model)
-    units = []
-    for index, unit in enumerate(model.units):
-        for kind, quantizer in (("key", unit.quantizer), ("query", unit.query_quantizer)):
-            if quantizer is None:
-                continue
-            for group in range(quantizer.n_group):
-                units.append({"unit": index, "kind": kind, "group": group,
-                              **usage(quantizer.ema_count[group], quantizer.updates_unused[group])})
+    owners, units = [], []
+    for name, quantizer in model.named_modules():
+        if not isinstance(quantizer, VectorQuantizer):
+            continue
+        owner, _, attribute = name.rpartition(".")
+        if owner not in owners:
+            owners.append(owner)
+        for group in range(quantizer.n_group):
+            units.append({"unit": owners.index(owner), "kind": "query" if attribute.startswith("query") else "key",
+                          "group": group, **usage(quantizer.ema_count[group], quantizer.updates_unused[group])})
     if not units:
         raise CheckpointError(f"the model of {found.path} has no codebook (attn_type "
                               f"{found.config['model'].get('attn_type')!r}); tvq codebook reads VQ models")

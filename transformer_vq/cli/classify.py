@@ -77,13 +77,12 @@ def build_config(args):
             base = ClassifyConfig.from_dict(read_json(saved, "a classification run's saved config (config.json)",
                                                       "restore it from config.json of one of the run's "
                                                       "checkpoints/step_* directories, or pass --preset"))
-    options = train.pop("data_options", {})
-    merged = {**(base.train.to_dict() if base else {}), **train}
-    merged["data_options"] = {**merged.get("data_options", {}), **options}  # on top of the resumed run's
-    train_cfg = build(ClassifyTrainConfig, merged, "train")
+    if "data_options" in train:  # on top of the resumed run's
+        train["data_options"] = {**(base.train.data_options if base else {}), **train["data_options"]}
+    train_cfg = build(ClassifyTrainConfig, {**(base.train.to_dict() if base else {}), **train}, "train")
     data = load_classify_data(train_cfg)
     cfg = classify_config(n_classes=data.n_classes, vocab_size=data.vocab_size, preset=args.preset, model=model,
-                          train=train_cfg.to_dict(), base=base)
+                          train=train, base=base)
     return cfg, data
 
 

@@ -19,6 +19,7 @@ def add_parser(subparsers):
 def run(args) -> int:
     from transformer_vq.cli.errors import check_device
     from transformer_vq.config import RunConfig, SampleConfig
+    from transformer_vq.config.arch import check_serves
     from transformer_vq.config.flags import given
     from transformer_vq.train import sample
     from transformer_vq.train.checkpoint import find_checkpoint
@@ -26,7 +27,9 @@ def run(args) -> int:
 
     cfg = SampleConfig(**given(args, SampleConfig))
     check_device(cfg.device)
-    if is_image_run(RunConfig.from_dict(find_checkpoint(cfg.ckpt).config)):
+    found = find_checkpoint(cfg.ckpt)
+    check_serves(found.config, "sample", found.path)
+    if is_image_run(RunConfig.from_dict(found.config)):
         paths = sample_images(cfg)
         print(f"wrote {len(paths) - 1} images and a grid: {paths[-1]}")
         return 0

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Iterable, Mapping
 
-from transformer_vq.config.fields import ConfigError
+from transformer_vq.config.applies import given_problems, switch_problems
+from transformer_vq.config.fields import ConfigError, check, fields_of
 from transformer_vq.config.longvq import CLASSIFY_PRESETS, LONGVQ_LM_PRESETS, LongVQConfig
 from transformer_vq.config.model import PRESETS, TransformerVQConfig
 
@@ -42,28 +43,42 @@ class Arch:
     presets: Mapping[str, object]
     """Its model presets (``--preset``), instances of :attr:`config`."""
     commands: frozenset[str] = frozenset()
-    """The commands beyond its task's own (train, eval, sample; classify train, eval) that read its checkpoints:
-    ``export``, ``codebook``."""
+    """The commands, beside its training command, that read its runs (``eval``, ``sample``, ``export``,
+    ``codebook``, ``classify eval``): any other refuses its runs, naming these (:func:`check_serves`)."""
     refused_options: Mapping[str, str] = field(default_factory=dict)
-    """Training options that do not apply to it (a value other than the option's default is refused), each with the
-    reason."""
+    """Options of its commands (model or training fields) that it does not read, each with the reason: given, they
+    are refused (:func:`refuse_given`); a training switch set on is refused however the config was built. Where an
+    option applies within an architecture (to encoders, to VQ attention) its field says so
+    (:mod:`transformer_vq.config.applies`)."""
 
+
+NO_SSM = "it has no SSM (positions come from sinusoids)"
+ENCODER = "it is an encoder: every token attends the whole sequence"
 
 ARCHS: tuple[Arch, ...] = (
     Arch("lm", "tvq", "a Transformer-VQ language model", TransformerVQConfig,
-         "transformer_vq.models.tvq.model:TransformerVQ", PRESETS, frozenset({"export", "codebook"})),
+         "transformer_vq.models.tvq.model:TransformerVQ", PRESETS, frozenset({"eval", "sample", "export", "codebook"})),
     Arch("lm", "longvq", "a LongVQ causal language model (SSM and gated VQ attention)", LongVQConfig,
-         "transformer_vq.models.longvq.model:LongVQLM", LONGVQ_LM_PRESETS,
+         "transformer_vq.models.longvq.model:LongVQLM", LONGVQ_LM_PRESETS, frozenset({"eval", "sample", "codebook"}),
          refused_options={"torch_compile": "compiles Transformer-VQ's gated attention units, which a LongVQ model "
                                            "has none of (leave it off)",
                          "context_parallel": "hands a rank the VQ-attention state of the ranks before it, and a "
                                              "LongVQ model's SSM state is not handed over (leave it at 1)"}),
     Arch("classify", "longvq", "a LongVQ classifier", LongVQConfig,
-         "transformer_vq.models.longvq.model:LongVQClassifier", CLASSIFY_PRESETS),
+         "transformer_vq.models.longvq.model:LongVQClassifier", CLASSIFY_PRESETS, frozenset({"classify eval", "codebook"})),
     Arch("classify", "transformer", "a full-attention Transformer classifier (baseline)", LongVQConfig,
-         "transformer_vq.models.baselines.classifiers:TransformerClassifier", CLASSIFY_PRESETS),
+         "transformer_vq.models.baselines.classifiers:TransformerClassifier", CLASSIFY_PRESETS, frozenset({"classify eval"}),
+         refused_options={**dict.fromkeys(("n_code", "ema_rate", "commit_coef"), "it has no codebook (softmax "
+                                          "attention over unquantized keys)"),
+                          "d_v": "its heads split d_model (it has no separate value width)",
+                          "ema_dim": NO_SSM, "scoring": "its attention is softmax", "norm": "its norms are layer norms",
+                          "causal": ENCODER, "block_len": "it attends the whole sequence at once, in no blocks"}),
     Arch("classify", "tvq", "a Transformer-VQ encoder classifier (baseline)", LongVQConfig,
-         "transformer_vq.models.baselines.classifiers:TransformerVQEncoderClassifier", CLASSIFY_PRESETS),
+         "transformer_vq.models.baselines.classifiers:TransformerVQEncoderClassifier", CLASSIFY_PRESETS,
+         frozenset({"classify eval", "codebook"}),
+         refused_options={"d_ffn": "its gated attention units have no separate FFN", "ema_dim": NO_SSM,
+                          "scoring": "its VQ attention is softmax", "norm": "its units normalize with RMS norms",
+                          "causal": ENCODER}),
 )
 
 
@@ -88,12 +103,29 @@ def find_arch(task: str, name) -> Arch:
 
 
 def run_arch(config: dict) -> Arch:
-    """The architecture of a saved run config (a checkpoint's ``config.json``): a classification run's names it in
-    ``train.arch``, a language-model run's in ``arch`` (none: Transformer-VQ)."""
+    """The architecture of a saved run config (a checkpoint's ``config.json``), which records its ``task``: a
+    classification run's names it in ``train.arch``, a language-model run's in ``arch`` (none: Transformer-VQ). A run
+    saved before runs recorded their task is a classification run when ``train`` names an ``arch``."""
+    if not isinstance(config, dict):
+        raise ConfigError(f"a run config is a mapping with 'task', 'model' and 'train', got {type(config).__name__}")
     train = config.get("train")
-    if isinstance(train, dict) and "arch" in train:
-        return find_arch("classify", train["arch"])
+    task = config.get("task", "classify" if isinstance(train, dict) and "arch" in train else "lm")
+    if task not in TASKS:
+        raise ConfigError(f"the run config's task must be one of {', '.join(TASKS)}, got {task!r}")
+    if task == "classify":
+        return find_arch("classify", train.get("arch") if isinstance(train, dict) else None)
     return find_arch("lm", config.get("arch", DEFAULT_ARCH))
+
+
+def check_serves(config: dict, command: str, path) -> Arch:
+    """The architecture of run config ``config`` (of the run or checkpoint at ``path``), when ``tvq command`` reads
+    its runs; a :class:`ConfigError` naming the run's kind and the commands that serve it otherwise."""
+    arch = run_arch(config)
+    if command not in arch.commands:
+        serves = ", ".join(f"tvq {c}" for c in sorted(arch.commands))
+        raise ConfigError(f"--ckpt: {path} holds {arch.title} (a run of {TASKS[arch.task]} --arch {arch.name}), "
+                          f"and tvq {command} reads {serving(command)}; for this run use {serves}")
+    return arch
 
 
 def arch_of(model) -> str:
@@ -132,3 +164,35 @@ def serving(command: str) -> str:
     """The architectures whose checkpoints ``command`` reads, for its refusals: "a Transformer-VQ language model
     (tvq train --arch tvq)"."""
     return " or ".join(f"{a.title} ({TASKS[a.task]} --arch {a.name})" for a in ARCHS if command in a.commands)
+
+
+def refuse_given(arch: Arch, given: Mapping[type, Iterable[str]], context: Mapping[str, object]) -> None:
+    """Refuse (:class:`ConfigError`) the options given where they do not apply: for each config class of ``given``
+    the names of its fields the user gave; ``context`` the run's fields, flat (:mod:`transformer_vq.config.applies`).
+    The problems of one config class are reported together, the first class with any first."""
+    for cls, names in given.items():
+        names = set(names) & set(fields_of(cls))
+        found = [(name, _not_read(arch, name)) for name in sorted(names & set(arch.refused_options))]
+        found += given_problems(cls, names - set(arch.refused_options), context)
+        if found:
+            detail = "; ".join(f"{name} {text}" for name, text in found)
+            raise ConfigError(f"invalid {cls.__name__}: {detail}", found, cls)
+
+
+def _not_read(arch: Arch, name: str) -> str:
+    others = [a.name for a in ARCHS if a.task == arch.task and name not in a.refused_options]
+    where = f"it applies to arch {' and '.join(others)}" if others else "no architecture reads it"
+    return f"does not apply to {arch.title} (arch {arch.name}): {arch.refused_options[name]}; {where}; leave it out"
+
+
+def run_context(cfg) -> dict:
+    """The fields of a run config (a language model's or a classifier's), flat, with its ``arch``: where the
+    conditions of :mod:`transformer_vq.config.applies` are looked up."""
+    return {**cfg.model.to_dict(), **cfg.train.to_dict(), "arch": cfg.arch}
+
+
+def refuse_job_options(job, run_cfg) -> None:
+    """Refuse (:class:`ConfigError`) an option of a job (``tvq eval``, ``tvq sample``: ``job`` its config) set away
+    from its default where the run it reads (``run_cfg``) makes it mean nothing: an image model's sample has no
+    prompt, a greedy one no ``top_k``."""
+    check(job, switch_problems(job, {**run_context(run_cfg), **dataclasses.asdict(job)}, switches_only=False))

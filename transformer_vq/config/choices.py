@@ -28,3 +28,6 @@ OP_METHODS = ("vq-serial", "vq-matmul", "vq-assoc", "vq-triton", "vq-qk", "sdpa"
 baselines, and the non-causal forms (transformer_vq.bench.op_methods)."""
 EXPORT_FORMATS = ("hf", "safetensors")
 """What ``tvq export`` writes: a Hugging Face ``transformers`` directory, or one model.safetensors + config.json."""
+IMAGE_CORPORA = ("imagenet64",)
+"""Corpora whose sequences are images of 12,288 raster-order bytes (transformer_vq.data.images): their models sample
+images (``tvq sample`` writes PNG files), not text."""

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from transformer_vq.config.choices import CLASSIFY_DATASETS, DEVICES, OPTIMIZERS, PRECISIONS, SPLITS
 from transformer_vq.config.fields import ConfigError, build, check, option
-from transformer_vq.config.arch import ARCHS, CLASSIFY_ARCHS, DEFAULT_PRESET
+from transformer_vq.config.arch import (ARCHS, CLASSIFY_ARCHS, DEFAULT_PRESET, find_arch, refuse_given, run_arch,
+                                        run_context)
 from transformer_vq.config.longvq import CLASSIFY_PRESETS, LongVQConfig
-from transformer_vq.config.train import name_problem, retain_host_memory_option
+from transformer_vq.config.train import ADAMW, name_problem, retain_host_memory_option
 
 FROM_DATA = ("vocab_size", "n_classes")
 """Model fields every classification run takes from its dataset."""
@@ -29,15 +30,16 @@ class ClassifyTrainConfig:
                                                              "classify") + "); all built from the same model fields.",
                        choices=CLASSIFY_ARCHS)
     data: str = option("digits", "Dataset of transformer_vq.data.classify (docs/datasets.md).",
-                       choices=CLASSIFY_DATASETS)
+                       choices=CLASSIFY_DATASETS, defines_data=True)
     data_path: str | None = option(None, "Where the dataset's released files are (cifar10, imdb, aan; optional "
                                          "for the others).")
     data_options: dict = option(factory=dict, help="Keyword options of the dataset loader (e.g. n_train=2000 "
-                                "for listops); repeatable KEY=VALUE.", flag="data-option")
+                                "for listops); repeatable KEY=VALUE.", flag="data-option", defines_data=True)
     name: str = option("classify", "Run name; the run directory defaults to runs/<name>.")
     run_dir: str | None = option(None, "Where checkpoints, metrics and TensorBoard events go (default "
                                        "runs/<name>).")
-    seed: int = option(0, "Seeds the initialization, dropout and the order of training examples.", min=0)
+    seed: int = option(0, "Seeds the initialization, dropout and the order of training examples.", min=0,
+                       defines_data=True)
     batch_size: int = option(32, "Training examples per step.", min=1)
     eval_batch_size: int = option(64, "Examples per forward call of an evaluation (memory only).", min=1)
     steps: int = option(1000, "Number of optimizer steps.", min=1)
@@ -49,7 +51,7 @@ class ClassifyTrainConfig:
     final_lr_ratio: float = option(0.1, "The cosine schedule ends at this fraction of the peak learning rate.",
                                    min=0.0, max=1.0)
     grad_clip: float = option(0.1, "Global gradient-norm clip for adamw (LongVQ's Sec. 5: 0.1; 0 = off).",
-                              min=0.0)
+                              min=0.0, applies=ADAMW)
     precision: str = option("float32", "'float32' or 'bfloat16' (autocast; parameters stay float32).",
                             choices=PRECISIONS)
     device: str = option("auto", "'auto' (cuda when available), 'cpu' or 'cuda'.", choices=DEVICES)
@@ -91,8 +93,13 @@ class ClassifyConfig:
             raise ConfigError(f"a classification run needs n_classes >= 1 (from its dataset), got "
                               f"{self.model.n_classes}")
 
+    @property
+    def arch(self) -> str:
+        """The classifier (``train.arch``)."""
+        return self.train.arch
+
     def to_dict(self) -> dict:
-        return {"model": self.model.to_dict(), "train": self.train.to_dict()}
+        return {"task": "classify", "model": self.model.to_dict(), "train": self.train.to_dict()}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -100,8 +107,11 @@ class ClassifyConfig:
     @classmethod
     def from_dict(cls, values: dict) -> "ClassifyConfig":
         """Rebuild from :meth:`to_dict` output (a checkpoint's config.json)."""
-        if not isinstance(values, dict) or set(values) != {"model", "train"}:
-            raise ConfigError("a classification run config is a mapping with exactly 'model' and 'train'")
+        if not isinstance(values, dict) or not {"model", "train"} <= set(values) <= {"task", "model", "train"}:
+            raise ConfigError("a classification run config is a mapping with 'model' and 'train' (and 'task')")
+        if run_arch(values).task != "classify":
+            raise ConfigError(f"this is the config of {run_arch(values).title}, not of a classifier; read it with "
+                              f"RunConfig.from_dict")
         return cls(model=build(LongVQConfig, values["model"], "model"),
                    train=build(ClassifyTrainConfig, values["train"], "train"))
 
@@ -110,7 +120,8 @@ def classify_config(*, n_classes: int, vocab_size: int, preset: str | None = Non
                     train: dict | None = None, base: ClassifyConfig | None = None) -> ClassifyConfig:
     """A :class:`ClassifyConfig` for a dataset of ``n_classes`` classes and ``vocab_size`` token ids: the model
     ``preset`` (default ``small``; an encoder: ``causal`` false unless ``model`` says otherwise), or the saved config
-    ``base`` of a run being resumed, with the fields of ``model`` and ``train`` on top."""
+    ``base`` of a run being resumed, with the fields of ``model`` and ``train`` on top. A field of ``model`` or
+    ``train`` that the classifier does not read is refused (:func:`~transformer_vq.config.arch.refuse_given`)."""
     model, train = dict(model or {}), dict(train or {})
     given = sorted(set(model) & set(FROM_DATA))
     if given:
@@ -118,11 +129,14 @@ def classify_config(*, n_classes: int, vocab_size: int, preset: str | None = Non
     if preset is not None and preset not in CLASSIFY_PRESETS:
         raise ConfigError(f"unknown classifier preset {preset!r}; available: {', '.join(CLASSIFY_PRESETS)}")
     if base is not None and preset is None:
-        start, start_train = base.model.to_dict(), base.train.to_dict()
+        start = base.model.to_dict()
     else:
-        start, start_train = {**CLASSIFY_PRESETS[preset or DEFAULT_PRESET].to_dict(), "causal": False}, {}
+        start = {**CLASSIFY_PRESETS[preset or DEFAULT_PRESET].to_dict(), "causal": False}
+    start_train = base.train.to_dict() if base is not None else {}
     model_cfg = build(LongVQConfig, {**start, **model, "n_classes": n_classes, "vocab_size": vocab_size}, "model")
-    return ClassifyConfig(model=model_cfg, train=build(ClassifyTrainConfig, {**start_train, **train}, "train"))
+    cfg = ClassifyConfig(model=model_cfg, train=build(ClassifyTrainConfig, {**start_train, **train}, "train"))
+    refuse_given(find_arch("classify", cfg.arch), {LongVQConfig: model, ClassifyTrainConfig: train}, run_context(cfg))
+    return cfg
 
 
 @dataclass(frozen=True)

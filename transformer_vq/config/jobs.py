@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from transformer_vq.config.choices import DEVICES, EXPORT_FORMATS, SPLITS
+from transformer_vq.config.applies import Above, Other, switch_problems
+from transformer_vq.config.choices import DEVICES, EXPORT_FORMATS, IMAGE_CORPORA, SPLITS
 from transformer_vq.config.fields import check, option
 
 # Below this (but above 0) the logits divided by the temperature overflow float32 for ordinary logits, and the
@@ -17,6 +18,12 @@ MIN_TEMPERATURE = 1e-4
 MIN_EVAL_TOKENS = 2
 
 CKPT_HELP = "Run directory or one of its checkpoints/step_* directories."
+TEXT = {"data": Other(*IMAGE_CORPORA)}
+"""Where an option of text sampling applies: a model of a corpus of text (the run's ``data``)."""
+IMAGES = {"data": IMAGE_CORPORA}
+"""Where an option of image sampling applies: a model of a corpus of images."""
+RANDOM = {"temperature": Above(0)}
+"""Where an option of random sampling applies: temperature 0 is greedy, always the most likely token."""
 DEVICE_HELP = "'auto' (cuda when available), 'cpu' or 'cuda'."
 
 
@@ -53,24 +60,26 @@ class SampleConfig:
     """Sample from a checkpoint: text token by token, or 64x64 images for an image model."""
 
     ckpt: str = option("runs/default", CKPT_HELP)
-    prompt: str = option("\n", "Text to continue (text models).")
-    max_new_tokens: int = option(500, "Tokens to generate (text models).", min=1)
+    prompt: str = option("\n", "Text to continue (text models).", applies=TEXT)
+    max_new_tokens: int = option(500, "Tokens to generate (text models).", min=1, applies=TEXT)
     temperature: float = option(1.0, f"Softmax temperature: 0 = greedy, otherwise at least {MIN_TEMPERATURE}.",
                                 min=0.0)
-    top_k: int | None = option(None, "Sample among the k most likely tokens only (none = all).", min=1)
-    top_p: float = option(1.0, "Nucleus: the smallest set of tokens with this probability.", min=0.0, max=1.0,
-                          min_open=True)
+    top_k: int | None = option(None, "Sample among the k most likely tokens only (none = all; temperature above 0).",
+                               min=1, applies=RANDOM)
+    top_p: float = option(1.0, "Nucleus: the smallest set of tokens with this probability (temperature above 0).",
+                          min=0.0, max=1.0, min_open=True, applies=RANDOM)
     seed: int = option(0, "Same seed, same sample.", min=0)
     data_path: str | None = option(None, "Corpus location, for models with a corpus-specific tokenizer.")
     out: str | None = option(None, "Image models: directory for sample_NNN.png and grid.png (none: "
-                                   "RUN_DIR/samples).")
-    num_samples: int = option(4, "Image models: images to sample, as one batch.", min=1)
+                                   "RUN_DIR/samples).", applies=IMAGES)
+    num_samples: int = option(4, "Image models: images to sample, as one batch.", min=1, applies=IMAGES)
     device: str = option("auto", DEVICE_HELP, choices=DEVICES)
 
     def __post_init__(self):
         small = isinstance(self.temperature, (int, float)) and 0 < self.temperature < MIN_TEMPERATURE
-        check(self, [("temperature", f"must be 0 (greedy) or at least {MIN_TEMPERATURE}, got "
-                                     f"{self.temperature!r}")] if small else [])
+        extra = [("temperature", f"must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {self.temperature!r}")] \
+            if small else []
+        check(self, extra + switch_problems(self, switches_only=False))
 
 
 @dataclass(frozen=True)

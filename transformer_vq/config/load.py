@@ -18,7 +18,8 @@ from __future__ import annotations
 import typing
 from pathlib import Path
 
-from transformer_vq.config.arch import ARCHS, DEFAULT_ARCH, find_arch, foreign_fields, lm_preset
+from transformer_vq.config.arch import (ARCHS, DEFAULT_ARCH, find_arch, foreign_fields, lm_preset, refuse_given,
+                                        run_context)
 from transformer_vq.config.fields import ConfigError, build, fields_of, unknown_message
 from transformer_vq.config.reading import UnreadableFile, read_json, read_text
 from transformer_vq.config.train import RunConfig, TrainConfig
@@ -41,14 +42,18 @@ def load_config(preset: str | None = None, file: str | Path | None = None,
     presets. With ``base`` (e.g. the saved config of a run being resumed) the starting point is ``base``
     instead of the defaults, unless a preset is named. Raises :class:`ConfigError` naming the bad key or value."""
     merged = {"model": {}, "train": dict(base.train.to_dict()) if base else {}}
+    given = {section: set() for section in SECTIONS}  # the fields the user gave, checked for where they apply
     loaded = read_file(Path(file)) if file is not None else {}
     for section in SECTIONS:
         merged[section].update(loaded.get(section) or {})
+        given[section].update(loaded.get(section) or {})
     for item in overrides:
         section, key, value = parse_override(item)
         merged[section][key] = value
+        given[section].add(key)
     for section, typed in (values or {}).items():
         merged[section].update(typed)
+        given[section].update(typed)
     name = preset or loaded.get("preset")
     arch = find_arch("lm", arch or loaded.get("arch") or (base.arch if base is not None else DEFAULT_ARCH)).name
     if base is not None and name is None and base.arch != arch:
@@ -58,8 +63,12 @@ def load_config(preset: str | None = None, file: str | Path | None = None,
     foreign = foreign_fields(arch, merged["model"])
     if foreign:
         raise ConfigError(foreign)
-    model = build(find_arch("lm", arch).config, {**start.to_dict(), **merged["model"]}, "model")
-    return RunConfig(model=model, train=build(TrainConfig, merged["train"], "train"))
+    model_cls = find_arch("lm", arch).config
+    cfg = RunConfig(model=build(model_cls, {**start.to_dict(), **merged["model"]}, "model"),
+                    train=build(TrainConfig, merged["train"], "train"))
+    refuse_given(find_arch("lm", arch), {model_cls: given["model"], TrainConfig: given["train"]}, run_context(cfg))
+    return cfg
+
 
 
 def read_run_config(path: str | Path) -> RunConfig:

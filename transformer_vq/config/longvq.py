@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from transformer_vq.config.applies import switch_problems
 from transformer_vq.config.fields import ConfigError, check, option
 from transformer_vq.config.model import PROBABILITY, TransformerVQConfig
 
@@ -31,8 +32,9 @@ class LongVQConfig:
     ema_dim: int = option(16, "State size of the SSM per channel: the damped EMA's dimension h (Table 8).", min=1)
     n_code: int = option(512, "Codebook size S of each layer's key quantizer (Sec. 5: 512).", min=1)
     block_len: int = option(512, "Block length L of the local-bias window (the paper leaves it open).", min=1)
-    scoring: str = option("softmax", "Attention function: 'softmax' or 'relu2' (eq. 16; causal models: softmax).",
-                          choices=LONGVQ_SCORINGS)
+    scoring: str = option("softmax", "Attention function: 'softmax' or 'relu2' (eq. 16) of an encoder (causal false; "
+                                     "the causal operator computes softmax).", choices=LONGVQ_SCORINGS,
+                          applies={"causal": (False,)})
     norm: str = option("layer", "Normalization of eqs. 21-22: 'layer', 'batch' or 'scale' (Table 7; causal "
                                  "models: layer or scale).", choices=NORMS)
     dropout: float = option(0.1, "Dropout on the attention branch and in the FFN.", **PROBABILITY,
@@ -48,8 +50,6 @@ class LongVQConfig:
 
     def __post_init__(self):
         extra = []
-        if self.scoring == "relu2" and self.causal is True:
-            extra.append(("scoring", "'relu2' needs causal false (the causal operator computes softmax)"))
         if self.norm == "batch" and self.causal is True:
             # batch norm's training statistics are taken over every position of a sequence: a causal model's
             # output at t would depend on the tokens after t
@@ -58,7 +58,7 @@ class LongVQConfig:
                                   "false for an encoder"))
         if self.n_classes == 0 and self.causal is False:
             extra.append(("causal", "false needs n_classes > 0: a language model (n_classes 0) is causal"))
-        check(self, extra)
+        check(self, extra + switch_problems(self))
 
     # The generic dataclass helpers of the Transformer-VQ config serve this one unchanged.
     replace = TransformerVQConfig.replace

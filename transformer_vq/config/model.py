@@ -7,9 +7,14 @@ from dataclasses import dataclass
 
 from transformer_vq.config.choices import (ATTN_BACKENDS, ATTN_TYPES, BIAS_SPANS, HEAD_TYPES, NONCAUSAL_ATTN_TYPES,
                                            REDUCTIONS)
+from transformer_vq.config.applies import switch_problems
 from transformer_vq.config.fields import ConfigError, check, fields_of, option
 
 PROBABILITY = dict(min=0.0, max=1.0, max_open=True)
+VQ = {"attn_type": ("vq",)}
+"""Where an option of the codebooks applies: VQ attention (the baselines have no codebook)."""
+CACHED_VQ = {**VQ, "causal": (True,), "compressive_cache": (True,)}
+"""Where an option of the per-code cache applies: causal VQ attention that keeps the cache."""
 
 
 @dataclass(frozen=True)
@@ -27,7 +32,7 @@ class TransformerVQConfig:
     d_v: int = option(1536, "Total value/gate width D_v (the paper uses 2 * d_model); split evenly over heads.",
                       min=1)
     n_layers: int = option(24, "Number of layers; each layer is two GAUs.", min=1)
-    n_code: int = option(512, "Codebook size S (codewords per key group).", min=1)
+    n_code: int = option(512, "Codebook size S (codewords per key group).", min=1, applies=VQ)
     block_len: int = option(512, "Block length L of the linear-time attention; training windows are multiples "
                                  "of it.", min=1)
     head_type: str = option("shga", "'shga' (one head, the GAU), 'mqa' (n_head query heads sharing one key/value "
@@ -36,15 +41,18 @@ class TransformerVQConfig:
     attn_type: str = option("vq", "'vq' (Transformer-VQ); baselines 'full' (softmax, unquantized), 'flash_quad', "
                                   "'flash'.", choices=ATTN_TYPES)
     reduction: str = option("serial", "How the per-code cache is accumulated across blocks: 'serial', 'matmul' "
-                                      "or 'assoc' (App. B/E).", choices=REDUCTIONS, training_only=True)
+                                      "or 'assoc' (App. B/E).", choices=REDUCTIONS, training_only=True,
+                       applies=CACHED_VQ)
     attn_backend: str = option("eager", "How causal VQ attention computes whole blocks: 'eager' (torch ops) or "
                                         "'triton' (fused kernels on CUDA; pip install -e \".[triton]\").",
-                               choices=ATTN_BACKENDS, training_only=True)
-    commit_coef: float = option(1e-4, "Commitment loss coefficient beta (Eq. 35).", min=0.0, training_only=True)
+                               choices=ATTN_BACKENDS, training_only=True,
+                               applies={**CACHED_VQ, "quantize_queries": (False,)})
+    commit_coef: float = option(1e-4, "Commitment loss coefficient beta (Eq. 35).", min=0.0, training_only=True,
+                               applies=VQ)
     ema_rate: float = option(0.99, "Codebook EMA rate gamma.", min=0.0, max=1.0, min_open=True, max_open=True,
-                             training_only=True)
+                             training_only=True, applies=VQ)
     dead_code_restart: int = option(0, "Re-seed codes unused for this many codebook updates from recent keys "
-                                       "(0 = off).", min=0, training_only=True)
+                                       "(0 = off).", min=0, training_only=True, applies=VQ)
     max_wavelength: float = option(1e5, "Maximum wavelength of every sinusoid table (App. C).", min=1.0,
                                    min_open=True)
     bias_span: str = option("window", "How far the relative-position bias reaches: 'window' (every key of the "
@@ -63,19 +71,22 @@ class TransformerVQConfig:
                                      "large models).")
     tie_embeddings: bool = option(False, "Share the output head with the token embedding (scaled down), as the "
                                          "paper's large models.")
-    flash_chunk_len: int = option(256, "Chunk length of the 'flash' baseline's mixed-chunk attention.", min=1)
+    flash_chunk_len: int = option(256, "Chunk length of the 'flash' baseline's mixed-chunk attention.", min=1,
+                                 applies={"attn_type": ("flash",)})
     causal: bool = option(True, "Causal attention (a language model). False: an encoder, every query attends "
                                 "every key with a local bias over its own and the two neighbouring blocks; "
-                                "trained by masked-token prediction (docs/operator.md).")
+                                "trained by masked-token prediction (docs/operator.md).",
+                         applies={"attn_type": NONCAUSAL_ATTN_TYPES})
     quantize_queries: bool = option(False, "Quantize the queries too, against a codebook of their own (n_code "
                                            "codes per head): scores come from a table of code-pair scores "
-                                           "(attn_type 'vq' only).")
+                                           "(attn_type 'vq' only).", applies=VQ)
     compressive_cache: bool = option(True, "VQ attention over every past key: the two-block window directly, older "
                                            "keys through the per-code cache (Theorem 3.7). False: the window only, "
-                                           "no cache (the paper's Table 2 ablation; causal attn_type 'vq' only).")
+                                           "no cache (the paper's Table 2 ablation; causal attn_type 'vq' only).",
+                                   applies={**VQ, "causal": (True,)})
     mask_rate: float = option(0.15, "Encoders (causal false): fraction of the tokens of a window masked and "
                                     "predicted in training.", min=0.0, max=1.0, min_open=True, max_open=True,
-                              training_only=True)
+                              training_only=True, applies={"causal": (False,)})
 
     def __post_init__(self):
         extra = []
@@ -86,19 +97,7 @@ class TransformerVQConfig:
                 extra.append(("d_v", f"must be divisible by n_head={self.n_head}, got {self.d_v}"))
         if isinstance(self.d_model, int) and self.d_model >= 1 and self.d_model % 2 != 0:
             extra.append(("d_model", f"must be even (sinusoid tables pair sin and cos), got {self.d_model}"))
-        if self.quantize_queries and self.attn_type != "vq":
-            extra.append(("quantize_queries", f"applies to attn_type 'vq' only, got attn_type {self.attn_type!r}"))
-        if not self.compressive_cache and (self.attn_type != "vq" or not self.causal):
-            extra.append(("compressive_cache", f"false applies to causal attn_type 'vq' only, got attn_type "
-                                               f"{self.attn_type!r} with causal {self.causal}"))
-        if not self.causal and self.attn_type not in NONCAUSAL_ATTN_TYPES:
-            extra.append(("causal", f"false is available for attn_type {' or '.join(map(repr, NONCAUSAL_ATTN_TYPES))}"
-                                    f", got attn_type {self.attn_type!r}"))
-        if self.attn_backend == "triton" and (self.attn_type != "vq" or not self.causal or self.quantize_queries
-                                              or not self.compressive_cache):
-            extra.append(("attn_backend", "'triton' applies to causal attn_type 'vq' with compressive_cache and "
-                                          "without quantize_queries"))
-        check(self, extra)
+        check(self, extra + switch_problems(self))
 
     def context_parallel_problem(self) -> str | None:
         """Why this model cannot split a sequence over ranks along time (None when it can): context parallelism

@@ -8,12 +8,16 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformer_vq.config.arch import DEFAULT_ARCH, arch_of, find_arch
+from transformer_vq.config.arch import DEFAULT_ARCH, arch_of, find_arch, run_arch
 from transformer_vq.config.choices import DEVICES, OPTIMIZERS, PARALLELS, PRECISIONS
 from transformer_vq.config.jobs import eval_tokens_problem
+from transformer_vq.config.applies import Above
 from transformer_vq.config.fields import ConfigError, build, check, option
 from transformer_vq.config.longvq import LongVQConfig
 from transformer_vq.config.model import PRESETS, TransformerVQConfig
+
+ADAMW = {"optimizer": ("adamw",)}
+"""Where the gradient-norm clip applies: adafactor clips its updates instead."""
 
 # The paper's maximum learning rates (App. C.2), used when `lr` is left unset.
 PAPER_LR = {"adamw": 4e-4, "adafactor": 1e-2}
@@ -52,15 +56,15 @@ class TrainConfig:
     run_dir: str | None = option(None, "Where checkpoints, metrics and TensorBoard events go (default "
                                        "runs/<name>).")
     data: str = option("shakespeare", "Corpus name for transformer_vq.data.load_corpus ('shakespeare', 'text', "
-                                      "'enwik8', ...).")
+                                      "'enwik8', ...).", defines_data=True)
     data_path: str | None = option(None, "Local file or directory of the corpus (required for 'text'; with "
                                          "another corpus, its downloaded copy). Needs --data.")
     data_options: dict = option(factory=dict, help="Keyword options of the corpus loader (e.g. tokenizer=PATH "
-                                "for pg19); repeatable KEY=VALUE.", flag="data-option")
-    seed: int = option(0, "Seeds the initialization, dropout and the data order.", min=0)
+                                "for pg19); repeatable KEY=VALUE.", flag="data-option", defines_data=True)
+    seed: int = option(0, "Seeds the initialization, dropout and the data order.", min=0, defines_data=True)
     batch_size: int = option(8, "Global batch size in sequences (summed over data-parallel workers).", min=1)
     seq_len: int = option(256, "Tokens per sequence; the operator state is reset at the start of every batch "
-                               "of sequences.", min=1)
+                               "of sequences.", min=1, defines_data=True)
     update_len: int = option(128, "Backprop window W: one optimizer step per window of this many tokens (a "
                                   "multiple of block_len).", min=1)
     steps: int = option(800, "Number of optimizer steps (windows) to train for.", min=1)
@@ -74,7 +78,7 @@ class TrainConfig:
     final_lr_ratio: float = option(0.1, "The cosine schedule ends at this fraction of the peak learning rate "
                                         "(the paper decays 10x).", min=0.0, max=1.0)
     grad_clip: float = option(0.1, "Global gradient-norm clip for adamw (0 = off); adafactor clips its updates "
-                                   "instead (d = 1).", min=0.0)
+                                   "instead (d = 1).", min=0.0, applies=ADAMW)
     precision: str = option("float32", "'float32' or 'bfloat16' (autocast of the computation, parameters stay "
                                        "float32).", choices=PRECISIONS)
     device: str = option("auto", "'auto' (cuda when available), 'cpu' or 'cuda'.", choices=DEVICES)
@@ -101,8 +105,10 @@ class TrainConfig:
     keep_ckpts: int = option(3, "How many most recent checkpoints to keep.", min=1)
     max_nonfinite: int = option(5, "Stop when this many steps in a row have a non-finite loss or gradient.",
                                 min=1)
-    sample_tokens: int = option(300, "Tokens to sample at the end of training (0 = none).", min=0)
-    sample_prompt: str = option("\n", "Prompt of the end-of-training sample.")
+    sample_tokens: int = option(300, "Tokens to sample at the end of training (0 = none; causal models).", min=0,
+                                applies={"causal": (True,)})
+    sample_prompt: str = option("\n", "Prompt of the end-of-training sample.",
+                                applies={"causal": (True,), "sample_tokens": Above(0)})
 
     def __post_init__(self):
         extra = [("name", name_problem(self.name)) if name_problem(self.name) else None]
@@ -155,7 +161,7 @@ class RunConfig:
         return arch_of(self.model)
 
     def to_dict(self) -> dict:
-        return {"arch": self.arch, "model": self.model.to_dict(), "train": self.train.to_dict()}
+        return {"task": "lm", "arch": self.arch, "model": self.model.to_dict(), "train": self.train.to_dict()}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -166,10 +172,13 @@ class RunConfig:
         before LongVQ existed) the model is Transformer-VQ's."""
         if not isinstance(values, dict):
             raise ConfigError(f"a run config is a mapping with 'model' and 'train', got {type(values).__name__}")
-        unknown = sorted(set(values) - {"arch", "model", "train"})
+        unknown = sorted(set(values) - {"task", "arch", "model", "train"})
         if unknown:
-            raise ConfigError(f"unknown top-level config key(s): {', '.join(unknown)}; expected 'arch', 'model' and "
-                              f"'train'")
+            raise ConfigError(f"unknown top-level config key(s): {', '.join(unknown)}; expected 'task', 'arch', "
+                              f"'model' and 'train'")
+        if run_arch(values).task != "lm":
+            raise ConfigError(f"this is the config of {run_arch(values).title}, not of a language model; read it "
+                              f"with ClassifyConfig.from_dict")
         model_cls = find_arch("lm", values.get("arch", DEFAULT_ARCH)).config
         return cls(model=build(model_cls, values.get("model", {}), "model"),
                    train=build(TrainConfig, values.get("train", {}), "train"))

@@ -43,8 +43,8 @@ import torch
 
 from transformer_vq import fileio
 from transformer_vq.models.tvq.compile import compile_units
-from transformer_vq.train.checkpoint.resume import (checkpoint_to_resume, refuse_fresh_over_checkpoints,
-                                                   refuse_steps_below)
+from transformer_vq.train.checkpoint.resume import (checkpoint_to_resume, refuse_changed_data,
+                                                   refuse_fresh_over_checkpoints, refuse_steps_below)
 from transformer_vq.train.checkpoint.rundir import writing
 from transformer_vq.train.checkpoint.store import (CHECKPOINTS_DIR, Checkpoint, save_checkpoint, save_sharded_checkpoint,
                                                   step_name)
@@ -261,6 +261,7 @@ class Trainer:
             return
         refuse_steps_below(ckpt.path, ckpt.step, self.tc.steps)
         self.check_checkpoint(ckpt)
+        refuse_changed_data(ckpt.config.get("train", {}), self.tc, ckpt.path)
         state = ckpt.state
         ckpt.load_training_state(self.model, self.optimizer, sharded=self.dist.fsdp)
         self.scheduler.load_state_dict(state["scheduler"])

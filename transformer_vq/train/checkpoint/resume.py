@@ -4,9 +4,12 @@ Shared by every task's trainer and command."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 from transformer_vq.config import ConfigError
+from transformer_vq.config.fields import flag_of
 from transformer_vq.train.checkpoint.store import (CHECKPOINTS_DIR, STEP_DIR, Checkpoint, find_checkpoint,
                                                   latest_checkpoint, list_checkpoints)
 
@@ -54,3 +57,19 @@ def refuse_steps_below(path: Path, step: int, steps: int) -> None:
     if steps < step:
         raise ConfigError(f"--steps: the run in {path} is already at step {step} and --steps is {steps}; "
                           f"give --steps {step} to finish it as it is, or above {step} to train further")
+
+
+def refuse_changed_data(saved_train: dict, train, path) -> None:
+    """Refuse (:class:`ConfigError`) to resume the run whose checkpoint at ``path`` saved training fields
+    ``saved_train`` with ``train`` (a training config) when a field that defines the run's data (marked
+    ``defines_data``: the dataset, its options, the seed of its order, a language model's sequence length) differs:
+    the resumed run would read another dataset, or the same one in another order, from the saved position."""
+    for field in dataclasses.fields(train):
+        if not field.metadata.get("defines_data") or field.name not in saved_train:
+            continue
+        saved, now = saved_train[field.name], json.loads(json.dumps(getattr(train, field.name)))  # as saved
+        if saved != now:
+            raise ConfigError(f"{flag_of(field)}: the run in {path} was trained with {field.name} {saved!r} and this "
+                              f"run asks for {now!r}; {field.name} defines the run's data, which a resumed run keeps: "
+                              f"leave it out (or give {saved!r}) to continue, or start a new run with another "
+                              f"--run-dir")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from transformer_vq.config import ClassifyConfig, ClassifyTrainConfig, ConfigError
-from transformer_vq.config.arch import find_arch
+from transformer_vq.config.arch import check_serves, find_arch
 from transformer_vq.train.checkpoint.errors import CheckpointError
 from transformer_vq.train.checkpoint.store import Checkpoint, find_checkpoint
 from transformer_vq.train.device import resolve_device
@@ -38,12 +38,9 @@ def build_classifier(cfg: ClassifyConfig) -> torch.nn.Module:
 
 
 def classify_config_of(ckpt: Checkpoint) -> ClassifyConfig:
-    """The run config saved in a checkpoint, refused clearly when the checkpoint is a language model's."""
-    try:
-        return ClassifyConfig.from_dict(ckpt.config)
-    except ConfigError:
-        raise CheckpointError(f"checkpoint {ckpt.path} was not written by `tvq classify train` (its config is not a "
-                              f"classification run's); use tvq eval for language models") from None
+    """The run config saved in a checkpoint, refused clearly when the checkpoint is not a classifier's."""
+    check_serves(ckpt.config, "classify eval", ckpt.path)
+    return ClassifyConfig.from_dict(ckpt.config)
 
 
 def classifier_from_checkpoint(path: str, *, device: str = "auto") -> tuple[torch.nn.Module, ClassifyConfig,

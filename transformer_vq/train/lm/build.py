@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from transformer_vq.config import RunConfig, TrainConfig
-from transformer_vq.config.arch import find_arch
+from transformer_vq.config.arch import check_serves, find_arch
 from transformer_vq.data.codec import BYTE_VOCAB, decode_bytes, encode_bytes
 from transformer_vq.data.errors import DataError
 from transformer_vq.train.checkpoint.store import Checkpoint, find_checkpoint
@@ -93,10 +93,13 @@ def build_model(run_cfg: RunConfig) -> torch.nn.Module:
     return instantiate(find_arch("lm", run_cfg.arch), run_cfg.model)
 
 
-def model_from_checkpoint(path: str, *, device: str = "auto") -> tuple[torch.nn.Module, RunConfig, Checkpoint]:
+def model_from_checkpoint(path: str, *, device: str = "auto", command: str = "eval") -> tuple[torch.nn.Module,
+                                                                                          RunConfig, Checkpoint]:
     """The model of a checkpoint (run directory or checkpoint directory) with its weights, in eval
-    mode on ``device``, plus its run config and the checkpoint itself."""
+    mode on ``device``, plus its run config and the checkpoint itself. A run that ``tvq command`` does not read (a
+    classifier's, for any of them) is refused, naming its kind and the commands that read it."""
     ckpt = find_checkpoint(path)
+    check_serves(ckpt.config, command, ckpt.path)
     run_cfg = RunConfig.from_dict(ckpt.config)
     model = build_model(run_cfg)
     ckpt.load_weights(model)

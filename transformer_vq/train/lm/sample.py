@@ -14,7 +14,9 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from transformer_vq.config import SampleConfig
+from transformer_vq.config import ConfigError, SampleConfig
+from transformer_vq.config.arch import refuse_job_options
+from transformer_vq.config.choices import IMAGE_CORPORA
 from transformer_vq.config.jobs import job_config
 from transformer_vq.data.codec import BYTE_VOCAB
 from transformer_vq.train.checkpoint.store import run_dir_of
@@ -82,7 +84,7 @@ def sample(ckpt: str | SampleConfig, prompt: str | None = None, **options) -> It
     Returns an iterator of text pieces; ``"".join(sample(...))`` is the whole sample.
     """
     cfg = job_config(SampleConfig, ckpt, prompt=prompt, **options)
-    model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device=cfg.device)
+    model, run_cfg, checkpoint = sampler_from_checkpoint(cfg)
     encode, decode = codec_for(run_cfg, data_path=cfg.data_path, run_dir=run_dir_of(checkpoint))
     prompt_ids = encode(cfg.prompt)
     bad = [i for i in prompt_ids if not 0 <= i < run_cfg.model.vocab_size]
@@ -93,8 +95,15 @@ def sample(ckpt: str | SampleConfig, prompt: str | None = None, **options) -> It
                        top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed)
 
 
-# Corpora whose sequences are images of 12,288 raster-order bytes (see transformer_vq.data.images).
-IMAGE_CORPORA = ("imagenet64",)
+def sampler_from_checkpoint(cfg: SampleConfig):
+    """``(model, run config, checkpoint)`` of the run ``cfg.ckpt`` names, refused unless it can sample: a causal
+    language model, with no option of ``cfg`` that its kind of sample ignores (a prompt for an image model)."""
+    model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device=cfg.device, command="sample")
+    if not run_cfg.model.causal:
+        raise ConfigError(f"--ckpt: {cfg.ckpt} holds an encoder (causal false), which predicts masked tokens from "
+                          f"both sides and cannot generate; score it with tvq eval --ckpt {cfg.ckpt}")
+    refuse_job_options(cfg, run_cfg)
+    return model, run_cfg, checkpoint
 
 
 def is_image_run(run_cfg) -> bool:
@@ -143,7 +152,7 @@ def sample_images(ckpt: str | SampleConfig, out_dir: str | os.PathLike | None = 
     from transformer_vq.data.images import save_grid, save_png
 
     cfg = job_config(SampleConfig, ckpt, out=None if out_dir is None else str(out_dir), **options)
-    model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device=cfg.device)
+    model, run_cfg, checkpoint = sampler_from_checkpoint(cfg)
     if not is_image_run(run_cfg) or run_cfg.model.vocab_size != BYTE_VOCAB:
         raise ValueError(f"{cfg.ckpt} is not an image model (trained on {run_cfg.train.data!r}, vocabulary "
                          f"{run_cfg.model.vocab_size}); image sampling needs a byte model trained on "
