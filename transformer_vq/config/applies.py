@@ -11,7 +11,9 @@ collide) plus ``arch``. Where an option applies to some architectures only, the 
 Two checks read the declaration:
 
 * :func:`given_problems`: an option the user gives (a flag, ``--set``, a config file, a keyword) where it does not
-  apply is refused, whatever its value; the command line and the config builders call it on what was given.
+  apply is refused, whatever its value but the one that turns it off, when it has one (``option(..., off=0)``:
+  ``--sample-tokens 0`` asks an encoder for nothing); the command line and the config builders call it on what was
+  given.
 * :func:`switch_problems`: on a config however it was built (Python included), a *switch* (a boolean, a choice, or a
   number whose default 0 means off) set away from its default where it does not apply is refused. Sizes and rates
   that presets set (``n_code``, ``mask_rate``) are left to the first check: a preset's value is not the user's.
@@ -92,7 +94,7 @@ def given_problems(cls, given: Iterable[str], context: Mapping[str, object]) -> 
     found = []
     for name in sorted(set(given) & set(known)):
         missed = unmet(known[name], context)
-        if missed:
+        if missed and not ("off" in known[name].metadata and context.get(name) == known[name].metadata["off"]):
             found.append((name, problem_text(known[name], context.get(name), missed)))
     return found
 

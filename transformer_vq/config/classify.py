@@ -35,7 +35,8 @@ class ClassifyTrainConfig:
                                          "for the others).")
     data_options: dict = option(factory=dict, help="Keyword options of the dataset loader (e.g. n_train=2000 "
                                 "for listops); repeatable KEY=VALUE.", flag="data-option", defines_data=True)
-    name: str = option("classify", "Run name; the run directory defaults to runs/<name>.")
+    name: str = option("classify", "Run name; the run directory defaults to runs/<name>.",
+                       applies={"run_dir": (None,)})
     run_dir: str | None = option(None, "Where checkpoints, metrics and TensorBoard events go (default "
                                        "runs/<name>).")
     seed: int = option(0, "Seeds the initialization, dropout and the order of training examples.", min=0,

@@ -39,7 +39,9 @@ def option(default=dataclasses.MISSING, help: str = "", *, factory=dataclasses.M
     """A dataclass field with its help text and rules: ``min``/``max`` (with ``min_open``/``max_open`` for
     strict bounds), ``choices``, ``training_only`` (model fields a resumed run may change), ``flag`` (a flag
     name other than the field's), ``k_suffix`` (lengths may be written ``8k``), ``allow_empty`` (a tuple may
-    be empty)."""
+    be empty), ``applies`` (the settings of other fields it applies under) and ``off`` (its value that asks for
+    nothing, accepted everywhere; :mod:`transformer_vq.config.applies`), ``defines_data`` (a training field that
+    defines the run's data: a resumed run may not change it)."""
     return dataclasses.field(default=default, default_factory=factory, metadata={"help": help, **rules})
 
 

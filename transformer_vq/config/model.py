@@ -52,7 +52,7 @@ class TransformerVQConfig:
     ema_rate: float = option(0.99, "Codebook EMA rate gamma.", min=0.0, max=1.0, min_open=True, max_open=True,
                              training_only=True, applies=VQ)
     dead_code_restart: int = option(0, "Re-seed codes unused for this many codebook updates from recent keys "
-                                       "(0 = off).", min=0, training_only=True, applies=VQ)
+                                       "(0 = off).", min=0, training_only=True, applies=VQ, off=0)
     max_wavelength: float = option(1e5, "Maximum wavelength of every sinusoid table (App. C).", min=1.0,
                                    min_open=True)
     bias_span: str = option("window", "How far the relative-position bias reaches: 'window' (every key of the "
@@ -79,7 +79,7 @@ class TransformerVQConfig:
                          applies={"attn_type": NONCAUSAL_ATTN_TYPES})
     quantize_queries: bool = option(False, "Quantize the queries too, against a codebook of their own (n_code "
                                            "codes per head): scores come from a table of code-pair scores "
-                                           "(attn_type 'vq' only).", applies=VQ)
+                                           "(attn_type 'vq' only).", applies=VQ, off=False)
     compressive_cache: bool = option(True, "VQ attention over every past key: the two-block window directly, older "
                                            "keys through the per-code cache (Theorem 3.7). False: the window only, "
                                            "no cache (the paper's Table 2 ablation; causal attn_type 'vq' only).",

@@ -52,7 +52,8 @@ class TrainConfig:
     2-core CPU (see docs/training.md).
     """
 
-    name: str = option("default", "Run name; the run directory defaults to runs/<name>.")
+    name: str = option("default", "Run name; the run directory defaults to runs/<name>.",
+                       applies={"run_dir": (None,)})
     run_dir: str | None = option(None, "Where checkpoints, metrics and TensorBoard events go (default "
                                        "runs/<name>).")
     data: str = option("shakespeare", "Corpus name for transformer_vq.data.load_corpus ('shakespeare', 'text', "
@@ -106,7 +107,7 @@ class TrainConfig:
     max_nonfinite: int = option(5, "Stop when this many steps in a row have a non-finite loss or gradient.",
                                 min=1)
     sample_tokens: int = option(300, "Tokens to sample at the end of training (0 = none; causal models).", min=0,
-                                applies={"causal": (True,)})
+                                applies={"causal": (True,)}, off=0)
     sample_prompt: str = option("\n", "Prompt of the end-of-training sample.",
                                 applies={"causal": (True,), "sample_tokens": Above(0)})
 
