@@ -235,7 +235,7 @@ def test_transformer_vq_encoder_pools_the_library_encoder():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(scoring="relu2"), "scoring 'relu2' needs causal false"),
+    (dict(scoring="relu2"), "scoring applies only with causal false \\(this run has causal true\\), got 'relu2'"),
     (dict(causal=False), "causal false needs n_classes > 0"),
     (dict(norm="group"), "norm must be one of layer, batch, scale"),
     (dict(ema_dim=0), "ema_dim must be a positive integer"),

@@ -114,8 +114,10 @@ def test_mask_token_is_an_input_only():
 
 
 @pytest.mark.parametrize("overrides, field, text", [
-    (dict(quantize_queries=True, attn_type="full"), "quantize_queries", "applies to attn_type 'vq' only"),
-    (dict(causal=False, attn_type="flash"), "causal", "false is available for attn_type 'vq' or 'full'"),
+    (dict(quantize_queries=True, attn_type="full"), "quantize_queries",
+     "quantize_queries applies only with attn_type 'vq' \\(this run has attn_type 'full'\\), got True"),
+    (dict(causal=False, attn_type="flash"), "causal",
+     "causal applies only with attn_type 'vq' or 'full' \\(this run has attn_type 'flash'\\), got False"),
 ])
 def test_config_refuses_combinations_without_an_operator(overrides, field, text):
     with pytest.raises(ConfigError, match=text) as info:

@@ -133,7 +133,9 @@ def test_bad_backends_are_refused(monkeypatch):
         run(inputs, 16, "triton", code_scores=scores)
     with pytest.raises(ValueError, match="compressive_cache=False needs backend='eager'"):
         run(inputs, 16, "triton", compressive_cache=False)
-    with pytest.raises(ConfigError, match="attn_backend 'triton' applies to causal attn_type 'vq' with compressive_"):
+    with pytest.raises(ConfigError, match="attn_backend applies only with attn_type 'vq' and causal true and "
+                                          "compressive_cache true and quantize_queries false \\(this run has "
+                                          "quantize_queries true\\), got 'triton'"):
         preset("tiny", attn_backend="triton", quantize_queries=True)
     wide = tuple(x.double() if x.is_floating_point() else x for x in inputs)
     with pytest.raises(ValueError, match="computes in float32, float16 or bfloat16, got torch.float64"):

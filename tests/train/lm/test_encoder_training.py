@@ -59,4 +59,6 @@ def test_encoder_eval_counts_masked_bytes_and_sample_refuses(corpus_file, tmp_pa
     assert json.loads(capsys.readouterr().out)["objective"] == "masked-token"
     code = main(["sample", "--ckpt", str(run_dir)])
     assert code == 2
-    assert capsys.readouterr().err.strip() == "error: sampling needs a causal model; this one is an encoder (causal=False)"
+    assert capsys.readouterr().err.strip() == (f"error: --ckpt: {run_dir} holds an encoder (causal false), which "
+                                               f"predicts masked tokens from both sides and cannot generate; score it "
+                                               f"with tvq eval --ckpt {run_dir}")

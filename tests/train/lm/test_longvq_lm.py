@@ -18,6 +18,7 @@ from transformer_vq.config import load_config
 from transformer_vq.data.codec import decode_bytes
 from transformer_vq.models.longvq.model import LongVQLM
 from transformer_vq.train import evaluate, evaluate_tokens, sample, train
+from transformer_vq.train.checkpoint import latest_checkpoint
 from transformer_vq.train.lm.build import model_from_checkpoint
 
 # dropout on: a resume must restore the random streams too
@@ -130,8 +131,9 @@ def test_a_transformer_vq_model_cannot_resume_a_longvq_checkpoint(longvq_run, co
 
 def test_export_refuses_a_longvq_run(longvq_run, tmp_path, capsys):
     assert main(["export", "--ckpt", str(longvq_run), "--out", str(tmp_path / "out"), "--format", "safetensors"]) == 2
+    step = latest_checkpoint(longvq_run / "checkpoints").path
     assert capsys.readouterr().err == (
-        f"error: --ckpt: tvq export converts Transformer-VQ models only, and {longvq_run} holds a 'longvq' model; "
-        f"use its checkpoint directly (tvq eval, tvq sample, or transformer_vq.train.lm.model_from_checkpoint in "
-        f"Python)\n")
+        f"error: --ckpt: {step} holds a LongVQ causal language model (SSM and gated VQ attention) (a run of tvq train "
+        f"--arch longvq), and tvq export reads a Transformer-VQ language model (tvq train --arch tvq); for this run "
+        f"use tvq codebook, tvq eval, tvq sample\n")
     assert not (tmp_path / "out").exists()

@@ -199,6 +199,8 @@ def test_text_model_is_not_sampled_as_images(trained_run, tmp_path):
     from transformer_vq.train.lm.sample import sample_images
 
     with pytest.raises(ValueError, match="is not an image model"):
+        sample_images(str(trained_run))
+    with pytest.raises(ValueError, match="out applies only with data 'imagenet64' \\(this run has data 'text'\\)"):
         sample_images(str(trained_run), tmp_path / "x")
 
 
