@@ -120,3 +120,24 @@ def check_state_continuation(op, naive, n_head, n_group):
             pieces.append(out)
         torch.testing.assert_close(torch.cat(pieces, dim=2), whole, rtol=1e-10, atol=1e-10)
         assert state.offset == whole_state.offset == length
+
+
+# Packed documents of block length 4 and length 37: row 0 has a document of one token (3), starts at a block edge
+# (4, 24), inside a block (13, 25) and several in one block (4, 5, 6); row 1 a few long documents.
+DOC_STARTS = ([0, 3, 4, 5, 6, 13, 24, 25], [0, 16, 30])
+
+
+def doc_start_mask(starts_per_row, length):
+    """``[B, T]`` bool, True at the listed first positions of each row's documents."""
+    mask = torch.zeros(len(starts_per_row), length, dtype=torch.bool)
+    for row, starts in enumerate(starts_per_row):
+        mask[row, starts] = True
+    return mask
+
+
+def documents(doc_start):
+    """``(row, first, stop)`` of every document of ``doc_start [B, T]`` (a row's first run counts as one)."""
+    length = doc_start.shape[1]
+    for row in range(doc_start.shape[0]):
+        starts = sorted({0, *doc_start[row].nonzero().flatten().tolist()})
+        yield from ((row, a, b) for a, b in zip(starts, [*starts[1:], length]))

@@ -22,6 +22,7 @@ import importlib.util
 import torch
 
 from transformer_vq.config import ATTN_BACKENDS, REDUCTIONS
+from transformer_vq.ops.documents import check_doc_start
 from transformer_vq.ops.protocol import check_inputs
 from transformer_vq.ops.vq.kernels import attend_blocks, attend_within_block
 from transformer_vq.ops.vq.state import VQAttentionState
@@ -38,6 +39,7 @@ def vq_attention(
     code_scores: torch.Tensor | None = None,
     compressive_cache: bool = True,
     backend: str = "eager",
+    doc_start: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, VQAttentionState]:
     """Causal softmax attention over all past keys, in time linear in the sequence length.
 
@@ -59,15 +61,23 @@ def vq_attention(
         compressive_cache: ``False`` drops the per-code cache: each query attends its two-block window only (the
             paper's Table 2 ablation). The state then carries the window keys alone (its cache stays empty).
         backend: whole blocks by ``"eager"`` torch ops or ``"triton"`` fused kernels (docs/operator.md).
+        doc_start: ``[B, T]`` bool, True at the first token of each packed document (``None``: none begins here;
+            :func:`transformer_vq.ops.documents.document_starts` makes it from ``cu_seqlens`` or ``position_ids``).
+            A query attends only the keys of its own document, in the window and through the cache; a document
+            begun in an earlier call stays apart through ``state``.
 
     Returns:
         ``(out, state)``: ``out`` is ``[B, H, T, Dv]``; ``state`` continues the sequences.
     """
     _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores)
-    blocks_kernel = _blocks_kernel(backend, q, code_scores, compressive_cache)
     (B, H, T, Dk), (G, S), L = q.shape, codebook.shape[:2], block_len
+    check_doc_start(doc_start, B, T)
     if state is None:
         state = VQAttentionState.empty(B, G, S, Dk, v.shape[-1], dtype=v.dtype, device=v.device)
+    elif doc_start is None and bool(state.recent_start.any()):
+        # a document begun in an earlier call is still in the window: its earlier keys stay hidden
+        doc_start = torch.zeros(B, T, dtype=torch.bool, device=q.device)
+    blocks_kernel = _blocks_kernel(backend, q, code_scores, compressive_cache, doc_start)
     codebook = codebook.detach()
 
     outs, start = [], 0
@@ -82,13 +92,14 @@ def vq_attention(
         piece = slice(start, stop)
         out, state = kernel(q[:, :, piece], k_hat[:, :, piece], z[:, :, piece], v[:, :, piece], codebook,
                             bias[:, :, piece], L, state, reduction,
-                            None if code_scores is None else code_scores[:, :, piece], compressive_cache)
+                            None if code_scores is None else code_scores[:, :, piece], compressive_cache,
+                            None if doc_start is None else doc_start[:, piece])
         outs.append(out)
         start = stop
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), state
 
 
-def _blocks_kernel(backend: str, q: torch.Tensor, code_scores, compressive_cache: bool):
+def _blocks_kernel(backend: str, q: torch.Tensor, code_scores, compressive_cache: bool, doc_start):
     """The kernel of whole blocks of ``backend``; triton is imported only when asked for (an optional extra)."""
     if backend not in ATTN_BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(ATTN_BACKENDS)}, got {backend!r}")
@@ -98,7 +109,7 @@ def _blocks_kernel(backend: str, q: torch.Tensor, code_scores, compressive_cache
         raise ImportError("backend='triton' needs the triton package: pip install -e \".[triton]\"")
     from transformer_vq.ops.vq.triton import attend_blocks_fused, check_fused_inputs
 
-    check_fused_inputs(q, code_scores, compressive_cache)
+    check_fused_inputs(q, code_scores, compressive_cache, doc_start)
     return attend_blocks_fused
 
 
