@@ -70,13 +70,8 @@ def vq_attention(
         ``(out, state)``: ``out`` is ``[B, H, T, Dv]``; ``state`` continues the sequences.
     """
     _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores)
-    (B, H, T, Dk), (G, S), L = q.shape, codebook.shape[:2], block_len
-    check_doc_start(doc_start, B, T)
-    if state is None:
-        state = VQAttentionState.empty(B, G, S, Dk, v.shape[-1], dtype=v.dtype, device=v.device)
-    elif doc_start is None and bool(state.recent_start.any()):
-        # a document begun in an earlier call is still in the window: its earlier keys stay hidden
-        doc_start = torch.zeros(B, T, dtype=torch.bool, device=q.device)
+    T, L = q.shape[2], block_len
+    state, doc_start = _starting_state(state, doc_start, q, v, codebook)
     blocks_kernel = _blocks_kernel(backend, q, code_scores, compressive_cache, doc_start)
     codebook = codebook.detach()
 
@@ -97,6 +92,19 @@ def vq_attention(
         outs.append(out)
         start = stop
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), state
+
+
+def _starting_state(state, doc_start, q, v, codebook):
+    """The state to start from (empty at the start of the sequences) and the document starts of this call: zeros
+    rather than ``None`` when a document begun in an earlier call is still in the window (its earlier keys stay
+    hidden)."""
+    (B, _, T, Dk), (G, S) = q.shape, codebook.shape[:2]
+    check_doc_start(doc_start, B, T)
+    if state is None:
+        state = VQAttentionState.empty(B, G, S, Dk, v.shape[-1], dtype=v.dtype, device=v.device)
+    elif doc_start is None and bool(state.recent_start.any()):
+        doc_start = torch.zeros(B, T, dtype=torch.bool, device=q.device)
+    return state, doc_start
 
 
 def _blocks_kernel(backend: str, q: torch.Tensor, code_scores, compressive_cache: bool, doc_start):
