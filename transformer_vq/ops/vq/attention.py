@@ -55,16 +55,13 @@ def vq_attention(
         codebook: ``[G, S, Dk]`` codewords (treated as constants: no gradient flows to them).
         reduction: how per-block cache summaries are accumulated across blocks: ``"serial"`` (a scan),
             ``"matmul"`` (a lower-triangular weighted product) or ``"assoc"`` (an associative scan).
-        code_scores: ``[B, H, T, S]`` the scores ``q @ codebook[h // (H // G)]^T`` when the caller has them
-            without the product (quantized queries read them from a table: :mod:`transformer_vq.ops.vq_qk`); they
-            must equal that product in value, and gradients reach ``q`` through them only as the caller defines.
+        code_scores: ``[B, H, T, S]`` the scores ``q @ codebook[h // (H // G)]^T`` when the caller has them without
+            the product (quantized queries: :mod:`transformer_vq.ops.vq_qk`), equal to it; gradients as the caller's.
         compressive_cache: ``False`` drops the per-code cache: each query attends its two-block window only (the
             paper's Table 2 ablation). The state then carries the window keys alone (its cache stays empty).
         backend: whole blocks by ``"eager"`` torch ops or ``"triton"`` fused kernels (docs/operator.md).
-        doc_start: ``[B, T]`` bool, True at the first token of each packed document (``None``: none begins here;
-            :func:`transformer_vq.ops.documents.document_starts` makes it from ``cu_seqlens`` or ``position_ids``).
-            A query attends only the keys of its own document, in the window and through the cache; a document
-            begun in an earlier call stays apart through ``state``.
+        doc_start: ``[B, T]`` bool, True where a packed document begins (:mod:`transformer_vq.ops.documents`):
+            a query attends only keys of its own document, those of earlier calls included.
 
     Returns:
         ``(out, state)``: ``out`` is ``[B, H, T, Dv]``; ``state`` continues the sequences.
@@ -74,7 +71,6 @@ def vq_attention(
     state, doc_start = _starting_state(state, doc_start, q, v, codebook)
     blocks_kernel = _blocks_kernel(backend, q, code_scores, compressive_cache, doc_start)
     codebook = codebook.detach()
-
     outs, start = [], 0
     while start < T:
         in_block = state.offset % L
