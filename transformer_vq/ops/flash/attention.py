@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from transformer_vq.ops.flash.state import FlashState
 from transformer_vq.ops.full.state import KVCache
+from transformer_vq.ops.documents import check_doc_start
 from transformer_vq.ops.protocol import check_inputs
 from transformer_vq.ops.window import row_blocks, window_bias
 
@@ -61,7 +62,8 @@ def _relu2_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch
 
 
 def flash_quad_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *, block_len: int,
-                         state: KVCache | None = None, norm_len: int | None = None) -> tuple[torch.Tensor, KVCache]:
+                         state: KVCache | None = None, norm_len: int | None = None,
+                         doc_start: torch.Tensor | None = None) -> tuple[torch.Tensor, KVCache]:
     """FLASH-Quad: causal squared-ReLU attention over the whole sequence (FLASH paper, Code 6).
 
     Args:
@@ -70,20 +72,24 @@ def flash_quad_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias
         block_len: ``L``.
         state: the key/value cache of a previous call on the earlier part of the same sequences.
         norm_len: the ``n`` scores are divided by (default ``block_len``).
+        doc_start: ``[B, T]`` bool, True where a packed document begins: a query attends only keys of its own.
 
     Returns:
         ``out [B, H, T, Dv]`` and the cache extended by this call's keys and values.
     """
     check_inputs(q, k, v, bias, block_len)
+    check_doc_start(doc_start, q.shape[0], q.shape[2])
     norm_len = block_len if norm_len is None else norm_len
     offset = 0 if state is None else state.offset
-    cache = KVCache(k, v) if state is None else state.extend(k, v)
+    cache = KVCache.start(k, v, doc_start) if state is None else state.extend(k, v, doc_start)
     outputs = []
     # One absolute block of query rows at a time keeps the score matrix at [L, T], never [T, T].
     for start, stop, _ in row_blocks(offset, q.shape[2], block_len):
         end = offset + stop
         q_pos = torch.arange(offset + start, end, device=q.device)
         beta, visible = window_bias(bias[:, :, start:stop], q_pos, torch.arange(end, device=q.device), block_len)
+        if cache.segment is not None:  # [B, 1, R, end]: keys of the query's own packed document
+            visible = visible & (cache.segment[:, None, offset + start:end, None] == cache.segment[:, None, None, :end])
         outputs.append(_relu2_attend(q[:, :, start:stop], cache.k[:, :, :end], cache.v[:, :, :end], beta, visible,
                                      norm_len))
     return torch.cat(outputs, dim=2), cache

@@ -14,17 +14,22 @@ from __future__ import annotations
 
 import torch
 
-from transformer_vq.ops.full.naive import causal_mask, per_head
+from transformer_vq.ops.full.naive import causal_mask, per_head, same_document
 from transformer_vq.ops.window import window_bias_dense
 
 
 def flash_quad_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *,
-                               block_len: int, norm_len: int | None = None) -> torch.Tensor:
-    """FLASH-Quad (``n = norm_len``, default ``block_len``), the whole ``T x T`` matrix at once."""
+                               block_len: int, norm_len: int | None = None,
+                               doc_start: torch.Tensor | None = None) -> torch.Tensor:
+    """FLASH-Quad (``n = norm_len``, default ``block_len``), the whole ``T x T`` matrix at once; ``doc_start [B, T]``:
+    each query sums over its own packed document."""
     n_head = q.shape[1]
     norm_len = block_len if norm_len is None else norm_len
     scores = q @ per_head(k, n_head).transpose(-1, -2) / norm_len + window_bias_dense(bias, block_len)
-    return (torch.relu(scores).square() * causal_mask(q.shape[2], q.device)) @ per_head(v, n_head)
+    visible = causal_mask(q.shape[2], q.device)
+    if doc_start is not None:
+        visible = visible & same_document(doc_start)
+    return (torch.relu(scores).square() * visible) @ per_head(v, n_head)
 
 
 def flash_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *, block_len: int,

@@ -20,6 +20,11 @@ class KVCache:
     segment: torch.Tensor | None = None
     """``[B, P]`` int64 packed-document segment of each position (``None``: one document per row)."""
 
+    @classmethod
+    def start(cls, k: torch.Tensor, v: torch.Tensor, doc_start: torch.Tensor | None = None) -> "KVCache":
+        """The cache of the first call on ``k``, ``v`` (no copy), with the segments of ``doc_start [B, T]``."""
+        return cls(k, v, None if doc_start is None else segment_ids(doc_start))
+
     @property
     def offset(self) -> int:
         """Number of positions consumed (the absolute position of the next token)."""
