@@ -21,6 +21,7 @@ KINDS = {
     "vq_qk": dict(quantize_queries=True),
     "full": dict(attn_type="full"),
     "flash_quad": dict(attn_type="flash_quad"),
+    "flash": dict(attn_type="flash", flash_chunk_len=L),  # chunks on block edges, as the documents there
 }
 TOL = 1e-12  # float64: only the summation order differs
 
@@ -92,7 +93,7 @@ def test_no_document_sees_another(kind):
     torch.testing.assert_close(logits, quadratic, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("kind", ["vq-shga", "vq-mqa", "full"])
+@pytest.mark.parametrize("kind", ["vq-shga", "vq-mqa", "full", "flash"])
 def test_state_carried_across_a_boundary_equals_one_call(kind):
     """Truncated backprop through time: a document runs from one window into the next (its positions continue),
     another begins inside the second window."""
@@ -120,12 +121,10 @@ def test_cu_seqlens_equal_position_ids():
                                rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("overrides,kind", [(dict(attn_type="flash"), "attn_type 'flash'"),
-                                            (dict(causal=False), "an encoder (causal=False)")])
-def test_kinds_without_packing_say_so(overrides, kind):
-    model = tiny_model(**overrides)
+def test_an_encoder_says_it_does_not_pack():
+    model = tiny_model(causal=False)
     position_ids = positions([[3, 5]])
-    message = (f"{kind} does not take packed documents yet (position_ids or cu_seqlens): use attn_type 'vq', 'full' "
-               "or 'flash_quad' with causal=True, or one document per row")
+    message = ("an encoder (causal=False) does not take packed documents yet (position_ids or cu_seqlens): use a "
+               "causal model, or one document per row")
     with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)") + "$"):
         model(ids_for(position_ids), position_ids=position_ids)

@@ -54,10 +54,9 @@ def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
     """
     if attention not in ATTENTION_MODES:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
-    if doc_start is not None and (not cfg.causal or cfg.attn_type == "flash"):
-        kind = "an encoder (causal=False)" if not cfg.causal else "attn_type 'flash'"
-        raise ValueError(f"{kind} does not take packed documents yet (position_ids or cu_seqlens): use attn_type "
-                         "'vq', 'full' or 'flash_quad' with causal=True, or one document per row")
+    if doc_start is not None and not cfg.causal:
+        raise ValueError("an encoder (causal=False) does not take packed documents yet (position_ids or cu_seqlens): "
+                         "use a causal model, or one document per row")
     if attention == "quadratic" and state is not None:
         raise ValueError("attention='quadratic' runs the dense reference on whole sequences: pass state=None")
     L = cfg.block_len
@@ -92,13 +91,13 @@ def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
                                reduction=cfg.reduction, table=table, compressive_cache=cfg.compressive_cache,
                                doc_start=doc_start)
     options = {"chunk_len": cfg.flash_chunk_len} if cfg.attn_type == "flash" else {}
+    if doc_start is not None:
+        options["doc_start"] = doc_start
     if cfg.attn_type in FLASH_TYPES:
         bias = bias / flash_norm(cfg)
     if keys is not None:
         options = {"z": keys.z, "codebook": keys.codebook, "reduction": cfg.reduction,
-                   "compressive_cache": cfg.compressive_cache, "backend": cfg.attn_backend}
-    if doc_start is not None:
-        options["doc_start"] = doc_start
+                   "compressive_cache": cfg.compressive_cache, "backend": cfg.attn_backend, "doc_start": doc_start}
     return KERNELS[cfg.attn_type](q, k, v, bias, block_len=L, state=state, **options)
 
 

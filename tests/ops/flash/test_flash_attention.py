@@ -86,3 +86,15 @@ def test_flash_quad_packed_documents(n_head, n_group):
                         *x, block_len=BLOCK_LEN, state=state, doc_start=doc_start),
                     lambda *x, doc_start=None: flash_quad_attention_naive(*x, block_len=BLOCK_LEN, doc_start=doc_start),
                     n_head, n_group)
+
+
+@pytest.mark.parametrize("chunk_len", [2, 4, 16])
+@pytest.mark.parametrize("n_head,n_group", HEADS, ids=[f"H{h}-G{g}" for h, g in HEADS])
+def test_flash_packed_documents(n_head, n_group, chunk_len):
+    """Documents begin inside chunks, on chunk edges, several in one chunk: the quadratic part sums over the query's
+    document in its chunk, the linear part over its document's keys in earlier chunks (their mean)."""
+    check_documents(lambda *x, state=None, doc_start=None: flash_attention(
+                        *x, block_len=BLOCK_LEN, chunk_len=chunk_len, state=state, doc_start=doc_start),
+                    lambda *x, doc_start=None: flash_attention_naive(*x, block_len=BLOCK_LEN, chunk_len=chunk_len,
+                                                                     doc_start=doc_start),
+                    n_head, n_group)
