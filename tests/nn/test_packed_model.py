@@ -128,3 +128,12 @@ def test_an_encoder_says_it_does_not_pack():
                "causal model, or one document per row")
     with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)") + "$"):
         model(ids_for(position_ids), position_ids=position_ids)
+
+
+def test_context_parallelism_says_it_does_not_pack():
+    from transformer_vq.nn.attend import check_call
+
+    message = ("context parallelism does not take packed documents yet (position_ids or cu_seqlens): leave "
+               "context_parallel at 1 to pack")
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)") + "$"):
+        check_call(tiny_model().cfg, "linear", None, torch.zeros(1, 4, dtype=torch.bool), context_parallel=object())

@@ -35,7 +35,7 @@ def document_positions(batch: int, length: int, mean_doc: int, seed: int = 0) ->
 
 def training_step(preset: str, block_len: int, device: str, precision: str, seed: int):
     """One training step ``step(ids [B, T + 1], position_ids [B, T] or None)`` of a fresh model."""
-    from transformer_vq.nn.model import TransformerVQ
+    from transformer_vq.models.tvq.model import TransformerVQ
 
     torch.manual_seed(seed)
     net = TransformerVQ(PRESETS[preset].replace(block_len=block_len, dropsin=0.0)).to(device).train()

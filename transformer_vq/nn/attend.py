@@ -52,17 +52,10 @@ def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
             ``state`` is then the state at the start of the whole sequence, and so is the one returned at its end.
         doc_start: ``[B, T]`` bool, where packed documents begin (:mod:`transformer_vq.ops.documents`).
     """
-    if attention not in ATTENTION_MODES:
-        raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
-    if doc_start is not None and not cfg.causal:
-        raise ValueError("an encoder (causal=False) does not take packed documents yet (position_ids or cu_seqlens): "
-                         "use a causal model, or one document per row")
-    if attention == "quadratic" and state is not None:
-        raise ValueError("attention='quadratic' runs the dense reference on whole sequences: pass state=None")
+    check_call(cfg, attention, state, doc_start, context_parallel)
     L = cfg.block_len
     if context_parallel is not None:
-        problem = (cfg.context_parallel_problem() or (attention == "quadratic" and "attention='linear'")
-                   or (doc_start is not None and "does not take packed documents yet (position_ids or cu_seqlens)"))
+        problem = cfg.context_parallel_problem() or (attention == "quadratic" and "attention='linear'")
         if problem:
             raise ValueError(f"context parallelism {problem}")
         return vq_attention_context_parallel(q, k, v, bias, block_len=L, group=context_parallel, state=state,
@@ -99,6 +92,24 @@ def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
         options = {"z": keys.z, "codebook": keys.codebook, "reduction": cfg.reduction,
                    "compressive_cache": cfg.compressive_cache, "backend": cfg.attn_backend, "doc_start": doc_start}
     return KERNELS[cfg.attn_type](q, k, v, bias, block_len=L, state=state, **options)
+
+
+def check_call(cfg: TransformerVQConfig, attention: str, state, doc_start: torch.Tensor | None,
+               context_parallel) -> None:
+    """Raise ``ValueError`` for an unknown ``attention``, a state given to the dense reference, and packed documents
+    (``doc_start``) given to a unit that does not take them yet."""
+    if attention not in ATTENTION_MODES:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
+    if attention == "quadratic" and state is not None:
+        raise ValueError("attention='quadratic' runs the dense reference on whole sequences: pass state=None")
+    if doc_start is None:
+        return
+    if not cfg.causal:
+        raise ValueError("an encoder (causal=False) does not take packed documents yet (position_ids or cu_seqlens): "
+                         "use a causal model, or one document per row")
+    if context_parallel is not None:
+        raise ValueError("context parallelism does not take packed documents yet (position_ids or cu_seqlens): "
+                         "leave context_parallel at 1 to pack")
 
 
 FLASH_TYPES = ("flash_quad", "flash")
