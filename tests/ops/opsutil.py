@@ -120,3 +120,50 @@ def check_state_continuation(op, naive, n_head, n_group):
             pieces.append(out)
         torch.testing.assert_close(torch.cat(pieces, dim=2), whole, rtol=1e-10, atol=1e-10)
         assert state.offset == whole_state.offset == length
+
+
+# Packed documents of block length 4 and length 37: row 0 has a document of one token (3), starts at a block edge
+# (4, 24), inside a block (13, 25) and several in one block (4, 5, 6); row 1 a few long documents.
+DOC_STARTS = ([0, 3, 4, 5, 6, 13, 24, 25], [0, 16, 30])
+
+
+def doc_start_mask(starts_per_row, length):
+    """``[B, T]`` bool, True at the listed first positions of each row's documents."""
+    mask = torch.zeros(len(starts_per_row), length, dtype=torch.bool)
+    for row, starts in enumerate(starts_per_row):
+        mask[row, starts] = True
+    return mask
+
+
+def documents(doc_start):
+    """``(row, first, stop)`` of every document of ``doc_start [B, T]`` (a row's first run counts as one)."""
+    length = doc_start.shape[1]
+    for row in range(doc_start.shape[0]):
+        starts = sorted({0, *doc_start[row].nonzero().flatten().tolist()})
+        yield from ((row, a, b) for a, b in zip(starts, [*starts[1:], length]))
+
+
+def check_documents(op, naive, n_head, n_group, length=37):
+    """Packed documents (``DOC_STARTS``) in float64: the operator equals its formula with the same-document mask,
+    outputs and every gradient; pieces with the state carried across boundaries equal one call; a document starting
+    on a block edge equals the document run alone from position 0."""
+    inputs = [x.requires_grad_() for x in make_inputs(n_head, n_group, length, seed=5)]
+    doc_start = doc_start_mask(DOC_STARTS, length)
+    out, _ = op(*inputs, doc_start=doc_start)
+    expected = naive(*inputs, doc_start=doc_start)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    cotangent = torch.randn_like(out)
+    grads = torch.autograd.grad(out, inputs, cotangent)
+    for name, got, want in zip("q k v bias".split(), grads, torch.autograd.grad(expected, inputs, cotangent)):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=lambda m: f"grad {name}: {m}")
+    state, pieces = None, []
+    for a, b in zip([0, 2, 5, 13, 14, 26], [2, 5, 13, 14, 26, length]):
+        starts = doc_start[:, a:b]
+        piece, state = op(*(x[:, :, a:b] for x in inputs), state=state,
+                          doc_start=starts if bool(starts.any()) else None)
+        pieces.append(piece)
+    torch.testing.assert_close(torch.cat(pieces, dim=2), out, rtol=1e-10, atol=1e-10)
+    for row, a, b in documents(doc_start):
+        if a % BLOCK_LEN == 0:
+            alone, _ = op(*(x[row:row + 1, :, a:b] for x in inputs))
+            torch.testing.assert_close(out[row:row + 1, :, a:b], alone, rtol=1e-10, atol=1e-10)

@@ -63,7 +63,9 @@ ARCHS: tuple[Arch, ...] = (
          refused_options={"torch_compile": "compiles Transformer-VQ's gated attention units, which a LongVQ model "
                                            "has none of (leave it off)",
                          "context_parallel": "hands a rank the VQ-attention state of the ranks before it, and a "
-                                             "LongVQ model's SSM state is not handed over (leave it at 1)"}),
+                                             "LongVQ model's SSM state is not handed over (leave it at 1)",
+                          "pack": "packs documents for Transformer-VQ's operators; a LongVQ model's SSM would carry "
+                                  "one document into the next (leave it off)"}),
     Arch("classify", "longvq", "a LongVQ classifier", LongVQConfig,
          "transformer_vq.models.longvq.model:LongVQClassifier", CLASSIFY_PRESETS, frozenset({"classify eval", "codebook"})),
     Arch("classify", "transformer", "a full-attention Transformer classifier (baseline)", LongVQConfig,

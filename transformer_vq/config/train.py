@@ -92,6 +92,9 @@ class TrainConfig:
     torch_compile: bool = option(False, "Compile every gated attention unit with torch.compile (fused elementwise "
                                         "work; the first steps and the final evaluation wait for compilation); see "
                                         "docs/training.md.")
+    pack: bool = option(False, "Packed documents: a sequence holds the corpus's documents (Shakespeare's works, a "
+                               "text directory's files, PG-19's books) one after another, and no token attends to "
+                               "or is predicted from another document; see docs/training.md.")
     threads: int = option(0, "CPU threads for PyTorch (0 = PyTorch's default, one per core); see "
                              "docs/training.md on shared CPUs.", min=0)
     retain_host_memory: bool = retain_host_memory_option()
@@ -193,6 +196,11 @@ def check_compatible(model: TransformerVQConfig | LongVQConfig, train: TrainConf
         text = (f"must be a multiple of the model's block_len={model.block_len} (e.g. {multiple}, or change "
                 f"block_len), got {train.update_len}")
         raise ConfigError(f"invalid RunConfig: update_len {text}", [("update_len", text)], TrainConfig)
+    if train.pack and arch_of(model) == "tvq" and (
+            not model.causal or model.attn_backend != "eager" or train.context_parallel > 1):
+        text = (f"needs a causal model with attn_backend 'eager' and context_parallel 1, got causal={model.causal}, "
+                f"attn_backend={model.attn_backend!r}, context_parallel={train.context_parallel}")
+        raise ConfigError(f"invalid RunConfig: pack {text}", [("pack", text)], TrainConfig)
     for option, text in find_arch("lm", arch_of(model)).refused_options.items():
         if getattr(train, option) != TrainConfig.__dataclass_fields__[option].default:
             raise ConfigError(f"invalid RunConfig: {option} {text}", [(option, text)], TrainConfig)

@@ -10,6 +10,9 @@ the batch one process would see, which is what makes 1-process and N-process tra
 
 The position is two integers (epoch, batch index within the epoch): saving and restoring them
 resumes the exact same sequence of batches, on any number of restarts.
+
+Packed documents: given the split's document starts, :meth:`TokenBatches.next_batch` also returns each token's
+position in its document (0 where one begins), the ``position_ids`` the model separates documents by.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 import torch
 
 from transformer_vq.data.corpus import Corpus
+from transformer_vq.data.errors import DataError
 
 
 class TokenBatches:
@@ -32,10 +36,13 @@ class TokenBatches:
         rank, world_size: which slice of every global batch this process reads.
         vocab_size: when given, every token must be in ``[0, vocab_size)`` (checked once, up front).
         split: the split's name, only for error messages.
+        documents: the sorted offsets where the split's documents begin (``Corpus.documents``); when given,
+            :meth:`next_batch` returns the positions of the tokens in their documents too.
     """
 
     def __init__(self, tokens: np.ndarray, *, batch_size: int, seq_len: int, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, vocab_size: int | None = None, split: str = "train"):
+                 world_size: int = 1, vocab_size: int | None = None, split: str = "train",
+                 documents: np.ndarray | None = None):
         if batch_size % world_size != 0:
             raise ValueError(
                 f"batch_size={batch_size} must be a multiple of the number of data-parallel workers ({world_size}); "
@@ -52,6 +59,8 @@ class TokenBatches:
         if vocab_size is not None:
             check_vocab(tokens, vocab_size, split)
         self.tokens = tokens
+        # a split cut out of a longer stream may begin mid-document: its first token starts one here
+        self.documents = None if documents is None else np.union1d([0], np.asarray(documents, dtype=np.int64))
         self.batch_size = batch_size
         self.seq_len = seq_len
         self.seed = seed
@@ -75,6 +84,11 @@ class TokenBatches:
         return self
 
     def __next__(self) -> torch.Tensor:
+        return self.next_batch()[0]
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The next ``[B_local, seq_len + 1]`` tokens and, with ``documents``, each token's position in its document
+        (same shape, int64; ``None`` without)."""
         order = self._epoch_order()
         rows_per_rank = self.batch_size // self.world_size
         first = self.index * self.batch_size + self.rank * rows_per_rank
@@ -85,7 +99,11 @@ class TokenBatches:
         if self.index == self.batches_per_epoch:
             self.epoch += 1
             self.index = 0
-        return torch.from_numpy(batch)
+        if self.documents is None:
+            return torch.from_numpy(batch), None
+        offsets = starts[:, None] + np.arange(self.seq_len + 1)  # (B_local, seq_len + 1) offsets in the split
+        first = self.documents[np.searchsorted(self.documents, offsets, side="right") - 1]
+        return torch.from_numpy(batch), torch.from_numpy(offsets - first)
 
     def state_dict(self) -> dict:
         """The position in the stream of batches (plus the settings it is only valid for)."""
@@ -126,6 +144,16 @@ def check_vocab(tokens: np.ndarray, vocab_size: int, split: str) -> None:
             f"the {split} split contains token id {bad}, outside the model's vocabulary [0, {vocab_size}); "
             f"set model vocab_size to at least {high + 1} (--set model.vocab_size={high + 1}) or fix the data"
         )
+
+
+def packed_documents(corpus: Corpus, split: str) -> np.ndarray:
+    """The document starts of ``split`` for packing, or a ``DataError`` when the corpus records none."""
+    documents = corpus.documents.get(split)
+    if documents is None or len(documents) == 0:
+        raise DataError(f"--pack needs a corpus whose documents are known, and {corpus.name!r} records none for its "
+                        f"{split} split; use --data shakespeare, pg19, or text with a directory (one document per "
+                        "file), or leave --pack off")
+    return documents
 
 
 def corpus_batches(corpus: Corpus, split: str, **kwargs) -> TokenBatches:

@@ -4,7 +4,8 @@ A single file is memory-mapped in place (nothing copied). A directory's files --
 non-hidden file below it, in sorted relative-path order, or only those matching ``glob`` -- are
 concatenated once into the cache; each file is a document (see ``Corpus.documents``). The cached
 copy is keyed by the files' names, sizes and modification times, so editing a file rebuilds it.
-The split is the fixed contiguous 90/5/5 of :mod:`transformer_vq.data.splits`.
+The split is the fixed contiguous 90/5/5 of :mod:`transformer_vq.data.splits`. A single file is one document, or,
+with ``lines=True``, one document per line (a text-lines file of records, for ``tvq train --pack``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Sequence
+
+import numpy as np
 
 from transformer_vq import fileio
 from transformer_vq.data import cache
@@ -38,6 +41,13 @@ def list_text_files(directory: Path, glob: str | None = None) -> list[Path]:
     return sorted(files, key=lambda p: p.relative_to(directory).as_posix())
 
 
+def line_starts(path: Path) -> np.ndarray:
+    """Byte offsets where the lines of file ``path`` begin (0, then one past every newline but a final one)."""
+    data = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, dtype=np.uint8)
+    after_newline = np.flatnonzero(data == ord("\n")) + 1
+    return np.concatenate([[0], after_newline[after_newline < len(data)]]).astype(np.int64)
+
+
 def concatenate_files(files: Sequence[Path], out: Path, **facts) -> dict:
     """Concatenate ``files`` into ``out`` atomically and write its manifest.
 
@@ -62,6 +72,7 @@ def load_text(
     cache_dir: str | os.PathLike | None = None,
     glob: str | None = None,
     fractions: Fractions = DEFAULT_FRACTIONS,
+    lines: bool = False,
 ) -> Corpus:
     """Load a local text file or directory as a byte-level corpus named ``"text"``.
 
@@ -70,6 +81,7 @@ def load_text(
         cache_dir: cache root for the concatenation of a directory (default: the user cache).
         glob: only use directory files matching this pattern, e.g. ``"*.txt"``.
         fractions: train/validation/test fractions of the contiguous split.
+        lines: a single file's lines are its documents (each ends with its newline).
     """
     if data_path is None:
         raise DataError("--data text needs a file or directory: pass --data-path FILE_OR_DIR")
@@ -79,7 +91,11 @@ def load_text(
     if path.is_file():
         if glob is not None:
             raise DataError(f"glob={glob!r} only applies to a directory, but {path} is a file; drop the glob option")
-        return byte_corpus("text", path, fractions=fractions, doc_starts=[0], metadata={"source": str(path)})
+        starts = line_starts(path) if lines else [0]
+        return byte_corpus("text", path, fractions=fractions, doc_starts=starts, metadata={"source": str(path)})
+    if lines:
+        raise DataError(f"lines=True splits a single file into documents, but {path} is a directory (one document "
+                        "per file already); drop the lines option")
     if not path.is_dir():
         raise DataError(f"data path {path} is neither a regular file nor a directory; pass a text file or directory")
 

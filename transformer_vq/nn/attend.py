@@ -38,7 +38,7 @@ ATTENTION_MODES = ("linear", "quadratic")
 def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *,
            state, mask: torch.Tensor | None, attention: str, keys: QuantizerOutput | None = None,
            queries: QuantizerOutput | None = None, query_shift: torch.Tensor | None = None,
-           table: torch.Tensor | None = None, context_parallel=None):
+           table: torch.Tensor | None = None, context_parallel=None, doc_start: torch.Tensor | None = None):
     """``(out [B, H, T, Dv], state)`` of the unit's attention.
 
     Args:
@@ -50,11 +50,9 @@ def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
         table: the code-pair table of these codebooks when the caller holds it (decoding); ``None``: computed here.
         context_parallel: the process group over whose ranks the sequence is split along time (``None``: not split);
             ``state`` is then the state at the start of the whole sequence, and so is the one returned at its end.
+        doc_start: ``[B, T]`` bool, where packed documents begin (:mod:`transformer_vq.ops.documents`).
     """
-    if attention not in ATTENTION_MODES:
-        raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
-    if attention == "quadratic" and state is not None:
-        raise ValueError("attention='quadratic' runs the dense reference on whole sequences: pass state=None")
+    check_call(cfg, attention, state, doc_start, context_parallel)
     L = cfg.block_len
     if context_parallel is not None:
         problem = cfg.context_parallel_problem() or (attention == "quadratic" and "attention='linear'")
@@ -78,18 +76,40 @@ def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
     if attention == "quadratic":
         if keys is None:
             raise ValueError(f"attention='quadratic' applies to VQ attention only, not attn_type={cfg.attn_type!r}")
-        return vq_attention_naive(q, k, v, bias, block_len=L, compressive_cache=cfg.compressive_cache), None
+        return vq_attention_naive(q, k, v, bias, block_len=L, compressive_cache=cfg.compressive_cache,
+                                  doc_start=doc_start), None
     if queries is not None:
         return vq_qk_attention(q, k, v, bias, block_len=L, state=state, z_q=queries.z,
                                codebook_q=shifted_codebook(queries, query_shift), z=keys.z, codebook=keys.codebook,
-                               reduction=cfg.reduction, table=table, compressive_cache=cfg.compressive_cache)
+                               reduction=cfg.reduction, table=table, compressive_cache=cfg.compressive_cache,
+                               doc_start=doc_start)
     options = {"chunk_len": cfg.flash_chunk_len} if cfg.attn_type == "flash" else {}
+    if doc_start is not None:
+        options["doc_start"] = doc_start
     if cfg.attn_type in FLASH_TYPES:
         bias = bias / flash_norm(cfg)
     if keys is not None:
         options = {"z": keys.z, "codebook": keys.codebook, "reduction": cfg.reduction,
-                   "compressive_cache": cfg.compressive_cache, "backend": cfg.attn_backend}
+                   "compressive_cache": cfg.compressive_cache, "backend": cfg.attn_backend, "doc_start": doc_start}
     return KERNELS[cfg.attn_type](q, k, v, bias, block_len=L, state=state, **options)
+
+
+def check_call(cfg: TransformerVQConfig, attention: str, state, doc_start: torch.Tensor | None,
+               context_parallel) -> None:
+    """Raise ``ValueError`` for an unknown ``attention``, a state given to the dense reference, and packed documents
+    (``doc_start``) given to a unit that does not take them yet."""
+    if attention not in ATTENTION_MODES:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
+    if attention == "quadratic" and state is not None:
+        raise ValueError("attention='quadratic' runs the dense reference on whole sequences: pass state=None")
+    if doc_start is None:
+        return
+    if not cfg.causal:
+        raise ValueError("an encoder (causal=False) does not take packed documents yet (position_ids or cu_seqlens): "
+                         "use a causal model, or one document per row")
+    if context_parallel is not None:
+        raise ValueError("context parallelism does not take packed documents yet (position_ids or cu_seqlens): "
+                         "leave context_parallel at 1 to pack")
 
 
 FLASH_TYPES = ("flash_quad", "flash")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from opsutil import (BLOCK_LEN, GRID, HEADS, case_id, check_causal_by_jacobian, check_matches_naive_float32,
+from opsutil import (BLOCK_LEN, GRID, HEADS, case_id, check_causal_by_jacobian, check_documents,
+                     check_matches_naive_float32,
                      check_matches_naive_float64, check_state_continuation, make_inputs)
 
 from transformer_vq.ops.flash import (FlashState, flash_attention, flash_attention_naive, flash_quad_attention,
@@ -77,3 +78,23 @@ def test_chunk_len_errors_are_named():
         flash_attention(q, k, v, bias, block_len=BLOCK_LEN, chunk_len=2, state=state)
     with pytest.raises(ValueError, match="chunk_len must be a positive integer, got 0"):
         flash_attention(q, k, v, bias, block_len=BLOCK_LEN, chunk_len=0)
+
+
+@pytest.mark.parametrize("n_head,n_group", HEADS, ids=[f"H{h}-G{g}" for h, g in HEADS])
+def test_flash_quad_packed_documents(n_head, n_group):
+    check_documents(lambda *x, state=None, doc_start=None: flash_quad_attention(
+                        *x, block_len=BLOCK_LEN, state=state, doc_start=doc_start),
+                    lambda *x, doc_start=None: flash_quad_attention_naive(*x, block_len=BLOCK_LEN, doc_start=doc_start),
+                    n_head, n_group)
+
+
+@pytest.mark.parametrize("chunk_len", [2, 4, 16])
+@pytest.mark.parametrize("n_head,n_group", HEADS, ids=[f"H{h}-G{g}" for h, g in HEADS])
+def test_flash_packed_documents(n_head, n_group, chunk_len):
+    """Documents begin inside chunks, on chunk edges, several in one chunk: the quadratic part sums over the query's
+    document in its chunk, the linear part over its document's keys in earlier chunks (their mean)."""
+    check_documents(lambda *x, state=None, doc_start=None: flash_attention(
+                        *x, block_len=BLOCK_LEN, chunk_len=chunk_len, state=state, doc_start=doc_start),
+                    lambda *x, doc_start=None: flash_attention_naive(*x, block_len=BLOCK_LEN, chunk_len=chunk_len,
+                                                                     doc_start=doc_start),
+                    n_head, n_group)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from opsutil import (BLOCK_LEN, GRID, HEADS, case_id, check_causal_by_jacobian, check_matches_naive_float32,
+from opsutil import (BLOCK_LEN, GRID, HEADS, case_id, check_causal_by_jacobian, check_documents,
+                     check_matches_naive_float32,
                      check_matches_naive_float64, check_state_continuation, make_inputs)
 
 from transformer_vq.ops.full import KVCache, full_attention, full_attention_naive
@@ -53,3 +54,11 @@ def test_cache_holds_every_key_and_detaches():
     assert isinstance(cache, KVCache) and cache.k.requires_grad and not cache.detach().k.requires_grad
     assert torch.equal(cache.k, k) and torch.equal(cache.v, v) and cache.offset == 9
     assert cache.nbytes() == (9 * 8 + 9 * 5) * 2 * 8  # (T Dk + T Dv) B float64 bytes
+
+
+@pytest.mark.parametrize("n_head,n_group", HEADS, ids=[f"H{h}-G{g}" for h, g in HEADS])
+def test_packed_documents(n_head, n_group):
+    check_documents(lambda *x, state=None, doc_start=None: full_attention(*x, block_len=BLOCK_LEN, state=state,
+                                                                          doc_start=doc_start),
+                    lambda *x, doc_start=None: full_attention_naive(*x, block_len=BLOCK_LEN, doc_start=doc_start),
+                    n_head, n_group)

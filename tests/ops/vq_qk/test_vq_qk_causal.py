@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
-from opsutil import assert_same_state
+from opsutil import DOC_STARTS, assert_same_state, doc_start_mask
 from qkutil import make_qk_inputs, qk_grid_id
 
 from transformer_vq.config import REDUCTIONS
@@ -141,3 +141,25 @@ def test_code_scores_of_the_wrong_shape_are_named():
     q_hat, _, _, k_hat, z, codebook, v, bias = make_qk_inputs(1, 2, 1, 9, 4, 3, 4)
     with pytest.raises(ValueError, match=r"code_scores must be \[B, H, T, S\] = \[1, 2, 9, 4\], got \[1, 2, 9, 3\]"):
         vq_attention(q_hat, k_hat, v, bias, block_len=4, z=z, codebook=codebook, code_scores=torch.zeros(1, 2, 9, 3))
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_packed_documents_equal_the_key_only_operator_and_the_masked_formula(reduction):
+    """Packed documents: the Q+K operator is the key-only one on ``q_hat`` (documents tested there), outputs and every
+    gradient, and equals the dense formula with the same-document mask."""
+    B, H, G, T, L, S_q, S_k = 2, 4, 2, 37, 4, 3, 5
+    q_hat, z_q, codebook_q, k_hat, z, codebook, v, bias = make_qk_inputs(B, H, G, T, L, S_q, S_k, seed=7)
+    wrt = [x.requires_grad_() for x in (q_hat, k_hat, v, bias)]
+    doc_start = doc_start_mask(DOC_STARTS, T)
+    out, state = vq_qk_attention(q_hat, k_hat, v, bias, block_len=L, z_q=z_q, codebook_q=codebook_q, z=z,
+                                 codebook=codebook, reduction=reduction, doc_start=doc_start)
+    key_only, key_only_state = vq_attention(q_hat, k_hat, v, bias, block_len=L, z=z, codebook=codebook,
+                                            reduction=reduction, doc_start=doc_start)
+    torch.testing.assert_close(out, key_only, rtol=TOL, atol=TOL)
+    torch.testing.assert_close(out, vq_qk_attention_naive(q_hat, k_hat, v, bias, block_len=L, doc_start=doc_start),
+                               rtol=TOL, atol=TOL)
+    assert_same_state(state, key_only_state, TOL)
+    weight = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(2))
+    for name, got, want in zip(("q_hat", "k_hat", "v", "bias"), torch.autograd.grad((out * weight).sum(), wrt),
+                               torch.autograd.grad((key_only * weight).sum(), wrt)):
+        torch.testing.assert_close(got, want, rtol=TOL, atol=TOL, msg=f"gradient w.r.t. {name}")

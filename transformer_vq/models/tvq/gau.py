@@ -95,7 +95,8 @@ class GatedAttentionUnit(nn.Module):
         nn.init.zeros_(self.v_r)
 
     def forward(self, x: torch.Tensor, *, state=None, mask: torch.Tensor | None = None,
-                attention: str = "linear", context_parallel=None) -> GAUOutput:
+                attention: str = "linear", context_parallel=None,
+                doc_start: torch.Tensor | None = None) -> GAUOutput:
         """Apply the unit to ``x`` ``[B, T, Dm]``.
 
         Args:
@@ -106,6 +107,7 @@ class GatedAttentionUnit(nn.Module):
             context_parallel: the process group over whose ranks the sequences are split along time; ``x`` is this
                 rank's chunk (the chunks of equal length, in rank order) and ``state`` the state at the start of the
                 whole sequences; the returned state is the one at their end (docs/distributed.md).
+            doc_start: ``[B, T]`` bool, True where a packed document begins: nothing is attended across it.
         """
         cfg = self.cfg
         B, T, _ = x.shape
@@ -133,7 +135,7 @@ class GatedAttentionUnit(nn.Module):
         shift = self.u * scale  # (H, Dk) Transformer-XL's content bias
         out, state = attend(cfg, q + shift[None, :, None, :], k, v, bias, state=state, mask=mask, attention=attention,
                             keys=keys, queries=queries, query_shift=shift, table=self._held_code_table(queries, shift),
-                            context_parallel=context_parallel)
+                            context_parallel=context_parallel, doc_start=doc_start)
 
         out = out.transpose(1, 2).reshape(B, T, H * Dvh) * gate  # (B, T, Dv)
         branch = F.dropout(self.w_o(out), p=cfg.dropres, training=self.training)

@@ -17,6 +17,7 @@ from transformer_vq.nn.norm import rms_norm
 from transformer_vq.nn.position import sinusoids
 from transformer_vq.nn.quantizer import VectorQuantizer
 from transformer_vq.nn.sampling import sample_next_token
+from transformer_vq.ops.documents import document_starts
 
 
 @dataclass
@@ -90,7 +91,8 @@ class TransformerVQ(Codebooks, nn.Module):
     def forward(self, input_ids: torch.Tensor, state: ModelState | None = None, *,
                 targets: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 loss_mask: torch.Tensor | None = None, attention: str = "linear",
-                context_parallel=None) -> ModelOutput:
+                context_parallel=None, position_ids: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> ModelOutput:
         """Run the model on ``input_ids`` ``[B, T]``.
 
         Args:
@@ -105,11 +107,16 @@ class TransformerVQ(Codebooks, nn.Module):
             context_parallel: a process group whose ranks each pass one chunk of the same sequences, of equal length
                 and in rank order (context parallelism, docs/distributed.md): ``logits`` and the losses are this
                 chunk's, ``state`` is shared by the ranks (the sequences' start in, their end out).
+            position_ids, cu_seqlens: packed documents (:mod:`transformer_vq.ops.documents`), at most one of them:
+                ``[B, T]`` positions restarting at 0 where a document begins, or flash-attention's cumulative lengths
+                over the flattened tokens. No token attends a token of another document; a row whose first position
+                is not 0 continues the document of ``state``.
         """
         self._check_ids(input_ids, "input_ids", self.embed.num_embeddings)
         B, T = input_ids.shape
+        doc_start = document_starts(B, T, position_ids=position_ids, cu_seqlens=cu_seqlens, device=input_ids.device)
         x, states, commit_loss = self.features(input_ids, state, mask=mask, attention=attention,
-                                               context_parallel=context_parallel)
+                                               context_parallel=context_parallel, doc_start=doc_start)
         offset = 0 if state is None else state.offset
         if self.head is None:
             # tied, scaled to unit variance (an encoder's mask token is an input only)
@@ -130,10 +137,11 @@ class TransformerVQ(Codebooks, nn.Module):
         return result
 
     def features(self, input_ids: torch.Tensor, state: ModelState | None = None, *, mask: torch.Tensor | None = None,
-                 attention: str = "linear", context_parallel=None) -> tuple[torch.Tensor, list[Any], torch.Tensor]:
+                 attention: str = "linear", context_parallel=None,
+                 doc_start: torch.Tensor | None = None) -> tuple[torch.Tensor, list[Any], torch.Tensor]:
         """``(x [B, T, Dm], unit states, commit_loss)``: the residual stream after every unit (and the final norm),
         before the output head. A classifier pools ``x``; :meth:`forward` turns it into logits. ``input_ids`` are
-        not checked here (:meth:`forward` checks them)."""
+        not checked here (:meth:`forward` checks them); ``doc_start [B, T]``: where packed documents begin."""
         if state is not None and not self.cfg.causal:
             raise ValueError("an encoder (causal=False) reads whole sequences and carries no state: pass state=None")
         offset = (0 if state is None else state.offset) + chunk_start(context_parallel, input_ids.shape[1])
@@ -144,7 +152,7 @@ class TransformerVQ(Codebooks, nn.Module):
         states, commit_loss = [], x.new_zeros((), dtype=torch.float32)
         for i, unit in enumerate(self.units):
             out = unit(x, state=None if state is None else state.layers[i], mask=mask, attention=attention,
-                       context_parallel=context_parallel)
+                       context_parallel=context_parallel, doc_start=doc_start)
             x, commit_loss = out.x, commit_loss + out.commit_loss
             states.append(out.state)
         if self.cfg.final_norm:

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from transformer_vq.ops.flash.state import FlashState
 from transformer_vq.ops.full.state import KVCache
+from transformer_vq.ops.documents import check_doc_start, segment_ids
 from transformer_vq.ops.protocol import check_inputs
 from transformer_vq.ops.window import row_blocks, window_bias
 
@@ -61,7 +62,8 @@ def _relu2_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch
 
 
 def flash_quad_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *, block_len: int,
-                         state: KVCache | None = None, norm_len: int | None = None) -> tuple[torch.Tensor, KVCache]:
+                         state: KVCache | None = None, norm_len: int | None = None,
+                         doc_start: torch.Tensor | None = None) -> tuple[torch.Tensor, KVCache]:
     """FLASH-Quad: causal squared-ReLU attention over the whole sequence (FLASH paper, Code 6).
 
     Args:
@@ -70,27 +72,32 @@ def flash_quad_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias
         block_len: ``L``.
         state: the key/value cache of a previous call on the earlier part of the same sequences.
         norm_len: the ``n`` scores are divided by (default ``block_len``).
+        doc_start: ``[B, T]`` bool, True where a packed document begins: a query attends only keys of its own.
 
     Returns:
         ``out [B, H, T, Dv]`` and the cache extended by this call's keys and values.
     """
     check_inputs(q, k, v, bias, block_len)
+    check_doc_start(doc_start, q.shape[0], q.shape[2])
     norm_len = block_len if norm_len is None else norm_len
     offset = 0 if state is None else state.offset
-    cache = KVCache(k, v) if state is None else state.extend(k, v)
+    cache = KVCache.start(k, v, doc_start) if state is None else state.extend(k, v, doc_start)
     outputs = []
     # One absolute block of query rows at a time keeps the score matrix at [L, T], never [T, T].
     for start, stop, _ in row_blocks(offset, q.shape[2], block_len):
         end = offset + stop
         q_pos = torch.arange(offset + start, end, device=q.device)
         beta, visible = window_bias(bias[:, :, start:stop], q_pos, torch.arange(end, device=q.device), block_len)
+        if cache.segment is not None:  # [B, 1, R, end]: keys of the query's own packed document
+            visible = visible & (cache.segment[:, None, offset + start:end, None] == cache.segment[:, None, None, :end])
         outputs.append(_relu2_attend(q[:, :, start:stop], cache.k[:, :, :end], cache.v[:, :, :end], beta, visible,
                                      norm_len))
     return torch.cat(outputs, dim=2), cache
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *, block_len: int,
-                    state: FlashState | None = None, chunk_len: int) -> tuple[torch.Tensor, FlashState]:
+                    state: FlashState | None = None, chunk_len: int,
+                    doc_start: torch.Tensor | None = None) -> tuple[torch.Tensor, FlashState]:
     """FLASH mixed-chunk attention: squared-ReLU inside chunks plus causal linear attention across chunks.
 
     Args:
@@ -99,12 +106,15 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: tor
         block_len: ``L`` of the window bias.
         state: what a previous call on the earlier part of the same sequences returned.
         chunk_len: ``C``, the chunk length (the paper uses 256).
+        doc_start: ``[B, T]`` bool, True where a packed document begins: both parts sum over the query's own
+            document only (the linear part's mean over its keys in earlier chunks).
 
     Returns:
         ``out [B, H, T, Dv]`` and the state after this call. The work per call is ``O((r + T) C (Dk + Dv))`` with
         ``r < C`` positions of an open chunk, so one decoding step costs the same at any offset.
     """
     check_inputs(q, k, v, bias, block_len)
+    check_doc_start(doc_start, q.shape[0], q.shape[2])
     if not isinstance(chunk_len, int) or chunk_len < 1:
         raise ValueError(f"chunk_len must be a positive integer, got {chunk_len!r}")
     batch, n_head, length, d_k = q.shape
@@ -126,22 +136,93 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: tor
     q_grid = F.pad(q, (0, 0, opened, pad)).view(batch, n_head, n_chunk, chunk_len, d_k)
     bias_grid = F.pad(bias, (0, 0, opened, pad)).view(batch, n_head, n_chunk, chunk_len, 2 * block_len)
     pos = (state.n_chunks * chunk_len + torch.arange(n_chunk * chunk_len, device=q.device)).view(n_chunk, chunk_len)
+    starts, docs = _chunk_documents(state, doc_start, batch, n_chunk, used)
 
     beta, visible = window_bias(bias_grid, pos, pos, block_len)  # [B, H, N, C, C], [N, C, C]
+    if docs is not None:
+        visible = visible & docs.same_document[:, None]  # [B, 1, N, C, C]
     quadratic = _relu2_attend(q_grid, k_grid, v_grid, beta, visible, chunk_len)  # [B, H, N, C, Dv]
-
-    kv = k_grid.transpose(-1, -2) @ v_grid  # [B, G, N, Dk, Dv] per-chunk sums of k v^T
-    running = torch.cumsum(kv, dim=2)  # [B, G, N, Dk, Dv] inclusive
-    before = state.kv_sum.unsqueeze(2) + F.pad(running[:, :, :-1], (0, 0, 0, 0, 1, 0))  # exclusive, plus the state
-    n_keys = ((state.n_chunks + torch.arange(n_chunk, device=q.device)) * chunk_len).clamp(min=1)  # [N]
-    # Code 8: mean over earlier chunks of (chunk sum / C); before == 0 where there is no earlier chunk.
-    mean_kv = before / n_keys.to(before.dtype)[:, None, None]  # [B, G, N, Dk, Dv]
+    mean_kv, kv_sum, kv_count = _linear_means(k_grid, v_grid, state, used, docs)  # mean_kv [B, G, N, Dk, Dv]
     grouped = q_grid.view(batch, n_group, n_head // n_group, n_chunk, chunk_len, d_k)
     linear = (grouped @ mean_kv.unsqueeze(2)).view(batch, n_head, n_chunk, chunk_len, d_v)
+    if docs is not None:  # a query whose document began in its own chunk has no earlier keys
+        linear = linear * docs.sees_earlier[:, None, :, :, None].to(linear.dtype)
 
     out = (quadratic + linear).view(batch, n_head, n_chunk * chunk_len, d_v)[:, :, opened:used]
     finished = used // chunk_len
-    kv_sum = state.kv_sum + running[:, :, finished - 1] if finished > 0 else state.kv_sum
-    new_state = FlashState(kv_sum, state.n_chunks + finished, chunk_len,
-                           k_all[:, :, finished * chunk_len:], v_all[:, :, finished * chunk_len:])
+    new_state = FlashState(kv_sum, state.n_chunks + finished, chunk_len, k_all[:, :, finished * chunk_len:],
+                           v_all[:, :, finished * chunk_len:], kv_count,
+                           None if docs is None else starts[:, finished * chunk_len:])
     return out, new_state
+
+
+class ChunkDocuments:
+    """Where packed documents fall in the chunk grid, from its starts ``[B, N, C]`` (``used`` real positions).
+
+    * ``same_document [B, N, C, C]``: key and query of a chunk in one document;
+    * ``sees_earlier [B, N, C]``: the query's document began before its chunk (it has keys in earlier chunks);
+    * ``tail [B, N, C]``: the real keys after the chunk's last start, the ones later chunks may sum over;
+    * ``keep [B, N]``: no document begins in the chunk (else the sum over earlier chunks restarts there).
+    """
+
+    def __init__(self, starts: torch.Tensor, used: int):
+        B, N, C = starts.shape
+        segment = segment_ids(starts.view(B, N * C)).view(B, N, C)
+        self.same_document = segment[..., :, None] == segment[..., None, :]
+        self.sees_earlier = segment == (segment[..., :1] - starts[..., :1].to(torch.long))
+        real = (torch.arange(N * C, device=starts.device) < used).view(N, C)
+        self.tail = (segment == segment[..., -1:]) & real
+        self.keep = ~starts.any(dim=-1)
+
+
+def _chunk_documents(state: FlashState, doc_start, batch: int, n_chunk: int, used: int):
+    """The starts ``[B, r + T]`` of the open chunk's and this call's positions and their :class:`ChunkDocuments`, or
+    ``(None, None)`` when no packed document was ever given to these sequences."""
+    if doc_start is None and state.kv_count is None:
+        return None, None
+    opened, chunk_len, device = state.chunk_k.shape[2], state.chunk_len, state.chunk_k.device
+    parts = [state.chunk_start, doc_start]
+    if parts[0] is None:
+        parts[0] = torch.zeros(batch, opened, dtype=torch.bool, device=device)
+    if parts[1] is None:
+        parts[1] = torch.zeros(batch, used - opened, dtype=torch.bool, device=device)
+    starts = torch.cat(parts, dim=1)
+    grid = F.pad(starts, (0, n_chunk * chunk_len - used)).view(batch, n_chunk, chunk_len)
+    return starts, ChunkDocuments(grid, used)
+
+
+def _linear_means(k_grid, v_grid, state: FlashState, used: int, docs: ChunkDocuments | None):
+    """The mean of ``k v^T`` over the earlier keys of each chunk's queries ``[B, G, N, Dk, Dv]``, and the sum and count
+    the state carries after the finished chunks.
+
+    Code 8: the mean over earlier chunks of (chunk sum / C), that is the sum over every earlier key divided by their
+    number. With packed documents the sum runs over the document of the last earlier key: the per-chunk sums keep
+    the keys after a chunk's last start and their prefix restarts at every chunk holding a start.
+    """
+    B, G, N, C, _ = k_grid.shape
+    finished = used // C
+    if docs is None:
+        kv = k_grid.transpose(-1, -2) @ v_grid  # [B, G, N, Dk, Dv] per-chunk sums of k v^T
+        running = torch.cumsum(kv, dim=2)  # [B, G, N, Dk, Dv] inclusive
+        before = state.kv_sum.unsqueeze(2) + F.pad(running[:, :, :-1], (0, 0, 0, 0, 1, 0))  # exclusive, plus the state
+        n_keys = ((state.n_chunks + torch.arange(N, device=k_grid.device)) * C).clamp(min=1)  # [N]
+        kv_sum = state.kv_sum + running[:, :, finished - 1] if finished > 0 else state.kv_sum
+        return before / n_keys.to(before.dtype)[:, None, None], kv_sum, None
+    tail = docs.tail.to(k_grid.dtype)  # [B, N, C]
+    kv = (k_grid * tail[:, None, :, :, None]).transpose(-1, -2) @ v_grid  # [B, G, N, Dk, Dv] over the tails
+    count = tail.sum(dim=-1)  # [B, N]
+    restarts = (~docs.keep).to(torch.long).cumsum(dim=1)  # [B, N]
+    lower = torch.ones(N, N, dtype=torch.bool, device=k_grid.device).tril() & (
+        restarts[:, :, None] == restarts[:, None, :])  # [B, N, N]: i <= n, no start in i+1 .. n
+    carried = (restarts == 0).to(k_grid.dtype)  # [B, N]: the state's sum still counts
+    state_count = state.kv_count if state.kv_count is not None else torch.full(
+        (B,), float(state.n_chunks * C), dtype=k_grid.dtype, device=k_grid.device)
+    lower = lower.to(k_grid.dtype)
+    inclusive = torch.einsum("bni,bgi...->bgn...", lower, kv) + carried[:, None, :, None, None] * state.kv_sum[:, :, None]
+    inclusive_count = (lower @ count[..., None]).squeeze(-1) + carried * state_count[:, None]
+    before = torch.cat([state.kv_sum[:, :, None], inclusive[:, :, :-1]], dim=2)
+    before_count = torch.cat([state_count[:, None], inclusive_count[:, :-1]], dim=1)  # [B, N]
+    mean = before / before_count.clamp(min=1.0)[:, None, :, None, None]
+    if finished == 0:
+        return mean, state.kv_sum, state_count
+    return mean, inclusive[:, :, finished - 1], inclusive_count[:, finished - 1]

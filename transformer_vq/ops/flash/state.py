@@ -21,6 +21,11 @@ class FlashState:
     """``[B, G, r, Dk]`` keys of the open chunk (``r = offset % C`` positions, ``r < C``)."""
     chunk_v: torch.Tensor
     """``[B, G, r, Dv]`` values of the open chunk."""
+    kv_count: torch.Tensor | None = None
+    """``[B]`` with packed documents: how many keys ``kv_sum`` holds (those of the document of the last finished key);
+    ``None``: every key of the finished chunks."""
+    chunk_start: torch.Tensor | None = None
+    """``[B, r]`` bool with packed documents: which keys of the open chunk began a document."""
 
     @property
     def offset(self) -> int:
@@ -30,7 +35,7 @@ class FlashState:
     def detach(self) -> "FlashState":
         """The same state cut from the autograd graph."""
         return FlashState(self.kv_sum.detach(), self.n_chunks, self.chunk_len, self.chunk_k.detach(),
-                          self.chunk_v.detach())
+                          self.chunk_v.detach(), self.kv_count, self.chunk_start)
 
     def nbytes(self) -> int:
         """Bytes held by the state (bounded by the chunk length, whatever the offset)."""

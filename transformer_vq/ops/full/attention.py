@@ -22,13 +22,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from transformer_vq.ops.documents import check_doc_start
 from transformer_vq.ops.full.state import KVCache
 from transformer_vq.ops.protocol import check_inputs
 from transformer_vq.ops.window import row_blocks, window_bias
 
 
 def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *, block_len: int,
-                   state: KVCache | None = None) -> tuple[torch.Tensor, KVCache]:
+                   state: KVCache | None = None, doc_start: torch.Tensor | None = None) -> tuple[torch.Tensor, KVCache]:
     """Exact causal softmax attention with the two-block window bias, through SDPA.
 
     Args:
@@ -38,13 +39,15 @@ def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
         bias: ``[B, H, T, 2L]`` per-(query, offset) bias on the two-block window.
         block_len: ``L``.
         state: the cache returned by a previous call on the earlier part of the same sequences.
+        doc_start: ``[B, T]`` bool, True where a packed document begins: a query attends only keys of its own.
 
     Returns:
         ``out [B, H, T, Dv]`` and the cache extended by this call's keys and values.
     """
     check_inputs(q, k, v, bias, block_len)
+    check_doc_start(doc_start, q.shape[0], q.shape[2])
     offset = 0 if state is None else state.offset
-    cache = KVCache(k, v) if state is None else state.extend(k, v)
+    cache = KVCache.start(k, v, doc_start) if state is None else state.extend(k, v, doc_start)
     gqa = k.shape[1] != q.shape[1]
     outputs = []
     for start, stop, window in row_blocks(offset, q.shape[2], block_len):
@@ -55,6 +58,9 @@ def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
         mask = beta.masked_fill(~visible, float("-inf"))  # [B, H, R, end - window]
         # Keys older than the window are attended without bias: a zero prefix of the additive mask.
         mask = F.pad(mask, (window, 0))  # [B, H, R, end]
+        if cache.segment is not None:  # keys of another packed document
+            other = cache.segment[:, None, offset + start:end, None] != cache.segment[:, None, None, :end]
+            mask = mask.masked_fill(other, float("-inf"))  # [B, 1, R, end] against [B, H, R, end]
         outputs.append(F.scaled_dot_product_attention(
             q[:, :, start:stop], cache.k[:, :, :end], cache.v[:, :, :end],
             attn_mask=mask.to(q.dtype), scale=1.0, enable_gqa=gqa,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from transformer_vq.ops.documents import segment_ids
 from transformer_vq.ops.window import window_bias_dense
 
 
@@ -31,14 +32,24 @@ def window_mask(length: int, block_len: int, device=None) -> torch.Tensor:
     return causal_mask(length, device) & (t[None, :] >= (t[:, None] // block_len - 1) * block_len)
 
 
+def same_document(doc_start: torch.Tensor) -> torch.Tensor:
+    """``[B, 1, T, T]`` True where key ``p`` and query ``t`` belong to one packed document (``doc_start [B, T]``)."""
+    segment = segment_ids(doc_start)
+    return (segment[:, :, None] == segment[:, None, :]).unsqueeze(1)
+
+
 def full_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *,
-                         block_len: int, window_only: bool = False) -> torch.Tensor:
+                         block_len: int, window_only: bool = False,
+                         doc_start: torch.Tensor | None = None) -> torch.Tensor:
     """``[B, H, T, Dv]`` from ``q [B, H, T, Dk]``, ``k [B, G, T, Dk]``, ``v [B, G, T, Dv]``, ``bias [B, H, T, 2L]``.
 
     ``window_only``: each query attends the keys of its two-block window alone (:func:`window_mask`).
+    ``doc_start``: ``[B, T]`` bool, where packed documents begin; a query attends only keys of its own.
     """
     n_head, length = q.shape[1], q.shape[2]
     scores = q @ per_head(k, n_head).transpose(-1, -2) + window_bias_dense(bias, block_len)  # (B, H, T, T)
     visible = window_mask(length, block_len, q.device) if window_only else causal_mask(length, q.device)
+    if doc_start is not None:
+        visible = visible & same_document(doc_start)
     scores = scores.masked_fill(~visible, float("-inf"))
     return torch.softmax(scores, dim=-1) @ per_head(v, n_head)

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from transformer_vq.ops.documents import segment_ids
+
 
 @dataclass
 class KVCache:
@@ -15,19 +17,33 @@ class KVCache:
     """``[B, G, P, Dk]`` keys of positions ``0 .. P-1``."""
     v: torch.Tensor
     """``[B, G, P, Dv]`` values of the same positions."""
+    segment: torch.Tensor | None = None
+    """``[B, P]`` int64 packed-document segment of each position (``None``: one document per row)."""
+
+    @classmethod
+    def start(cls, k: torch.Tensor, v: torch.Tensor, doc_start: torch.Tensor | None = None) -> "KVCache":
+        """The cache of the first call on ``k``, ``v`` (no copy), with the segments of ``doc_start [B, T]``."""
+        return cls(k, v, None if doc_start is None else segment_ids(doc_start))
 
     @property
     def offset(self) -> int:
         """Number of positions consumed (the absolute position of the next token)."""
         return self.k.shape[2]
 
-    def extend(self, k: torch.Tensor, v: torch.Tensor) -> "KVCache":
-        """A new cache with ``k [B, G, T, Dk]`` and ``v [B, G, T, Dv]`` appended (copies: never mutates ``self``)."""
-        return KVCache(torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2))
+    def extend(self, k: torch.Tensor, v: torch.Tensor, doc_start: torch.Tensor | None = None) -> "KVCache":
+        """A new cache with ``k [B, G, T, Dk]`` and ``v [B, G, T, Dv]`` appended (copies: never mutates ``self``);
+        ``doc_start [B, T]``: where packed documents begin among them."""
+        segment = self.segment
+        if doc_start is not None or segment is not None:
+            last = self.k.new_zeros(k.shape[0], 1, dtype=torch.long) if segment is None else segment[:, -1:]
+            new = last + (torch.zeros(k.shape[0], k.shape[2], dtype=torch.long, device=k.device)
+                          if doc_start is None else segment_ids(doc_start))
+            segment = new if segment is None else torch.cat([segment, new], dim=1)
+        return KVCache(torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2), segment)
 
     def detach(self) -> "KVCache":
         """The same cache cut from the autograd graph (truncated backprop between training windows)."""
-        return KVCache(self.k.detach(), self.v.detach())
+        return KVCache(self.k.detach(), self.v.detach(), self.segment)
 
     def nbytes(self) -> int:
         """Bytes held by the cache (grows linearly with the number of positions)."""

@@ -22,6 +22,7 @@ import importlib.util
 import torch
 
 from transformer_vq.config import ATTN_BACKENDS, REDUCTIONS
+from transformer_vq.ops.documents import check_doc_start
 from transformer_vq.ops.protocol import check_inputs
 from transformer_vq.ops.vq.kernels import attend_blocks, attend_within_block
 from transformer_vq.ops.vq.state import VQAttentionState
@@ -38,6 +39,7 @@ def vq_attention(
     code_scores: torch.Tensor | None = None,
     compressive_cache: bool = True,
     backend: str = "eager",
+    doc_start: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, VQAttentionState]:
     """Causal softmax attention over all past keys, in time linear in the sequence length.
 
@@ -53,23 +55,22 @@ def vq_attention(
         codebook: ``[G, S, Dk]`` codewords (treated as constants: no gradient flows to them).
         reduction: how per-block cache summaries are accumulated across blocks: ``"serial"`` (a scan),
             ``"matmul"`` (a lower-triangular weighted product) or ``"assoc"`` (an associative scan).
-        code_scores: ``[B, H, T, S]`` the scores ``q @ codebook[h // (H // G)]^T`` when the caller has them
-            without the product (quantized queries read them from a table: :mod:`transformer_vq.ops.vq_qk`); they
-            must equal that product in value, and gradients reach ``q`` through them only as the caller defines.
+        code_scores: ``[B, H, T, S]`` the scores ``q @ codebook[h // (H // G)]^T`` when the caller has them without
+            the product (quantized queries: :mod:`transformer_vq.ops.vq_qk`), equal to it; gradients as the caller's.
         compressive_cache: ``False`` drops the per-code cache: each query attends its two-block window only (the
             paper's Table 2 ablation). The state then carries the window keys alone (its cache stays empty).
         backend: whole blocks by ``"eager"`` torch ops or ``"triton"`` fused kernels (docs/operator.md).
+        doc_start: ``[B, T]`` bool, True where a packed document begins (:mod:`transformer_vq.ops.documents`):
+            a query attends only keys of its own document, those of earlier calls included.
 
     Returns:
         ``(out, state)``: ``out`` is ``[B, H, T, Dv]``; ``state`` continues the sequences.
     """
     _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores)
-    blocks_kernel = _blocks_kernel(backend, q, code_scores, compressive_cache)
-    (B, H, T, Dk), (G, S), L = q.shape, codebook.shape[:2], block_len
-    if state is None:
-        state = VQAttentionState.empty(B, G, S, Dk, v.shape[-1], dtype=v.dtype, device=v.device)
+    T, L = q.shape[2], block_len
+    state, doc_start = _starting_state(state, doc_start, q, v, codebook)
+    blocks_kernel = _blocks_kernel(backend, q, code_scores, compressive_cache, doc_start)
     codebook = codebook.detach()
-
     outs, start = [], 0
     while start < T:
         in_block = state.offset % L
@@ -82,13 +83,27 @@ def vq_attention(
         piece = slice(start, stop)
         out, state = kernel(q[:, :, piece], k_hat[:, :, piece], z[:, :, piece], v[:, :, piece], codebook,
                             bias[:, :, piece], L, state, reduction,
-                            None if code_scores is None else code_scores[:, :, piece], compressive_cache)
+                            None if code_scores is None else code_scores[:, :, piece], compressive_cache,
+                            None if doc_start is None else doc_start[:, piece])
         outs.append(out)
         start = stop
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), state
 
 
-def _blocks_kernel(backend: str, q: torch.Tensor, code_scores, compressive_cache: bool):
+def _starting_state(state, doc_start, q, v, codebook):
+    """The state to start from (empty at the start of the sequences) and the document starts of this call: zeros
+    rather than ``None`` when a document begun in an earlier call is still in the window (its earlier keys stay
+    hidden)."""
+    (B, _, T, Dk), (G, S) = q.shape, codebook.shape[:2]
+    check_doc_start(doc_start, B, T)
+    if state is None:
+        state = VQAttentionState.empty(B, G, S, Dk, v.shape[-1], dtype=v.dtype, device=v.device)
+    elif doc_start is None and bool(state.recent_start.any()):
+        doc_start = torch.zeros(B, T, dtype=torch.bool, device=q.device)
+    return state, doc_start
+
+
+def _blocks_kernel(backend: str, q: torch.Tensor, code_scores, compressive_cache: bool, doc_start):
     """The kernel of whole blocks of ``backend``; triton is imported only when asked for (an optional extra)."""
     if backend not in ATTN_BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(ATTN_BACKENDS)}, got {backend!r}")
@@ -98,7 +113,7 @@ def _blocks_kernel(backend: str, q: torch.Tensor, code_scores, compressive_cache
         raise ImportError("backend='triton' needs the triton package: pip install -e \".[triton]\"")
     from transformer_vq.ops.vq.triton import attend_blocks_fused, check_fused_inputs
 
-    check_fused_inputs(q, code_scores, compressive_cache)
+    check_fused_inputs(q, code_scores, compressive_cache, doc_start)
     return attend_blocks_fused
 
 

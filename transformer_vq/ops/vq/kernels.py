@@ -3,6 +3,12 @@
 A query in block n attends the keys of blocks n-1 and n directly (window bias, causal mask) and every older key through
 the per-code cache of :mod:`transformer_vq.ops.vq.cache`; :func:`softmax_combine` normalizes the score sets together.
 
+Packed documents (``doc_start``, :mod:`transformer_vq.ops.documents`): a query attends only keys of its own document.
+In the window that is a mask on equal segment ids. The cache of a query block summarizes the keys before its window
+that belong to the document of the last of them (the per-block summaries keep the keys after a block's last start,
+and the prefix over blocks restarts at every block holding a start: a segmented scan); a query sees it only when no
+document begins between the window's first key and itself.
+
 * :func:`attend_within_block`: queries that all lie in one block (the head of a call that starts mid-block, a short
   tail, single-token decoding);
 * :func:`attend_blocks`: whole blocks in parallel, the cache of each block being a prefix over the blocks before it.
@@ -15,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from transformer_vq.ops.vq.cache import PREFIXES, log_counts, merge, summarize
+from transformer_vq.ops.vq.cache import PREFIXES, log_counts, merge, restart, summarize
 from transformer_vq.ops.vq.state import VQAttentionState
 
 
@@ -62,12 +68,12 @@ def codebook_scores(q, codebook, code_scores=None):
 
 
 def attend_within_block(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, reduction, code_scores=None,
-                        compressive_cache=True):
+                        compressive_cache=True, doc_start=None):
     """Queries at positions ``[offset, offset + t)``, all inside block ``n = offset // L``.
 
     Cost O(t (S + 2L)(Dk + Dv)): this is the decoding path when ``t = 1``. ``reduction`` is unused (one block).
     ``code_scores``: see :func:`codebook_scores`. ``compressive_cache`` false: the window alone (the cache is
-    neither read nor updated).
+    neither read nor updated). ``doc_start``: ``[B, t]`` bool, True where a document begins (``None``: nowhere).
     """
     B, H, t, Dk = q.shape
     G, S, _ = codebook.shape
@@ -86,10 +92,18 @@ def attend_within_block(q, k_hat, z, v, codebook, bias, L, state: VQAttentionSta
     key_pos = torch.arange(first, first + W, device=q.device)
     query_pos = torch.arange(offset, offset + t, device=q.device)
     s_window = s_window.masked_fill(key_pos[None, :] > query_pos[:, None], float("-inf"))
+    starts = torch.cat([state.recent_start, _no_starts(z) if doc_start is None else doc_start], dim=1)  # (B, W)
+    # Segment 0 is the document of the key before the window, the one the cache summarizes.
+    segment = starts.to(torch.long).cumsum(dim=1) if doc_start is not None else None  # (B, W)
+    if segment is not None:
+        other_doc = segment[:, None, :] != segment[:, W - t:, None]  # (B, t, W)
+        s_window = s_window.masked_fill(other_doc[:, None, None], float("-inf"))
     parts = [(s_window, values.unsqueeze(2))]
     if compressive_cache:
         s_cache = codebook_scores(q, codebook, code_scores)  # (B, G, R, t, S)
         s_cache = s_cache + log_counts(state.cache_count, s_cache.dtype)[:, :, None, None, :]
+        if segment is not None:
+            s_cache = s_cache.masked_fill((segment[:, W - t:] != 0)[:, None, None, :, None], float("-inf"))
         parts.insert(0, (s_cache, state.cache_mean.unsqueeze(2)))
     out = softmax_combine(parts).reshape(B, H, t, -1).to(q.dtype)
 
@@ -97,14 +111,18 @@ def attend_within_block(q, k_hat, z, v, codebook, bias, L, state: VQAttentionSta
     if (offset + t) % L == 0 and W > L:
         # Block n is complete: block n-1 leaves the window and joins the per-code cache (when there is one).
         if compressive_cache:
-            count, mean = summarize(codes[:, :, :L], values[:, :, :L], S, cache_mean.dtype)
+            weight = None
+            if segment is not None:
+                weight = (segment[:, :L] == segment[:, L - 1:L])[:, None]  # (B, 1, L): after the block's last start
+                cache_count, cache_mean = restart(cache_count, cache_mean, ~starts[:, :L].any(dim=1))
+            count, mean = summarize(codes[:, :, :L], values[:, :, :L], S, cache_mean.dtype, weight)
             cache_count, cache_mean = merge(cache_count, cache_mean, count, mean)
-        keys, values, codes = keys[:, :, L:], values[:, :, L:], codes[:, :, L:]
-    return out, VQAttentionState(offset + t, cache_count, cache_mean, keys, values, codes)
+        keys, values, codes, starts = keys[:, :, L:], values[:, :, L:], codes[:, :, L:], starts[:, L:]
+    return out, VQAttentionState(offset + t, cache_count, cache_mean, keys, values, codes, starts)
 
 
 def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, reduction, code_scores=None,
-                  compressive_cache=True):
+                  compressive_cache=True, doc_start=None):
     """Queries of ``N`` whole blocks starting at a block boundary ``offset = n L``, all in parallel.
 
     The two-block window of query block ``n`` is the contiguous run of keys ``[(n-1) L, (n+1) L)`` of the keys
@@ -112,11 +130,12 @@ def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, re
     overlapping (unfolded) view of those keys, laid out column for column like ``bias``, and the window values are
     read through the same kind of view: no key or value is copied per block. ``code_scores``: see
     :func:`codebook_scores`. ``compressive_cache`` false: the window alone (no cache is built or read).
+    ``doc_start``: ``[B, T]`` bool, True where a document begins (``None``: nowhere).
     """
     B, H, T, Dk = q.shape
     G, S, _ = codebook.shape
     R, N, Dv = H // G, T // L, v.shape[-1]
-    k_all, v_all, z_prev, has_prev_block = prepend_previous_block(k_hat, z, v, L, state)
+    k_all, v_all, z_prev, prev_len = prepend_previous_block(k_hat, z, v, L, state)
 
     q_blocks = q.view(B, G, R, N, L, Dk).transpose(2, 3)  # (B, G, N, R, L, Dk)
     bias_blocks = bias.view(B, G, R, N, L, 2 * L).transpose(2, 3)  # (B, G, N, R, L, 2L)
@@ -127,7 +146,12 @@ def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, re
     add, masked_fill = (torch.add, torch.Tensor.masked_fill) if grad else (torch.Tensor.add_, torch.Tensor.masked_fill_)
 
     s_window = add(q_blocks @ k_window.unsqueeze(3), bias_blocks)  # (B, G, N, R, L, 2L)
-    s_window = masked_fill(s_window, _window_mask(N, L, has_prev_block, q.device)[:, None], float("-inf"))
+    s_window = masked_fill(s_window, _window_mask(N, L, prev_len, q.device)[:, None], float("-inf"))
+    starts = torch.cat([_no_starts(z[:, :, :L - prev_len]), state.recent_start,
+                        _no_starts(z) if doc_start is None else doc_start], dim=1)  # (B, (N + 1) L)
+    docs = None if doc_start is None else BlockDocuments(starts, N, L)
+    if docs is not None:
+        s_window = masked_fill(s_window, docs.window_mask[:, None, :, None], float("-inf"))
 
     # The softmax over [cache | previous block | present block] with one shared max (float32 at least).
     v_window = v_all.unfold(2, 2 * L, L).transpose(-1, -2)  # (B, G, N, 2L, Dv): overlapping view, no copy
@@ -135,15 +159,46 @@ def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, re
     final_count, final_mean = state.cache_count, state.cache_mean
     if compressive_cache:
         (s_cache, cache_mean), final_count, final_mean = _cache_part(
-            q, z_prev, v_all, codebook, L, state, reduction, code_scores, has_prev_block, add)
+            q, z_prev, v_all, codebook, L, state, reduction, code_scores, prev_len, add, docs)
+        if docs is not None:
+            s_cache = masked_fill(s_cache, docs.cache_mask[:, None, :, None, :, None], float("-inf"))
         parts.insert(0, (s_cache, cache_mean.unsqueeze(3)))
     out = softmax_combine(parts, in_place=not grad)  # (B, G, N, R, L, Dv)
     out = out.transpose(2, 3).reshape(B, H, T, Dv).to(q.dtype)
     return out, VQAttentionState(state.offset + T, final_count, final_mean,
-                                 k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:])
+                                 k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:], starts[:, -L:])
 
 
-def _cache_part(q, z_prev, v_all, codebook, L, state: VQAttentionState, reduction, code_scores, has_prev_block, add):
+class BlockDocuments:
+    """Where packed documents fall in ``N`` whole query blocks, from the starts ``(B, (N + 1) L)`` of blocks
+    ``-1 .. N-1`` (the keys :func:`prepend_previous_block` returns).
+
+    * ``window_mask (B, N, L, 2L)``: window column ``j`` of query row ``i`` is in another document;
+    * ``cache_mask (B, N, L)``: the cache of the query block (the keys before its window) is another document's:
+      one begins between the window's first key and the query;
+    * ``weight (B, N, L)`` and ``keep (B, N)``: per block ``-1 .. N-2``, the keys after its last start (those the
+      cache of later blocks may hold) and whether no document begins in it (else the prefix restarts there).
+    """
+
+    def __init__(self, starts: torch.Tensor, N: int, L: int):
+        B = starts.shape[0]
+        segment = starts.to(torch.long).cumsum(dim=1)  # (B, (N + 1) L)
+        query_segment = segment[:, L:].view(B, N, L)
+        self.window_mask = segment.unfold(1, 2 * L, L)[:, :, None, :] != query_segment[..., None]
+        before_window = (segment - starts.to(torch.long))[:, :N * L:L]  # (B, N): segment of the key before window i
+        self.cache_mask = query_segment != before_window[..., None]
+        prev_segment = segment[:, :N * L].view(B, N, L)
+        self.weight = prev_segment == prev_segment[..., -1:]
+        self.keep = ~starts[:, :N * L].view(B, N, L).any(dim=-1)
+
+
+def _no_starts(z: torch.Tensor) -> torch.Tensor:
+    """``(B, T)`` False: no document begins at the positions of ``z (B, G, T)``."""
+    return torch.zeros(z.shape[0], z.shape[2], dtype=torch.bool, device=z.device)
+
+
+def _cache_part(q, z_prev, v_all, codebook, L, state: VQAttentionState, reduction, code_scores, prev_len, add,
+                docs: BlockDocuments | None = None):
     """``(s_cache (B, G, N, R, L, S), cache_mean (B, G, N, S, Dv))`` of each query block, and the cache after the
     last block (count and mean) for the state.
 
@@ -153,7 +208,7 @@ def _cache_part(q, z_prev, v_all, codebook, L, state: VQAttentionState, reductio
     B, H, T, _ = q.shape
     G, S, _ = codebook.shape
     R, N = H // G, T // L
-    prefix_count, prefix_mean = block_prefixes(z_prev, v_all, S, L, state, reduction, has_prev_block)
+    prefix_count, prefix_mean = block_prefixes(z_prev, v_all, S, L, state, reduction, prev_len, docs)
     cache_count, cache_mean = prefix_count[:, :, :-1], prefix_mean[:, :, :-1]  # (B, G, N, S), (B, G, N, S, Dv)
 
     s_cache = codebook_scores(q, codebook, code_scores).view(B, G, R, N, L, S)
@@ -163,54 +218,58 @@ def _cache_part(q, z_prev, v_all, codebook, L, state: VQAttentionState, reductio
     return (s_cache, cache_mean), prefix_count[:, :, -1], prefix_mean[:, :, -1]
 
 
-def block_prefixes(z_prev, v_all, S, L, state: VQAttentionState, reduction, has_prev_block):
+def block_prefixes(z_prev, v_all, S, L, state: VQAttentionState, reduction, prev_len,
+                   docs: BlockDocuments | None = None):
     """The caches of ``N`` whole query blocks: the prefixes ``(B, G, N + 1, S)``, ``(B, G, N + 1, S, Dv)`` of the
     reduction over the blocks before them, from the outputs of :func:`prepend_previous_block`.
 
     Index ``i`` is the state's cache merged with blocks ``n-1 .. n+i-2``, the cache of query block ``i``; the last
-    (through every block) is the final state's cache.
+    (through every block) is the final state's cache. With ``docs``, a segmented scan (:class:`BlockDocuments`).
     """
     B, G, N, _ = z_prev.shape
     Dv = v_all.shape[-1]
     v_prev = v_all[:, :, :N * L].view(B, G, N, L, Dv)  # block n-1 of each query block n
-    counts, means = summarize(z_prev, v_prev, S, state.cache_mean.dtype)  # (B, G, N, S), (B, G, N, S, Dv)
-    if not has_prev_block:
-        counts = torch.cat([torch.zeros_like(counts[:, :, :1]), counts[:, :, 1:]], dim=2)
-    return PREFIXES[reduction](state.cache_count, state.cache_mean, counts, means)
+    weight = None if docs is None else docs.weight[:, None]  # (B, 1, N, L)
+    if prev_len < L:  # the zeros standing for the missing keys of block -1 are no keys
+        real = torch.ones(N, L, dtype=torch.bool, device=z_prev.device)
+        real[0, :L - prev_len] = False
+        weight = real if weight is None else weight & real
+    counts, means = summarize(z_prev, v_prev, S, state.cache_mean.dtype, weight)  # (B, G, N, S), (B, G, N, S, Dv)
+    return PREFIXES[reduction](state.cache_count, state.cache_mean, counts, means,
+                               None if docs is None else docs.keep)
 
 
 def prepend_previous_block(k_hat, z, v, L, state: VQAttentionState):
     """The keys and values of blocks ``-1 .. N-1`` and the codes of the block before each query block.
 
-    Block ``-1`` (the one before the first query block) comes from the state; at the start of a sequence it does not
-    exist and is zeros, masked out of the scores and left out of the cache.
+    Block ``-1`` (the one before the first query block) comes from the state. It holds fewer than ``L`` keys when the
+    sequence began after its start (none at the start of a sequence; some when a state began at a position inside
+    it); zeros stand for the missing ones, masked out of the scores and left out of the cache.
 
     Returns:
-        ``k_all (B, G, (N + 1) L, Dk)``, ``v_all (B, G, (N + 1) L, Dv)``, ``z_prev (B, G, N, L)`` and whether
-        block ``-1`` exists.
+        ``k_all (B, G, (N + 1) L, Dk)``, ``v_all (B, G, (N + 1) L, Dv)``, ``z_prev (B, G, N, L)`` and the number of
+        real keys of block ``-1`` (its last ones).
     """
     B, G, T, Dk = k_hat.shape
     Dv = v.shape[-1]
-    has_prev_block = state.recent_k.shape[2] == L
-    if has_prev_block:
-        first_k, first_v, first_z = state.recent_k, state.recent_v, state.recent_z
-    else:
-        first_k = state.recent_k.new_zeros(B, G, L, Dk)
-        first_v = state.recent_v.new_zeros(B, G, L, Dv)
-        first_z = z.new_zeros(B, G, L)
+    prev_len = state.recent_k.shape[2]
+    missing = L - prev_len
+    first_k = torch.cat([state.recent_k.new_zeros(B, G, missing, Dk), state.recent_k], dim=2)
+    first_v = torch.cat([state.recent_v.new_zeros(B, G, missing, Dv), state.recent_v], dim=2)
+    first_z = torch.cat([z.new_zeros(B, G, missing), state.recent_z], dim=2)
     k_all = torch.cat([first_k, k_hat.to(first_k.dtype)], dim=2)
     v_all = torch.cat([first_v, v.to(first_v.dtype)], dim=2)
     z_prev = torch.cat([first_z, z[:, :, :T - L]], dim=2).view(B, G, T // L, L)
-    return k_all, v_all, z_prev, has_prev_block
+    return k_all, v_all, z_prev, prev_len
 
 
-def _window_mask(N: int, L: int, has_prev_block: bool, device) -> torch.Tensor:
-    """``(N, L, 2L)`` True where window column ``j`` of query row ``i`` is masked: a future key, or block ``-1``
-    when it does not exist."""
+def _window_mask(N: int, L: int, prev_len: int, device) -> torch.Tensor:
+    """``(N, L, 2L)`` True where window column ``j`` of query row ``i`` is masked: a future key, or one of the
+    missing keys of block ``-1`` (the first ``L - prev_len``)."""
     column = torch.arange(2 * L, device=device)
     row = torch.arange(L, device=device)
     blocked = (column[None, :] > L + row[:, None]).expand(N, L, 2 * L)
-    if not has_prev_block:
+    if prev_len < L:
         blocked = blocked.clone()
-        blocked[0, :, :L] = True
+        blocked[0, :, :L - prev_len] = True
     return blocked

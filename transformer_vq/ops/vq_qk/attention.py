@@ -35,12 +35,13 @@ def vq_qk_attention(
     reduction: str = "serial",
     table: torch.Tensor | None = None,
     compressive_cache: bool = True,
+    doc_start: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, VQAttentionState]:
     """Causal softmax attention of quantized queries over all past quantized keys, in time linear in T.
 
     Args:
         q_hat: ``[B, H, T, Dk]`` quantized queries, equal in value to ``codebook_q[h, z_q]``.
-        k_hat, v, bias, block_len, state, z, codebook, reduction, compressive_cache: as
+        k_hat, v, bias, block_len, state, z, codebook, reduction, compressive_cache, doc_start: as
             :func:`transformer_vq.ops.vq.vq_attention` (``codebook`` is ``C_K [G, S_k, Dk]``).
         z_q: ``[B, H, T]`` int64 query shortcodes, ``0 <= z_q < S_q``.
         codebook_q: ``[H, S_q, Dk]`` query codewords ``C_Q``, one codebook per head (constants: no gradient).
@@ -62,4 +63,5 @@ def vq_qk_attention(
         table = code_pair_table(codebook_q, codebook)
     code_scores = lookup_code_scores(q_hat, z_q, table, codebook)  # (B, H, T, S_k)
     return vq_attention(q_hat, k_hat, v, bias, block_len=block_len, state=state, z=z, codebook=codebook,
-                        reduction=reduction, code_scores=code_scores, compressive_cache=compressive_cache)
+                        reduction=reduction, code_scores=code_scores, compressive_cache=compressive_cache,
+                        doc_start=doc_start)

@@ -14,14 +14,14 @@ from transformer_vq.ops.full.naive import full_attention_naive, per_head
 
 
 def vq_qk_attention_naive(q_hat: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *,
-                          block_len: int) -> torch.Tensor:
+                          block_len: int, doc_start: torch.Tensor | None = None) -> torch.Tensor:
     """``out[t] = sum_{p <= t} softmax_p(q_hat[t] . k_hat[p] + beta[t, p]) v[p]``: Definition 3.1 on quantized
     queries, with the window bias of docs/operator.md.
 
     Shapes: ``q_hat [B, H, T, Dk]``, ``k_hat [B, G, T, Dk]``, ``v [B, G, T, Dv]``, ``bias [B, H, T, 2L]``; returns
-    ``[B, H, T, Dv]``.
+    ``[B, H, T, Dv]``. ``doc_start [B, T]``: the sum runs over the query's own packed document.
     """
-    return full_attention_naive(q_hat, k_hat, v, bias, block_len=block_len)
+    return full_attention_naive(q_hat, k_hat, v, bias, block_len=block_len, doc_start=doc_start)
 
 
 def vq_qk_attention_noncausal_naive(q_hat: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor, *,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from transformer_vq.config import RunConfig
-from transformer_vq.data.batches import check_vocab, corpus_batches
+from transformer_vq.data.batches import check_vocab, corpus_batches, packed_documents
 from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte, corpus_tokens_per_word
 from transformer_vq.train.checkpoint.rundir import hold_run_dir
 from transformer_vq.train.device import training_device
@@ -93,11 +93,12 @@ class LMTrainer(Trainer):
         for split in ("train", "validation"):
             check_vocab(self.corpus.split(split), cfg.model.vocab_size, split)
         self.batches = corpus_batches(self.corpus, "train", batch_size=tc.batch_size, seq_len=tc.seq_len,
-                                      seed=tc.seed, rank=dist_info.data_rank,
-                                      world_size=dist_info.data_world)
+                                      seed=tc.seed, rank=dist_info.data_rank, world_size=dist_info.data_world,
+                                      documents=packed_documents(self.corpus, "train") if tc.pack else None)
         super().__init__(cfg, dist_info, device, lambda: model if model is not None else build_model(cfg),
                          torch_compile=tc.torch_compile)
         self.batch = None  # (B_local, seq_len + 1) the current batch of sequences
+        self.positions = None  # (B_local, seq_len + 1) their positions in their documents (--pack), else None
         self.batch_pos = self.batches.state_dict()  # data position before the current batch
         self.carry = None  # operator state carried into the next window
         self.train_tokens_per_byte = corpus_tokens_per_byte(self.corpus, "train")
@@ -110,12 +111,17 @@ class LMTrainer(Trainer):
 
     def forward_backward(self) -> Step:
         inputs, targets = self._next_window()  # (B_local, update_len) each
-        loss_mask = None
+        loss_mask, packing = None, {}
         if not self.cfg.model.causal:  # an encoder predicts masked tokens of its window instead
             inputs, targets, loss_mask = masked_window(inputs, cfg=self.cfg.model, seed=self.tc.seed, step=self.step,
                                                        rank=self.dist.rank)
+        if self.positions is not None:
+            lo = self.step % self.tc.windows_per_batch * self.tc.update_len
+            packing = {"position_ids": self.positions[:, lo:lo + inputs.shape[1]]}
+            # no loss across a boundary: a document's first token is not predicted from the one before it
+            loss_mask = self.positions[:, lo + 1:lo + inputs.shape[1] + 1] != 0
         with self.autocast():
-            out = self.forward(inputs, state=self.carry, targets=targets, loss_mask=loss_mask,
+            out = self.forward(inputs, state=self.carry, targets=targets, loss_mask=loss_mask, **packing,
                                **({"context_parallel": self.dist.cp_group} if self.dist.cp_group is not None else {}))
         out.loss.backward()
         return Step(output=out, tokens=self.tc.batch_size * self.tc.update_len)
@@ -125,12 +131,17 @@ class LMTrainer(Trainer):
         window = self.step % self.tc.windows_per_batch
         if window == 0:
             self.batch_pos = self.batches.state_dict()
-            self.batch = next(self.batches).to(self.device)
+            self._load_batch()
             self.carry = None
         # with context parallelism, this worker's chunk of the window
         chunk = self.tc.update_len // self.dist.context_parallel
         lo = window * self.tc.update_len + self.dist.cp_rank * chunk
         return self.batch[:, lo:lo + chunk], self.batch[:, lo + 1:lo + chunk + 1]
+
+    def _load_batch(self) -> None:
+        batch, positions = self.batches.next_batch()
+        self.batch = batch.to(self.device)
+        self.positions = None if positions is None else positions.to(self.device)
 
     def after_step(self, step: Step, ce_loss: float) -> dict:
         state = step.output.state
@@ -151,7 +162,7 @@ class LMTrainer(Trainer):
         if not self._mid_batch():
             return
         self.batch_pos = self.batches.state_dict()
-        self.batch = next(self.batches).to(self.device)
+        self._load_batch()
         if "data" in skip:
             self.carry = None
         elif len(state["carry"]) == self.dist.world_size:

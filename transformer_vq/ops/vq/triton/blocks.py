@@ -23,23 +23,31 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def attend_blocks_fused(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, reduction, code_scores=None,
-                        compressive_cache=True):
+                        compressive_cache=True, doc_start=None):
     """Queries of ``N`` whole blocks starting at a block boundary, with the arguments of ``attend_blocks``.
 
     ``code_scores`` must be ``None`` (the kernels compute the codeword scores themselves) and ``compressive_cache``
-    true (:func:`check_fused_inputs`).
+    true, and no packed documents begin (``doc_start`` ``None``; :func:`check_fused_inputs`).
     """
     S = codebook.shape[1]
-    k_all, v_all, z_prev, has_prev = prepend_previous_block(k_hat, z, v, L, state)
-    prefix_count, prefix_mean = block_prefixes(z_prev, v_all, S, L, state, reduction, has_prev)
+    k_all, v_all, z_prev, prev_len = prepend_previous_block(k_hat, z, v, L, state)
+    if 0 < prev_len < L:
+        raise ValueError(f"backend='triton' takes a state whose previous block is whole or absent, got {prev_len} of "
+                         f"its {L} keys (a state begun inside a block): use backend='eager'")
+    has_prev = prev_len == L
+    prefix_count, prefix_mean = block_prefixes(z_prev, v_all, S, L, state, reduction, prev_len)
     log_count = log_counts(prefix_count[:, :, :-1], torch.float32)  # (B, G, N, S): counts carry no gradient
     out = FusedVQAttention.apply(q, k_all, v_all, bias, codebook, log_count, prefix_mean[:, :, :-1], L, has_prev)
     return out, VQAttentionState(state.offset + z.shape[2], prefix_count[:, :, -1], prefix_mean[:, :, -1],
-                                 k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:])
+                                 k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:], state.recent_start.new_zeros(
+                                     z.shape[0], L))
 
 
-def check_fused_inputs(q: torch.Tensor, code_scores, compressive_cache: bool) -> None:
+def check_fused_inputs(q: torch.Tensor, code_scores, compressive_cache: bool, doc_start=None) -> None:
     """Raise ``ValueError`` for what the fused kernels do not take."""
+    if doc_start is not None:
+        raise ValueError("backend='triton' does not take packed documents yet: doc_start (position_ids or "
+                         "cu_seqlens) needs backend='eager'")
     if not compressive_cache:
         raise ValueError("backend='triton' attends the per-code cache: compressive_cache=False needs backend='eager'")
     if code_scores is not None:

@@ -1,0 +1,139 @@
+"""Packed documents through the whole model (position_ids or cu_seqlens): no token sees another document.
+
+In float64: documents starting on a block edge get exactly what they get alone from position 0, logits and every
+parameter gradient; documents starting anywhere are held to the dense formula (``attention="quadratic"``) and to
+their independence (changing an earlier document changes nothing after it); a document crossing a training window
+with the state carried equals one call.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transformer_vq import TransformerVQ, preset
+
+L = 4
+KINDS = {
+    "vq-shga": dict(),
+    "vq-mha": dict(head_type="mha", n_head=2, d_v=64),
+    "vq-mqa": dict(head_type="mqa", n_head=2, d_v=64),
+    "vq_qk": dict(quantize_queries=True),
+    "full": dict(attn_type="full"),
+    "flash_quad": dict(attn_type="flash_quad"),
+    "flash": dict(attn_type="flash", flash_chunk_len=L),  # chunks on block edges, as the documents there
+}
+TOL = 1e-12  # float64: only the summation order differs
+
+
+def tiny_model(**overrides):
+    torch.manual_seed(0)
+    model = TransformerVQ(preset("tiny", n_layers=2, n_code=6, block_len=L, **overrides)).to(torch.float64).eval()
+    with torch.no_grad():
+        for unit in model.units:  # non-zero u, v_r so the position terms take part
+            unit.u.normal_()
+            unit.v_r.normal_()
+    return model
+
+
+def positions(lengths_per_row):
+    """``position_ids [B, T]`` of rows packed with documents of these lengths."""
+    return torch.stack([torch.cat([torch.arange(n) for n in lengths]) for lengths in lengths_per_row])
+
+
+def ids_for(position_ids, seed=1):
+    return torch.randint(0, 256, position_ids.shape, generator=torch.Generator().manual_seed(seed))
+
+
+def parameter_grads(model, logits, cotangent):
+    params = [p for p in model.parameters() if p.requires_grad]
+    return dict(zip([n for n, p in model.named_parameters() if p.requires_grad],
+                    torch.autograd.grad((logits * cotangent).sum(), params, allow_unused=True)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_documents_on_block_edges_equal_each_alone(kind):
+    model = tiny_model(**KINDS[kind])
+    position_ids = positions([[4, 8, 4, 7], [12, 1 * 4, 7]])  # every document but a row's last is whole blocks
+    ids = ids_for(position_ids)
+    packed = model(ids, position_ids=position_ids).logits
+    cotangent = torch.randn(packed.shape, dtype=packed.dtype, generator=torch.Generator().manual_seed(2))
+    want_grads = parameter_grads(model, packed, cotangent)
+    alone_grads = {}
+    for row in range(ids.shape[0]):
+        starts = (position_ids[row] == 0).nonzero().flatten().tolist() + [ids.shape[1]]
+        for a, b in zip(starts[:-1], starts[1:]):
+            alone = model(ids[row:row + 1, a:b]).logits
+            torch.testing.assert_close(packed[row:row + 1, a:b], alone, rtol=TOL, atol=TOL)
+            for name, grad in parameter_grads(model, alone, cotangent[row:row + 1, a:b]).items():
+                if grad is not None:
+                    alone_grads[name] = alone_grads.get(name, 0) + grad
+    for name, grad in want_grads.items():
+        if grad is not None:
+            torch.testing.assert_close(grad, alone_grads[name], rtol=1e-10, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_document_sees_another(kind):
+    """Documents of 1 token, inside a block, several in a block: changing the tokens of one document changes no
+    logit outside it."""
+    model = tiny_model(**KINDS[kind])
+    position_ids = positions([[3, 1, 1, 1, 7, 11, 1, 12], [16, 14, 7]])
+    ids = ids_for(position_ids)
+    logits = model(ids, position_ids=position_ids).logits
+    changed = ids.clone()
+    changed[0, 6:13] = (changed[0, 6:13] + 1) % 256  # the document [6, 13) of row 0
+    other = model(changed, position_ids=position_ids).logits
+    torch.testing.assert_close(other[0, :6], logits[0, :6], rtol=0, atol=0)
+    torch.testing.assert_close(other[0, 13:], logits[0, 13:], rtol=TOL, atol=TOL)
+    assert not torch.allclose(other[0, 6:13], logits[0, 6:13])
+    if not kind.startswith("vq"):
+        return
+    quadratic = model(ids, position_ids=position_ids, attention="quadratic").logits
+    torch.testing.assert_close(logits, quadratic, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["vq-shga", "vq-mqa", "full", "flash"])
+def test_state_carried_across_a_boundary_equals_one_call(kind):
+    """Truncated backprop through time: a document runs from one window into the next (its positions continue),
+    another begins inside the second window."""
+    model = tiny_model(**KINDS[kind])
+    position_ids = positions([[9, 13, 7], [5, 24]])
+    ids = ids_for(position_ids)
+    whole = model(ids, position_ids=position_ids).logits
+    first = model(ids[:, :14], position_ids=position_ids[:, :14])
+    second = model(ids[:, 14:], first.state, position_ids=position_ids[:, 14:])
+    pieces = torch.cat([first.logits, second.logits], dim=1)
+    torch.testing.assert_close(pieces, whole, rtol=TOL, atol=TOL)
+    cotangent = torch.randn(whole.shape, dtype=whole.dtype, generator=torch.Generator().manual_seed(3))
+    got, want = parameter_grads(model, pieces, cotangent), parameter_grads(model, whole, cotangent)
+    for name in want:
+        if want[name] is not None:
+            torch.testing.assert_close(got[name], want[name], rtol=1e-10, atol=1e-10, msg=name)
+
+
+def test_cu_seqlens_equal_position_ids():
+    model = tiny_model()
+    position_ids = positions([[5, 3, 9], [17]])
+    ids = ids_for(position_ids)
+    cu_seqlens = torch.tensor([0, 5, 8, 17, 34], dtype=torch.int32)
+    torch.testing.assert_close(model(ids, cu_seqlens=cu_seqlens).logits, model(ids, position_ids=position_ids).logits,
+                               rtol=0, atol=0)
+
+
+def test_an_encoder_says_it_does_not_pack():
+    model = tiny_model(causal=False)
+    position_ids = positions([[3, 5]])
+    message = ("an encoder (causal=False) does not take packed documents yet (position_ids or cu_seqlens): use a "
+               "causal model, or one document per row")
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)") + "$"):
+        model(ids_for(position_ids), position_ids=position_ids)
+
+
+def test_context_parallelism_says_it_does_not_pack():
+    from transformer_vq.nn.attend import check_call
+
+    message = ("context parallelism does not take packed documents yet (position_ids or cu_seqlens): leave "
+               "context_parallel at 1 to pack")
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)") + "$"):
+        check_call(tiny_model().cfg, "linear", None, torch.zeros(1, 4, dtype=torch.bool), context_parallel=object())

@@ -1,0 +1,91 @@
+"""`tvq train --pack`: documents of a corpus packed into sequences, none attending to or predicted from another."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from trainutil import tiny_config, write_corpus
+from transformer_vq import TransformerVQ
+from transformer_vq.config import ConfigError
+from transformer_vq.data.batches import TokenBatches, packed_documents
+from transformer_vq.data.corpus import Corpus
+from transformer_vq.data.errors import DataError
+from transformer_vq.train import train
+
+
+class Recorder(TransformerVQ):
+    """Records what every training window is called with."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.calls = []
+
+    def forward(self, input_ids, state=None, **kwargs):
+        if self.training:
+            self.calls.append((input_ids.clone(), kwargs.get("position_ids"), kwargs.get("loss_mask")))
+        return super().forward(input_ids, state, **kwargs)
+
+
+def test_positions_restart_at_every_document():
+    tokens = np.arange(40)
+    batches = TokenBatches(tokens, batch_size=3, seq_len=9, documents=np.array([4, 11, 12, 30]))
+    batch, positions = batches.next_batch()
+    for row, ids in zip(positions, batch):  # the token id is its offset in the split here
+        first = np.array([max([0] + [d for d in (4, 11, 12, 30) if d <= int(i)]) for i in ids])
+        assert row.tolist() == (ids.numpy() - first).tolist()
+    assert TokenBatches(tokens, batch_size=3, seq_len=9).next_batch()[1] is None
+
+
+@pytest.fixture(scope="module")
+def plays(tmp_path_factory):
+    """A text directory of 24 short documents (one per file, ~40 to ~300 bytes)."""
+    root = tmp_path_factory.mktemp("plays")
+    for i in range(24):
+        write_corpus(root / f"play{i:02d}.txt", n_lines=2 + i % 12)
+    return root
+
+
+def test_training_windows_carry_positions_and_mask_the_first_token_of_each_document(plays, tmp_path):
+    cfg = tiny_config(plays, tmp_path / "run", "steps=6", "pack=true")
+    model = Recorder(cfg.model)
+    result = train(cfg, model=model)
+    assert result.step == 6
+    starts_seen = 0
+    for window, (ids, positions, loss_mask) in enumerate(model.calls):
+        assert positions is not None and positions.shape == ids.shape
+        next_positions = torch.cat([positions[:, 1:], positions[:, -1:] + 1], dim=1)
+        # the last column's target position is the first of the next window: checked through the loss mask's shape
+        assert loss_mask.shape == ids.shape
+        inner = loss_mask[:, :-1] == (next_positions[:, :-1] != 0)
+        assert bool(inner.all())
+        starts_seen += int((positions == 0).sum())
+    assert starts_seen > 0  # some window holds a document boundary
+
+
+def test_a_text_lines_file_packs_one_document_per_line(corpus_file, tmp_path):
+    cfg = tiny_config(corpus_file, tmp_path / "run", "steps=2", "pack=true")
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, data_options={"lines": True}))
+    model = Recorder(cfg.model)
+    train(cfg, model=model)
+    text = corpus_file.read_bytes()
+    for ids, positions, _ in model.calls:
+        for row_ids, row_positions in zip(ids.tolist(), positions.tolist()):
+            for i in range(1, len(row_ids)):  # a document starts exactly after a newline
+                assert (row_positions[i] == 0) == (row_ids[i - 1] == ord("\n")), (i, row_ids, row_positions)
+    assert text.count(b"\n") > 100
+
+
+def test_pack_refuses_a_corpus_without_documents_and_models_that_cannot(corpus_file, tmp_path):
+    corpus = Corpus(name="enwik8", splits={"train": np.zeros(8, dtype=np.uint8)}, vocab_size=256)
+    with pytest.raises(DataError, match="^--pack needs a corpus whose documents are known, and 'enwik8' records none "
+                                        "for its train split; use --data shakespeare, pg19, or text with a directory "
+                                        r"\(one document per file\), or leave --pack off$"):
+        packed_documents(corpus, "train")
+    with pytest.raises(ConfigError, match=r"^invalid RunConfig: pack needs a causal model with attn_backend 'eager' "
+                                          r"and context_parallel 1, got causal=False, attn_backend='eager', "
+                                          r"context_parallel=1$"):
+        tiny_config(corpus_file, tmp_path / "r", "pack=true", "model.causal=false")

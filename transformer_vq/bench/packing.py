@@ -1,0 +1,116 @@
+"""What packed documents cost: training throughput of one batch packed with documents against the same batch unpacked.
+
+``python -m transformer_vq.bench.packing [--device cuda] [--preset small] [--length 2048] ...`` times a training step
+(forward, backward, optimizer, codebook update) of the same model on the same tokens, once as plain rows and once
+with ``position_ids`` cutting each row into documents whose lengths are drawn (seeded) around each ``--mean-doc``
+length, at equal tokens. The two are timed alternately, so a load change on a shared machine hits both alike. It
+prints a table (tokens/s, packed over unpacked) after the machine, the commit and the versions, and writes them as
+JSON with ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from transformer_vq.bench.machine import machine_info, median_seconds
+from transformer_vq.config import PRESETS
+
+
+def document_positions(batch: int, length: int, mean_doc: int, seed: int = 0) -> torch.Tensor:
+    """``position_ids [B, T]`` of rows packed with documents of geometric lengths of mean ``mean_doc`` (>= 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(batch):
+        pieces, used = [], 0
+        while used < length:
+            n = min(int(torch.empty(1).geometric_(1.0 / mean_doc, generator=gen)), length - used)
+            pieces.append(torch.arange(n))
+            used += n
+        rows.append(torch.cat(pieces))
+    return torch.stack(rows)
+
+
+def training_step(preset: str, block_len: int, device: str, precision: str, seed: int):
+    """One training step ``step(ids [B, T + 1], position_ids [B, T] or None)`` of a fresh model."""
+    from transformer_vq.models.tvq.model import TransformerVQ
+
+    torch.manual_seed(seed)
+    net = TransformerVQ(PRESETS[preset].replace(block_len=block_len, dropsin=0.0)).to(device).train()
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
+
+    def step(ids, position_ids):
+        with autocast:
+            loss_mask = None if position_ids is None else torch.cat(
+                [position_ids[:, 1:] != 0, torch.ones_like(position_ids[:, :1], dtype=torch.bool)], dim=1)
+            out = net(ids[:, :-1], targets=ids[:, 1:], position_ids=position_ids, loss_mask=loss_mask)
+        out.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        net.update_codebooks()
+
+    return step
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Time the unpacked step and one packed step per ``--mean-doc``; returns the result with the machine's facts."""
+    step = training_step(args.preset, args.block_len, args.device, args.precision, args.seed)
+    ids = torch.randint(0, 256, (args.batch_size, args.length + 1)).to(args.device)
+    cases = {"unpacked": None, **{f"packed, mean document {m}": document_positions(
+        args.batch_size, args.length, m, args.seed).to(args.device) for m in args.mean_doc}}
+    for positions in cases.values():  # warm every shape before any timing
+        step(ids, positions)
+    rows = {name: [] for name in cases}
+    for _ in range(args.rounds):
+        for name, positions in cases.items():
+            rows[name].append(median_seconds(lambda: step(ids, positions), repeats=args.repeats, warmup=0,
+                                             device=args.device)[0])
+    tokens = args.batch_size * args.length
+    base = min(rows["unpacked"])
+    result = {"machine": machine_info(), "settings": vars(args), "rows": [
+        {"case": name, "step_s": min(samples), "tokens_per_s": tokens / min(samples),
+         "relative": base / min(samples)} for name, samples in rows.items()]}
+    return result
+
+
+def table(result: dict) -> str:
+    """The result as a text table."""
+    m = result["machine"]
+    lines = [f"commit {m.get('commit')} (dirty: {m.get('dirty')}); torch {m['torch']}; python {m['python']}; "
+             f"cpu {m['cpu']} x{m['logical_cpus']}; gpus {', '.join(m['gpus']) or 'none'}",
+             f"settings: {json.dumps(result['settings'], sort_keys=True)}",
+             f"{'case':<32} {'step s':>10} {'tokens/s':>12} {'vs unpacked':>12}"]
+    for row in result["rows"]:
+        lines.append(f"{row['case']:<32} {row['step_s']:>10.4f} {row['tokens_per_s']:>12,.0f} {row['relative']:>12.3f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """Command-line entry point: prints the table (and writes JSON with ``--out``)."""
+    parser = argparse.ArgumentParser(prog="python -m transformer_vq.bench.packing", description=__doc__,
+                                     allow_abbrev=False)
+    parser.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    parser.add_argument("--block-len", type=int, default=128)
+    parser.add_argument("--length", type=int, default=2048, help="tokens per row")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--mean-doc", type=int, nargs="+", default=[64, 512, 2048], help="mean document lengths")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of the cases")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="write the result as JSON here")
+    args = parser.parse_args(argv)
+    result = run(args)
+    print(table(result))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
