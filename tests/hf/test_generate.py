@@ -82,7 +82,8 @@ def test_cache_size_stays_bounded(new_tokens):
     assert isinstance(cache, TransformerVQCache)
     assert cache.get_seq_length() == BLOCK + new_tokens - 1  # the last token is returned, never fed back
     # per unit (G=1, S=8, Dk=16, Dv=64): counts 8*4 + means 8*64*4 + window of 2L-1 = 15 keys (16+64)*4 + codes 15*8
-    assert cache.nbytes() == 2 * 2 * (8 * 4 + 8 * 64 * 4 + 15 * (16 + 64) * 4 + 15 * 8)
+    # + their document starts 15*1 (packed documents)
+    assert cache.nbytes() == 2 * 2 * (8 * 4 + 8 * 64 * 4 + 15 * (16 + 64) * 4 + 15 * 8 + 15)
 
 
 def test_several_samples_per_prompt_repeat_the_state():
