@@ -35,22 +35,26 @@ assert not _shared, f"model and train configs share field names {sorted(_shared)
 
 def load_config(preset: str | None = None, file: str | Path | None = None,
                 overrides: typing.Sequence[str] = (), base: RunConfig | None = None,
-                values: dict | None = None, arch: str | None = None) -> RunConfig:
+                values: dict | None = None, arch: str | None = None, shared: typing.Sequence[str] = ()) -> RunConfig:
     """Build a :class:`RunConfig`: model preset (default ``small``), then a YAML/TOML file, then ``key=value``
     ``overrides``, then typed ``values`` (``{"model": {...}, "train": {...}}``, e.g. parsed flags), each later
     source winning. ``arch`` (else the file's, else ``base``'s, else ``tvq``) picks the model config class and its
     presets. With ``base`` (e.g. the saved config of a run being resumed) the starting point is ``base``
-    instead of the defaults, unless a preset is named. Raises :class:`ConfigError` naming the bad key or value."""
+    instead of the defaults, unless a preset is named. An option given where it does not apply is refused
+    (:func:`~transformer_vq.config.arch.refuse_given`), except the ``shared`` overrides (applied before
+    ``overrides``): the options of a sweep, meant for the runs they apply to (``tvq ablate``'s matrix-wide ones).
+    Raises :class:`ConfigError` naming the bad key or value."""
     merged = {"model": {}, "train": dict(base.train.to_dict()) if base else {}}
     given = {section: set() for section in SECTIONS}  # the fields the user gave, checked for where they apply
     loaded = read_file(Path(file)) if file is not None else {}
     for section in SECTIONS:
         merged[section].update(loaded.get(section) or {})
         given[section].update(loaded.get(section) or {})
-    for item in overrides:
+    for item in (*shared, *overrides):
         section, key, value = parse_override(item)
         merged[section][key] = value
-        given[section].add(key)
+        if item not in shared:
+            given[section].add(key)
     for section, typed in (values or {}).items():
         merged[section].update(typed)
         given[section].update(typed)
