@@ -82,7 +82,7 @@ def test_full_disk_saves_nothing_unresumable(capsys, corpus, tmp_path, monkeypat
                          "(e.g. --data shakespeare)"),
     (["--data-option", "foo"], "--data-option: 'foo' must look like KEY=VALUE, e.g. --data-option "
                                "tokenizer=pg19.model"),
-    (["--data-option", "foo=1"], "dataset 'text' has no option 'foo'; its options are: glob, fractions"),
+    (["--data-option", "foo=1"], "dataset 'text' has no option 'foo'; its options are: glob, fractions, lines"),
     (["--data-option", "glob="], "--data-option: 'glob=' must look like KEY=VALUE, e.g. --data-option "
                                  "tokenizer=pg19.model"),
     (["--data-option", "fractions=null"], FRACTIONS.format(got="None")),

@@ -17,7 +17,8 @@ def test_data_error_is_a_plain_exception():
 def test_unknown_name_and_option():
     with pytest.raises(DataError, match="unknown dataset 'wiki'; choose one of: shakespeare, text, enwik8"):
         load_corpus("wiki")
-    with pytest.raises(DataError, match="dataset 'text' has no option 'vocab'; its options are: glob, fractions"):
+    with pytest.raises(DataError,
+                       match="dataset 'text' has no option 'vocab'; its options are: glob, fractions, lines"):
         load_corpus("text", data_path="x", vocab=3)
 
 
