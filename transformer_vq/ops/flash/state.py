@@ -39,4 +39,5 @@ class FlashState:
 
     def nbytes(self) -> int:
         """Bytes held by the state (bounded by the chunk length, whatever the offset)."""
-        return sum(t.nelement() * t.element_size() for t in (self.kv_sum, self.chunk_k, self.chunk_v))
+        held = (self.kv_sum, self.chunk_k, self.chunk_v, self.kv_count, self.chunk_start)
+        return sum(t.nelement() * t.element_size() for t in held if t is not None)

@@ -47,4 +47,5 @@ class KVCache:
 
     def nbytes(self) -> int:
         """Bytes held by the cache (grows linearly with the number of positions)."""
-        return self.k.nelement() * self.k.element_size() + self.v.nelement() * self.v.element_size()
+        held = [self.k, self.v] + ([] if self.segment is None else [self.segment])
+        return sum(t.nelement() * t.element_size() for t in held)
