@@ -133,10 +133,6 @@ def test_bad_backends_are_refused(monkeypatch):
         run(inputs, 16, "triton", code_scores=scores)
     with pytest.raises(ValueError, match="compressive_cache=False needs backend='eager'"):
         run(inputs, 16, "triton", compressive_cache=False)
-    packed = torch.zeros(1, 16, dtype=torch.bool, device=DEVICE)
-    with pytest.raises(ValueError, match=r"^backend='triton' does not take packed documents yet: doc_start \(position_"
-                                         r"ids or cu_seqlens\) needs backend='eager'$"):
-        run(inputs, 16, "triton", doc_start=packed)
     with pytest.raises(ConfigError, match="attn_backend applies only with attn_type 'vq' and causal true and "
                                           "compressive_cache true and quantize_queries false \\(this run has "
                                           "quantize_queries true\\), got 'triton'"):

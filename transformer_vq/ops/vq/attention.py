@@ -69,7 +69,7 @@ def vq_attention(
     _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores)
     T, L = q.shape[2], block_len
     state, doc_start = _starting_state(state, doc_start, q, v, codebook)
-    blocks_kernel = _blocks_kernel(backend, q, code_scores, compressive_cache, doc_start)
+    blocks_kernel = _blocks_kernel(backend, q, code_scores, compressive_cache)
     codebook = codebook.detach()
     outs, start = [], 0
     while start < T:
@@ -105,7 +105,7 @@ def _starting_state(state, doc_start, q, v, codebook):
     return state, doc_start
 
 
-def _blocks_kernel(backend: str, q: torch.Tensor, code_scores, compressive_cache: bool, doc_start):
+def _blocks_kernel(backend: str, q: torch.Tensor, code_scores, compressive_cache: bool):
     """The kernel of whole blocks of ``backend``; triton is imported only when asked for (an optional extra)."""
     if backend not in ATTN_BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(ATTN_BACKENDS)}, got {backend!r}")
@@ -115,7 +115,7 @@ def _blocks_kernel(backend: str, q: torch.Tensor, code_scores, compressive_cache
         raise ImportError("backend='triton' needs the triton package: pip install -e \".[triton]\"")
     from transformer_vq.ops.vq.triton import attend_blocks_fused, check_fused_inputs
 
-    check_fused_inputs(q, code_scores, compressive_cache, doc_start)
+    check_fused_inputs(q, code_scores, compressive_cache)
     return attend_blocks_fused
 
 

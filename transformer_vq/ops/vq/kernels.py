@@ -147,8 +147,7 @@ def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, re
 
     s_window = add(q_blocks @ k_window.unsqueeze(3), bias_blocks)  # (B, G, N, R, L, 2L)
     s_window = masked_fill(s_window, _window_mask(N, L, prev_len, q.device)[:, None], float("-inf"))
-    starts = torch.cat([_no_starts(z[:, :, :L - prev_len]), state.recent_start,
-                        _no_starts(z) if doc_start is None else doc_start], dim=1)  # (B, (N + 1) L)
+    starts = block_starts(z, L, state, doc_start)  # (B, (N + 1) L)
     docs = None if doc_start is None else BlockDocuments(starts, N, L)
     if docs is not None:
         s_window = masked_fill(s_window, docs.window_mask[:, None, :, None], float("-inf"))
@@ -169,6 +168,14 @@ def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, re
                                  k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:], starts[:, -L:])
 
 
+def block_starts(z, L, state: VQAttentionState, doc_start) -> torch.Tensor:
+    """``(B, (N + 1) L)`` bool: the document starts of blocks ``-1 .. N-1``, laid out as the keys
+    :func:`prepend_previous_block` returns (the missing keys of block ``-1`` begin none)."""
+    prev_len = state.recent_start.shape[1]
+    return torch.cat([_no_starts(z[:, :, :L - prev_len]), state.recent_start,
+                      _no_starts(z) if doc_start is None else doc_start], dim=1)
+
+
 class BlockDocuments:
     """Where packed documents fall in ``N`` whole query blocks, from the starts ``(B, (N + 1) L)`` of blocks
     ``-1 .. N-1`` (the keys :func:`prepend_previous_block` returns).
@@ -177,7 +184,9 @@ class BlockDocuments:
     * ``cache_mask (B, N, L)``: the cache of the query block (the keys before its window) is another document's:
       one begins between the window's first key and the query;
     * ``weight (B, N, L)`` and ``keep (B, N)``: per block ``-1 .. N-2``, the keys after its last start (those the
-      cache of later blocks may hold) and whether no document begins in it (else the prefix restarts there).
+      cache of later blocks may hold) and whether no document begins in it (else the prefix restarts there);
+    * ``segment (B, (N + 1) L)`` and ``cache_segment (B, N)``: the ids both masks compare (the document of each key,
+      and the one the cache of each query block summarizes), which the fused kernels read instead of the masks.
     """
 
     def __init__(self, starts: torch.Tensor, N: int, L: int):
@@ -187,6 +196,7 @@ class BlockDocuments:
         self.window_mask = segment.unfold(1, 2 * L, L)[:, :, None, :] != query_segment[..., None]
         before_window = (segment - starts.to(torch.long))[:, :N * L:L]  # (B, N): segment of the key before window i
         self.cache_mask = query_segment != before_window[..., None]
+        self.segment, self.cache_segment = segment, before_window
         prev_segment = segment[:, :N * L].view(B, N, L)
         self.weight = prev_segment == prev_segment[..., -1:]
         self.keep = ~starts[:, :N * L].view(B, N, L).any(dim=-1)

@@ -14,7 +14,7 @@ import os
 import torch
 
 from transformer_vq.ops.vq.cache import log_counts
-from transformer_vq.ops.vq.kernels import block_prefixes, prepend_previous_block
+from transformer_vq.ops.vq.kernels import BlockDocuments, block_prefixes, block_starts, prepend_previous_block
 from transformer_vq.ops.vq.state import VQAttentionState
 from transformer_vq.ops.vq.triton.function import FusedVQAttention
 
@@ -27,27 +27,27 @@ def attend_blocks_fused(q, k_hat, z, v, codebook, bias, L, state: VQAttentionSta
     """Queries of ``N`` whole blocks starting at a block boundary, with the arguments of ``attend_blocks``.
 
     ``code_scores`` must be ``None`` (the kernels compute the codeword scores themselves) and ``compressive_cache``
-    true, and no packed documents begin (``doc_start`` ``None``; :func:`check_fused_inputs`).
+    true (:func:`check_fused_inputs`). ``doc_start``: packed documents, as in the eager kernel: the segmented prefix
+    over blocks stays in torch, and the kernels mask the window and the cache by the document ids.
     """
-    S = codebook.shape[1]
+    S, N = codebook.shape[1], z.shape[2] // L
     k_all, v_all, z_prev, prev_len = prepend_previous_block(k_hat, z, v, L, state)
     if 0 < prev_len < L:
         raise ValueError(f"backend='triton' takes a state whose previous block is whole or absent, got {prev_len} of "
                          f"its {L} keys (a state begun inside a block): use backend='eager'")
     has_prev = prev_len == L
-    prefix_count, prefix_mean = block_prefixes(z_prev, v_all, S, L, state, reduction, prev_len)
+    starts = block_starts(z, L, state, doc_start)  # (B, (N + 1) L)
+    docs = None if doc_start is None else BlockDocuments(starts, N, L)
+    prefix_count, prefix_mean = block_prefixes(z_prev, v_all, S, L, state, reduction, prev_len, docs)
     log_count = log_counts(prefix_count[:, :, :-1], torch.float32)  # (B, G, N, S): counts carry no gradient
-    out = FusedVQAttention.apply(q, k_all, v_all, bias, codebook, log_count, prefix_mean[:, :, :-1], L, has_prev)
+    ids = (None, None) if docs is None else (docs.segment, docs.cache_segment)
+    out = FusedVQAttention.apply(q, k_all, v_all, bias, codebook, log_count, prefix_mean[:, :, :-1], L, has_prev, *ids)
     return out, VQAttentionState(state.offset + z.shape[2], prefix_count[:, :, -1], prefix_mean[:, :, -1],
-                                 k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:], state.recent_start.new_zeros(
-                                     z.shape[0], L))
+                                 k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:], starts[:, -L:])
 
 
-def check_fused_inputs(q: torch.Tensor, code_scores, compressive_cache: bool, doc_start=None) -> None:
+def check_fused_inputs(q: torch.Tensor, code_scores, compressive_cache: bool) -> None:
     """Raise ``ValueError`` for what the fused kernels do not take."""
-    if doc_start is not None:
-        raise ValueError("backend='triton' does not take packed documents yet: doc_start (position_ids or "
-                         "cu_seqlens) needs backend='eager'")
     if not compressive_cache:
         raise ValueError("backend='triton' attends the per-code cache: compressive_cache=False needs backend='eager'")
     if code_scores is not None:

@@ -16,20 +16,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from transformer_vq.ops.vq.triton.tiles import (codeword_scores, load_rows, online_softmax_step, store_rows,
-                                                window_scores, window_visible)
+from transformer_vq.ops.vq.triton.tiles import (cache_open, codeword_scores, load_rows, online_softmax_step,
+                                                store_rows, window_scores, window_visible)
 
 
 @triton.jit
-def forward_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, cb_ptr, lc_ptr, cm_ptr, out_ptr, lse_ptr,
+def forward_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, cb_ptr, lc_ptr, cm_ptr, seg_ptr, cseg_ptr, out_ptr, lse_ptr,
                    H, R, T, L, S, Dk, Dv, has_prev,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
-                   BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+                   BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, DOCS: tl.constexpr):
     """``out [B, H, T, Dv]`` (``BLOCK_DV`` columns) and ``lse [B, H, T]`` (float32) of ``BLOCK_M`` query rows.
 
     Inputs: ``q [B, H, T, Dk]``, ``k_all [B, G, T + L, Dk]`` and ``v_all [B, G, T + L, Dv]`` (block -1 first),
     ``bias [B, H, T, 2L]``, ``codebook [G, S, Dk]``, ``log_count [B, G, N, S]`` and ``cache_mean [B, G, N, S, Dv]``
-    (float32) per query block; ``has_prev``: whether block -1 holds real keys.
+    (float32) per query block; ``has_prev``: whether block -1 holds real keys; with ``DOCS`` the document ids
+    ``segment [B, (N + 1) L]`` and ``cache_segment [B, N]`` (int32, :mod:`~.tiles`).
     """
     bh = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
@@ -44,6 +45,8 @@ def forward_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, cb_ptr, lc_ptr, cm_ptr, out_pt
     row_ok = rows_in_block < L
     rows = n * L + rows_in_block
     q = load_rows(q_ptr + bh * T * Dk, rows, row_ok, Dk, 0, BLOCK_DK)
+    block_segments = seg_ptr + (bh // H) * (T + L) + n * L  # the segment of window column 0
+    open_rows = cache_open(block_segments, cseg_ptr + (bh // H) * N + n, rows_in_block, row_ok, L, DOCS)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -51,7 +54,7 @@ def forward_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, cb_ptr, lc_ptr, cm_ptr, out_pt
     cache = bg * N + n
     for s0 in range(0, S, BLOCK_S):
         codes = s0 + tl.arange(0, BLOCK_S)
-        s, _ = codeword_scores(q, cb_ptr + g * S * Dk, lc_ptr + cache * S, codes, S, Dk,
+        s, _ = codeword_scores(q, cb_ptr + g * S * Dk, lc_ptr + cache * S, codes, S, Dk, open_rows,
                                BLOCK_DK, PRECISION)
         means = load_rows(cm_ptr + cache * S * Dv, codes, codes < S, Dv, d0, BLOCK_DV)
         m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, s, means, PRECISION)
@@ -61,7 +64,7 @@ def forward_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, cb_ptr, lc_ptr, cm_ptr, out_pt
     # Columns past L + the tile's last row are in every row's future: the loop stops before them.
     for j0 in range(0, L + first_row + BLOCK_M, BLOCK_N):
         cols = j0 + tl.arange(0, BLOCK_N)
-        visible = window_visible(rows_in_block, row_ok, cols, L, first_col)
+        visible = window_visible(rows_in_block, row_ok, cols, L, first_col, block_segments, DOCS)
         col_ok = cols < 2 * L
         k = load_rows(k_ptr + window * Dk, cols, col_ok, Dk, 0, BLOCK_DK)
         s = window_scores(q, k, bias_ptr + (bh * T + n * L) * 2 * L, rows_in_block, visible, cols, L, PRECISION)

@@ -8,6 +8,11 @@ A query block ``n`` (rows ``n L .. n L + L - 1`` of the call) attends two sets o
   ``-1``), with the window bias ``bias[row, j]``; column ``j`` is visible to row ``i`` of the block iff
   ``j <= L + i`` (causal) and ``j >= first_col`` (``L`` when block ``-1`` does not exist, else 0).
 
+Packed documents (``DOCS``): ``segment [B, (N + 1) L]`` int32 numbers the documents of the positions of ``k_all`` and
+``cache_segment [B, N]`` is the document the cache of each query block summarizes (that of the key before its window).
+A window column is visible only when its segment is the row's, and the codewords only when the cache's segment is the
+row's (the masks of :class:`transformer_vq.ops.vq.kernels.BlockDocuments`, computed here from the ids, not stored).
+
 Every tensor is contiguous; a tile is addressed by a base pointer, row indices and the row width.
 Letters: M query rows of a tile, N keys of a tile, DK / DV padded key and value widths.
 """
@@ -47,19 +52,39 @@ def value_products(do_ptr, rows, row_ok, v_ptr, idx, ok, Dv, BLOCK_DV: tl.conste
 
 
 @triton.jit
-def codeword_scores(q, cb_ptr, lc_ptr, codes, S, Dk, BLOCK_DK: tl.constexpr, PRECISION: tl.constexpr):
-    """``(M, N)`` scores ``q . C[s] + log c[s]`` of a tile of codes, ``-inf`` past ``S``; and the codewords."""
+def codeword_scores(q, cb_ptr, lc_ptr, codes, S, Dk, open_rows, BLOCK_DK: tl.constexpr, PRECISION: tl.constexpr):
+    """``(M, N)`` scores ``q . C[s] + log c[s]`` of a tile of codes, ``-inf`` past ``S`` and in rows not
+    ``open_rows`` (:func:`cache_open`); and the codewords."""
     ok = codes < S
     c = load_rows(cb_ptr, codes, ok, Dk, 0, BLOCK_DK)
     lc = tl.load(lc_ptr + codes, mask=ok, other=float("-inf"))
-    return tl.dot(q, tl.trans(c), input_precision=PRECISION) + lc[None, :], c
+    s = tl.dot(q, tl.trans(c), input_precision=PRECISION) + lc[None, :]
+    return tl.where(open_rows[:, None], s, float("-inf")), c
 
 
 @triton.jit
-def window_visible(rows_in_block, row_ok, cols, L, first_col):
-    """``(M, N)`` True where window column ``cols`` is a visible key of row ``rows_in_block`` of its block."""
+def cache_open(seg_ptr, cseg_ptr, rows_in_block, row_ok, L, DOCS: tl.constexpr):
+    """``(M,)`` True where row ``rows_in_block`` of a query block sees the block's cache: a real row, of the
+    document the cache summarizes (``DOCS``). ``seg_ptr`` points at the segment of the block's window column 0,
+    ``cseg_ptr`` at the block's cache segment."""
+    open_rows = row_ok
+    if DOCS:
+        row_segment = tl.load(seg_ptr + L + rows_in_block, mask=row_ok, other=-1)
+        open_rows = open_rows & (row_segment == tl.load(cseg_ptr))
+    return open_rows
+
+
+@triton.jit
+def window_visible(rows_in_block, row_ok, cols, L, first_col, seg_ptr, DOCS: tl.constexpr):
+    """``(M, N)`` True where window column ``cols`` is a visible key of row ``rows_in_block`` of its block: causal,
+    real, and (``DOCS``) of the row's document; ``seg_ptr`` points at the segment of window column 0."""
     col_ok = (cols < 2 * L) & (cols >= first_col)
-    return row_ok[:, None] & col_ok[None, :] & (cols[None, :] <= L + rows_in_block[:, None])
+    visible = row_ok[:, None] & col_ok[None, :] & (cols[None, :] <= L + rows_in_block[:, None])
+    if DOCS:
+        row_segment = tl.load(seg_ptr + L + rows_in_block, mask=row_ok, other=-1)
+        col_segment = tl.load(seg_ptr + cols, mask=col_ok, other=-2)
+        visible = visible & (row_segment[:, None] == col_segment[None, :])
+    return visible
 
 
 @triton.jit
