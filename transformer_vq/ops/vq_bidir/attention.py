@@ -5,7 +5,9 @@ a bias enters only through its code: per group and code, the count of such keys 
 (:mod:`transformer_vq.ops.vq_bidir.summary`). Without a bias that is every key of the sequence. With the local bias,
 the query block ``n`` scores the keys of blocks ``n - 1, n, n + 1`` exactly (``q . k_hat + bias``) and every other key
 through the summaries of the blocks before and after that window. :mod:`transformer_vq.ops.vq_bidir.scoring` combines
-the two parts by softmax or ``relu^2``. The contract is in docs/operator.md ("Non-causal VQ attention").
+the two parts by softmax or ``relu^2``. Packed documents (``doc_start``): each query attends only its document's keys,
+on both sides (:mod:`transformer_vq.ops.vq_bidir.documents`). The contract is in docs/operator.md ("Non-causal VQ
+attention").
 
 Letters: B batch, H query heads, G key/value groups, R = H // G heads per group, T tokens, N blocks, L block length,
 S codewords, Dk key width, Dv value width.
@@ -16,8 +18,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from transformer_vq.ops.documents import check_doc_start
 from transformer_vq.ops.protocol import check_bias, check_qkv
 from transformer_vq.ops.vq.attention import check_codes
+from transformer_vq.ops.vq_bidir.documents import RowDocuments
 from transformer_vq.ops.vq_bidir.scoring import SCORINGS, combine
 from transformer_vq.ops.vq_bidir.summary import masked_summary, outside_window_summary
 
@@ -38,6 +42,7 @@ def vq_bidir_attention(
     mask: torch.Tensor | None = None,
     scoring: str = "softmax",
     code_scores: torch.Tensor | None = None,
+    doc_start: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, None]:
     """Attention of every query over every real key of its sequence, in time and memory linear in ``T``.
 
@@ -55,22 +60,26 @@ def vq_bidir_attention(
             real.
         scoring: ``"softmax"`` or ``"relu2"`` (weight ``relu(score)^2`` over the number of real keys).
         code_scores: ``[B, H, T, S]`` scores of each query against each codeword; ``None``: ``q @ codebook^T``.
+        doc_start: ``[B, T]`` bool, True where a packed document begins (:mod:`transformer_vq.ops.documents`): each
+            query attends the real keys of its own document only, and ``relu2`` divides by their number.
 
     Returns:
         ``(out, None)``: ``out`` is ``[B, H, T, Dv]``, zero at padding queries.
     """
     _check_bidir_inputs(q, k_hat, v, bias, block_len, state, z, codebook, mask, scoring, code_scores)
     B, H, T, _ = q.shape
+    check_doc_start(doc_start, B, T)
     real = torch.ones(B, T, dtype=torch.bool, device=q.device) if mask is None else mask
     # A sequence with no real key has only padding queries, whose outputs are zeroed: attending its keys as if they
     # were real keeps every score set non-empty, so neither the output nor a gradient turns NaN.
     keys_real = real | ~real.any(dim=-1, keepdim=True)
     if code_scores is None:
         code_scores = codeword_scores(q, codebook)
-    if bias is None:
+    if bias is None and doc_start is None:
         out = _attend_codes(code_scores, z, v, keys_real, codebook.shape[1], scoring)
     else:
-        out = _attend_window(q, k_hat, v, bias, block_len, z, code_scores, keys_real, codebook.shape[1], scoring)
+        out = _attend_window(q, k_hat, v, bias, block_len, z, code_scores, real if doc_start is not None else
+                             keys_real, codebook.shape[1], scoring, doc_start)
     return out.masked_fill(~real[:, None, :, None], 0.0).to(q.dtype), None
 
 
@@ -89,40 +98,55 @@ def _attend_codes(code_scores, z, v, real, n_code, scoring):
     G = z.shape[1]
     count, mean = masked_summary(z, v, real, n_code)  # (B, G, S), (B, G, S, Dv)
     n_real = real.sum(dim=-1).view(B, 1, 1, 1, 1)
-    out = combine(scoring, code_scores.view(B, G, H // G, T, S), count[:, :, None, None], mean[:, :, None],
+    out = combine(scoring, code_scores.view(B, G, H // G, T, S), [(count[:, :, None, None], mean[:, :, None])],
                   None, n_real)  # (B, G, R, T, Dv)
     return out.reshape(B, H, T, -1)
 
 
-def _attend_window(q, k_hat, v, bias, L, z, code_scores, real, n_code, scoring):
-    """Three-block window scored exactly, every other key through the summaries before and after it.
+def _attend_window(q, k_hat, v, bias, L, z, code_scores, real, n_code, scoring, doc_start=None):
+    """The window scored exactly, every other key through the summaries before and after it.
 
     The window of query block ``n`` is the contiguous run of keys ``[(n - 1) L, (n + 2) L)`` of the keys padded by one
     empty block on each side, so its scores are one matmul against an overlapping (unfolded) view laid out column for
-    column like ``bias``. O(T (S + 3L)(Dk + Dv)).
+    column like ``bias``. O(T (S + 3L)(Dk + Dv)). With ``doc_start`` the summaries are the query's document's
+    (:class:`RowDocuments`), and without a bias the window is the query's own block scored through the codes (so
+    that ``k_hat`` gets no gradient, as without documents).
     """
     B, H, T, Dk = q.shape
     G, Dv = k_hat.shape[1], v.shape[-1]
     R, N = H // G, -(-T // L)
     pad = N * L - T  # padding up to whole blocks: keys that do not count, rows that are cut off
     if pad:
-        q, k_hat, v, bias, code_scores = (F.pad(x, (0, 0, 0, pad)) for x in (q, k_hat, v, bias, code_scores))
+        q, k_hat, v, code_scores = (F.pad(x, (0, 0, 0, pad)) for x in (q, k_hat, v, code_scores))
+        bias = None if bias is None else F.pad(bias, (0, 0, 0, pad))
         z, real = F.pad(z, (0, pad)), F.pad(real, (0, pad), value=False)
-
-    k_window = F.pad(k_hat, (0, 0, L, L)).unfold(2, 3 * L, L)  # (B, G, N, Dk, 3L): column j is key (n-1) L + j
-    v_window = F.pad(v, (0, 0, L, L)).unfold(2, 3 * L, L).transpose(-1, -2)  # (B, G, N, 3L, Dv)
-    real_window = F.pad(real, (L, L), value=False).unfold(1, 3 * L, L)  # (B, N, 3L): blocks -1 and N are empty
-
-    q_blocks = q.view(B, G, R, N, L, Dk).transpose(2, 3)  # (B, G, N, R, L, Dk)
-    bias_blocks = bias.view(B, G, R, N, L, 3 * L).transpose(2, 3)  # (B, G, N, R, L, 3L)
-    s_window = q_blocks @ k_window.unsqueeze(3) + bias_blocks  # (B, G, N, R, L, 3L)
-    s_window = s_window.masked_fill(~real_window[:, None, :, None, None, :], float("-inf"))
-
-    count, mean = outside_window_summary(z, v, real, n_code, L)  # (B, G, N, S), (B, G, N, S, Dv)
+        doc_start = None if doc_start is None else F.pad(doc_start, (0, pad), value=False)
     s_code = code_scores.view(B, G, R, N, L, -1).transpose(2, 3)  # (B, G, N, R, L, S)
-    n_real = real.sum(dim=-1).view(B, 1, 1, 1, 1, 1)
-    out = combine(scoring, s_code, count[:, :, :, None, None], mean.unsqueeze(3), (s_window, v_window.unsqueeze(3)),
-                  n_real)  # (B, G, N, R, L, Dv)
+
+    if bias is None:  # only with documents: the query's block, each key scored through its code
+        s_window = s_code.gather(-1, z.view(B, G, N, 1, 1, L).expand(B, G, N, R, L, L))  # (B, G, N, R, L, L)
+        v_window = v.view(B, G, N, L, Dv)
+    else:
+        k_window = F.pad(k_hat, (0, 0, L, L)).unfold(2, 3 * L, L)  # (B, G, N, Dk, 3L): column j is key (n-1) L + j
+        v_window = F.pad(v, (0, 0, L, L)).unfold(2, 3 * L, L).transpose(-1, -2)  # (B, G, N, 3L, Dv)
+        q_blocks = q.view(B, G, R, N, L, Dk).transpose(2, 3)  # (B, G, N, R, L, Dk)
+        bias_blocks = bias.view(B, G, R, N, L, 3 * L).transpose(2, 3)  # (B, G, N, R, L, 3L)
+        s_window = q_blocks @ k_window.unsqueeze(3) + bias_blocks  # (B, G, N, R, L, 3L)
+
+    if doc_start is None:
+        hidden = ~F.pad(real, (L, L), value=False).unfold(1, 3 * L, L)[:, :, None, :]  # (B, N, 1, 3L)
+        count, mean = outside_window_summary(z, v, real, n_code, L)  # (B, G, N, S), (B, G, N, S, Dv)
+        summaries = [(count[:, :, :, None, None], mean.unsqueeze(3))]
+        n_real = real.sum(dim=-1).view(B, 1, 1, 1, 1, 1)
+    else:
+        docs = RowDocuments(z, v, real, doc_start, n_code, L, reach=0 if bias is None else 1)
+        hidden = docs.window_hidden()  # (B, N, L, W)
+        # A summary's count is zero in the rows of another document: they take nothing from it.
+        summaries = [(count[:, :, :, None, None] * open_rows[:, None, :, None, :, None], mean.unsqueeze(3))
+                     for (count, mean), open_rows in ((docs.left, docs.left_open), (docs.right, docs.right_open))]
+        n_real = docs.n_keys.view(B, 1, N, 1, L, 1)
+    s_window = s_window.masked_fill(hidden[:, None, :, None], float("-inf"))
+    out = combine(scoring, s_code, summaries, (s_window, v_window.unsqueeze(3)), n_real)  # (B, G, N, R, L, Dv)
     return out.transpose(2, 3).reshape(B, H, N * L, Dv)[:, :, :T]
 
 

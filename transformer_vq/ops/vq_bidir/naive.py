@@ -4,7 +4,9 @@
     relu2:    out[t] = sum_{p real} relu( q[t] . k_hat[p] + beta[t, p] )^2 v[p] / n_real
 
 with ``beta`` the three-block window bias (zero for keys outside the window, or everywhere without a bias), and
-``out[t] = 0`` at padding queries. It knows nothing of codes, blocks or summaries.
+``out[t] = 0`` at padding queries. With packed documents (``doc_start``) the sums run over the real keys of the
+query's document and ``n_real`` counts them; the bias stays that of the row's block grid. It knows nothing of codes,
+blocks or summaries.
 
 Letters: B batch, H query heads, G key/value groups, T positions, L block length, Dk key width, Dv value width.
 """
@@ -14,30 +16,35 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from transformer_vq.ops.documents import segment_ids
 from transformer_vq.ops.full.naive import per_head
 
 
 def vq_bidir_attention_naive(q: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
                              *, block_len: int, mask: torch.Tensor | None = None,
-                             scoring: str = "softmax") -> torch.Tensor:
+                             scoring: str = "softmax", doc_start: torch.Tensor | None = None) -> torch.Tensor:
     """``[B, H, T, Dv]`` from ``q [B, H, T, Dk]``, ``k_hat [B, G, T, Dk]``, ``v [B, G, T, Dv]``, ``bias`` ``None``
-    or ``[B, H, T, 3L]``, ``mask [B, T]`` (``None``: all real); ``scoring`` ``"softmax"`` or ``"relu2"``."""
+    or ``[B, H, T, 3L]``, ``mask [B, T]`` (``None``: all real); ``scoring`` ``"softmax"`` or ``"relu2"``;
+    ``doc_start [B, T]`` (``None``: one document per row)."""
     scores = q @ per_head(k_hat, q.shape[1]).transpose(-1, -2)  # (B, H, T, T)
-    return dense_attention(scores, v, bias, block_len=block_len, mask=mask, scoring=scoring)
+    return dense_attention(scores, v, bias, block_len=block_len, mask=mask, scoring=scoring, doc_start=doc_start)
 
 
 def dense_attention(scores: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, *, block_len: int,
-                    mask: torch.Tensor | None, scoring: str) -> torch.Tensor:
+                    mask: torch.Tensor | None, scoring: str, doc_start: torch.Tensor | None = None) -> torch.Tensor:
     """The formula above from the query-key scores ``[B, H, T, T]`` (without the bias)."""
     B, H, T, _ = scores.shape
     if bias is not None:
         scores = scores + window_bias_bidir_dense(bias, block_len)
     real = torch.ones(B, T, dtype=torch.bool, device=scores.device) if mask is None else mask
     key_real = real[:, None, None, :]  # (B, 1, 1, T)
+    if doc_start is not None:
+        segment = segment_ids(doc_start)
+        key_real = key_real & (segment[:, None, :, None] == segment[:, None, None, :])  # (B, 1, T, T)
     if scoring == "softmax":
         weights = torch.softmax(scores.masked_fill(~key_real, float("-inf")), dim=-1)
     else:
-        n_real = real.sum(dim=-1).clamp(min=1).view(B, 1, 1, 1)
+        n_real = key_real.sum(dim=-1, keepdim=True).clamp(min=1)  # (B, 1, 1 or T, 1)
         weights = F.relu(scores).square().masked_fill(~key_real, 0.0) / n_real
     out = weights @ per_head(v, H)
     return out.masked_fill(~real[:, None, :, None], 0.0)

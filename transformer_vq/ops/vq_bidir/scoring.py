@@ -22,28 +22,29 @@ SCORINGS = ("softmax", "relu2")
 """The nonlinearities ``phi_w`` the non-causal operator computes exactly."""
 
 
-def combine(scoring: str, code_scores: torch.Tensor, count: torch.Tensor, mean: torch.Tensor,
+def combine(scoring: str, code_scores: torch.Tensor, summaries: list[tuple[torch.Tensor, torch.Tensor]],
             window: tuple[torch.Tensor, torch.Tensor] | None, n_real: torch.Tensor) -> torch.Tensor:
     """Attention output ``[..., t, Dv]`` from codewords and, optionally, window keys.
 
     Args:
         scoring: one of :data:`SCORINGS`.
         code_scores: ``[..., t, S]`` scores ``q . C[s]`` of each query against each codeword.
-        count: ``[..., 1, S]`` number of keys of each code seen through the codebook. mean: ``[..., S, Dv]``.
+        summaries: ``(count, mean)`` pairs of disjoint sets of keys seen through the codebook: ``count [..., 1 or t,
+            S]`` keys of each code (0 where a query does not see them), ``mean [..., S, Dv]`` their mean value.
         window: ``(scores [..., t, W], values [..., W, Dv])`` of the keys scored exactly, ``-inf`` where a key is
             padding; or ``None``.
-        n_real: ``[..., 1, 1]`` number of real keys of each sequence (>= 1), the ``relu2`` normalizer.
+        n_real: ``[..., 1 or t, 1]`` number of real keys each query attends (>= 1), the ``relu2`` normalizer.
     """
     if scoring == "softmax":
-        parts = [(code_scores + log_counts(count, code_scores.dtype), mean)]
+        parts = [(code_scores + log_counts(count, code_scores.dtype), mean) for count, mean in summaries]
         parts = parts if window is None else [*parts, window]
         # Without autograd the (fresh) score tensors are scratch space, overwritten by their weights in place.
         tracked = torch.is_grad_enabled() and any(x.requires_grad for part in parts for x in part)
         return softmax_combine(parts, in_place=not tracked)
     # relu2 runs in float32 at least, as the softmax does.
     acc = torch.promote_types(code_scores.dtype, torch.float32)
-    weights = F.relu(code_scores.to(acc)).square() * count.to(acc)
-    out = weights.to(mean.dtype) @ mean
+    weights = F.relu(code_scores.to(acc)).square()
+    out = sum((weights * count.to(acc)).to(mean.dtype) @ mean for count, mean in summaries)
     if window is not None:
         scores, values = window
         out = out + F.relu(scores.to(acc)).square().to(values.dtype) @ values  # relu(-inf) = 0: padding keys
