@@ -34,6 +34,15 @@ def run(leaves, z, codebook, with_bias, **options):
                               **options)[0]
 
 
+def packed_run(scoring, window, seed):
+    """The packed call on ``DOC_STARTS``: its inputs, output, a cotangent and the gradients it gives every input."""
+    leaves, z, codebook, with_bias = packed_inputs(window, seed=seed)
+    doc_start = doc_start_mask(DOC_STARTS, T)
+    out = run(leaves, z, codebook, with_bias, scoring=scoring, doc_start=doc_start)
+    cotangent = torch.randn_like(out)
+    return (leaves, z, codebook, with_bias), doc_start, out, cotangent, gradients(out, leaves, cotangent)
+
+
 def gradients(out, leaves, cotangent):
     return torch.autograd.grad(out, leaves, cotangent, allow_unused=True, materialize_grads=True)
 
@@ -62,11 +71,7 @@ def test_packed_matches_the_masked_dense_formula(scoring, window):
 @pytest.mark.parametrize("scoring", SCORINGS)
 def test_each_document_equals_its_row_with_the_rest_padding(scoring, window):
     """Any start, mid-block ones included: the row with only this document real, outputs and every gradient."""
-    leaves, z, codebook, with_bias = packed_inputs(window, seed=1)
-    doc_start = doc_start_mask(DOC_STARTS, T)
-    out = run(leaves, z, codebook, with_bias, scoring=scoring, doc_start=doc_start)
-    cotangent = torch.randn_like(out)
-    packed_grads = gradients(out, leaves, cotangent)
+    (leaves, z, codebook, with_bias), doc_start, out, cotangent, packed_grads = packed_run(scoring, window, 1)
     for row, a, b in documents(doc_start):
         mask = torch.zeros(B, T, dtype=torch.bool)
         mask[row, a:b] = True
@@ -81,11 +86,7 @@ def test_each_document_equals_its_row_with_the_rest_padding(scoring, window):
 @pytest.mark.parametrize("window", WINDOWS)
 @pytest.mark.parametrize("scoring", SCORINGS)
 def test_a_document_starting_on_a_block_edge_equals_it_from_position_zero(scoring, window):
-    leaves, z, codebook, with_bias = packed_inputs(window, seed=2)
-    doc_start = doc_start_mask(DOC_STARTS, T)
-    out = run(leaves, z, codebook, with_bias, scoring=scoring, doc_start=doc_start)
-    cotangent = torch.randn_like(out)
-    packed_grads = gradients(out, leaves, cotangent)
+    (leaves, z, codebook, with_bias), doc_start, out, cotangent, packed_grads = packed_run(scoring, window, 2)
     checked = 0
     for row, a, b in documents(doc_start):
         if a % L:
