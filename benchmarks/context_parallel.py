@@ -11,7 +11,9 @@ Counting, not timing: the machine's load does not change it.
 The default mode trains the ``small`` preset's model (``--layers`` of it) for ``--steps`` forward and backward passes
 on one sequence of each length: once in one process, once split over 2 processes with ``context_parallel``. It
 reports per rank the median time of a step and the peak resident set size (``ru_maxrss``). A timing: run it on an
-otherwise idle machine. Results go to a JSON file with the machine, commit and library versions.
+otherwise idle machine. Both modes print the others' load while the processes ran (runnable threads of processes
+other than the benchmark's, :mod:`transformer_vq.bench.load`). Results go to a JSON file with the machine, commit and
+library versions.
 """
 
 from __future__ import annotations
@@ -31,8 +33,18 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from transformer_vq.bench.load import OthersLoad, load_text
+
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2 ** 20
+
+
+def spawn_watched(fn, nprocs: int, *args) -> tuple[list, dict]:
+    """:func:`spawn`, and the others' load meanwhile (printed, and returned as a summary)."""
+    with OthersLoad() as load:
+        results = spawn(fn, nprocs, *args)
+    print(f"    {load_text(load.summary())}")
+    return results, load.summary()
 
 
 def spawn(fn, nprocs: int, *args) -> list:
@@ -94,10 +106,11 @@ def bytes_table(args) -> dict:
     B, G, S, L, Dk, Dv = 1, 1, cfg.n_code, cfg.block_len, cfg.d_k, cfg.d_v
     rows = []
     for length in args.lengths:
-        sent = spawn(count_bytes, 2, length, (B, G, S, L, Dk, Dv))[1]
+        per_rank, load = spawn_watched(count_bytes, 2, length, (B, G, S, L, Dk, Dv))
+        sent = per_rank[1]
         ring = (2 - 1) * length // 2 * (Dk + Dv) * B * G * 4  # float32 keys and values passed once around the ring
         rows.append({"tokens": length, "cp_forward_bytes": sent["all_gather"], "cp_backward_bytes": sent["all_reduce"],
-                     "ring_forward_bytes": ring, "ring_backward_bytes": 2 * ring})
+                     "ring_forward_bytes": ring, "ring_backward_bytes": 2 * ring, **load})
         print(f"T={length:>7}: context parallel {sent['all_gather']:>9,} B forward, {sent['all_reduce']:>9,} B "
               f"backward; ring attention {ring:>12,} B forward, {2 * ring:>12,} B backward (per rank, one layer)")
     return {"dims": {"B": B, "G": G, "S": S, "L": L, "Dk": Dk, "Dv": Dv, "dtype": "float32"}, "rows": rows}
@@ -130,9 +143,9 @@ def timing_table(args) -> dict:
     rows = []
     for length in args.lengths:
         for ranks in (1, 2):
-            per_rank = spawn(train_steps, ranks, length, args)
+            per_rank, load = spawn_watched(train_steps, ranks, length, args)
             for rank, result in enumerate(per_rank):
-                rows.append({"tokens": length, "processes": ranks, "rank": rank, **result})
+                rows.append({"tokens": length, "processes": ranks, "rank": rank, **result, **load})
                 print(f"T={length:>7} processes={ranks} rank={rank}: {result['step_s']:.2f} s/step, "
                       f"peak RSS {result['peak_rss_mib']:,.0f} MiB")
     return {"rows": rows}

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
-from transformer_vq.bench.packing import document_positions
+from transformer_vq.bench.packing import document_positions, main
 from transformer_vq.ops.documents import document_starts
 
 
@@ -16,3 +19,17 @@ def test_rows_are_cut_into_documents_of_the_mean_length():
     mean = starts.numel() / int(starts.sum())
     assert 40 < mean < 60, mean
     assert torch.equal(positions, document_positions(4, 5000, 50, seed=3))
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_end_to_end_at_a_tiny_size(tmp_path, capsys):
+    """A smoke test, not a timing (``pytest -m slow``; a minute or more on a shared CPU): the table, the others'
+    load of each case, and the JSON."""
+    out = tmp_path / "packing.json"
+    assert main(["--preset", "tiny", "--block-len", "8", "--length", "32", "--batch-size", "1", "--mean-doc", "8",
+                 "--repeats", "1", "--rounds", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "packed, mean document 8" in printed and "others: runnable threads of other processes" in printed
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["case"] for row in rows] == ["unpacked", "packed, mean document 8"]
+    assert all(row["step_s"] > 0 and row["samples"] >= 1 for row in rows)

@@ -121,13 +121,25 @@ def test_cu_seqlens_equal_position_ids():
                                rtol=0, atol=0)
 
 
-def test_an_encoder_says_it_does_not_pack():
-    model = tiny_model(causal=False)
-    position_ids = positions([[3, 5]])
-    message = ("an encoder (causal=False) does not take packed documents yet (position_ids or cu_seqlens): use a "
-               "causal model, or one document per row")
-    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)") + "$"):
-        model(ids_for(position_ids), position_ids=position_ids)
+@pytest.mark.parametrize("kind", ["vq", "vq_qk", "full"])
+def test_an_encoder_keeps_documents_apart_on_both_sides(kind):
+    """Non-causal: changing one document (starting inside a block) changes no logit outside it, before or after;
+    the VQ encoder equals its dense formula with the same documents."""
+    overrides = {"vq": {}, "vq_qk": dict(quantize_queries=True), "full": dict(attn_type="full")}[kind]
+    model = tiny_model(causal=False, **overrides)
+    position_ids = positions([[3, 1, 9, 7, 1, 16], [16, 14, 7]])
+    ids = ids_for(position_ids)
+    logits = model(ids, position_ids=position_ids).logits
+    changed = ids.clone()
+    changed[0, 4:13] = (changed[0, 4:13] + 1) % 256  # the document [4, 13) of row 0
+    other = model(changed, position_ids=position_ids).logits
+    torch.testing.assert_close(other[0, :4], logits[0, :4], rtol=TOL, atol=TOL)
+    torch.testing.assert_close(other[0, 13:], logits[0, 13:], rtol=TOL, atol=TOL)
+    torch.testing.assert_close(other[1], logits[1], rtol=0, atol=0)
+    assert not torch.allclose(other[0, 4:13], logits[0, 4:13])
+    if kind.startswith("vq"):
+        quadratic = model(ids, position_ids=position_ids, attention="quadratic").logits
+        torch.testing.assert_close(logits, quadratic, rtol=1e-10, atol=1e-10)
 
 
 def test_context_parallelism_says_it_does_not_pack():

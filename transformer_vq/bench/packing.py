@@ -3,9 +3,10 @@
 ``python -m transformer_vq.bench.packing [--device cuda] [--preset small] [--length 2048] ...`` times a training step
 (forward, backward, optimizer, codebook update) of the same model on the same tokens, once as plain rows and once
 with ``position_ids`` cutting each row into documents whose lengths are drawn (seeded) around each ``--mean-doc``
-length, at equal tokens. The two are timed alternately, so a load change on a shared machine hits both alike. It
-prints a table (tokens/s, packed over unpacked) after the machine, the commit and the versions, and writes them as
-JSON with ``--out``.
+length, at equal tokens. The two are timed alternately, so a load change on a shared machine hits both alike, and
+the others' load is sampled while each case runs (:mod:`transformer_vq.bench.load`: runnable threads of other
+processes). It prints a table (tokens/s, packed over unpacked, others' load) after the machine, the commit and the
+versions, and writes them as JSON with ``--out``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 
 import torch
 
+from transformer_vq.bench.load import OthersLoad, load_summary
 from transformer_vq.bench.machine import machine_info, median_seconds
 from transformer_vq.config import PRESETS
 
@@ -63,16 +65,18 @@ def run(args: argparse.Namespace) -> dict:
         args.batch_size, args.length, m, args.seed).to(args.device) for m in args.mean_doc}}
     for positions in cases.values():  # warm every shape before any timing
         step(ids, positions)
-    rows = {name: [] for name in cases}
+    rows, loads = {name: [] for name in cases}, {name: [] for name in cases}
     for _ in range(args.rounds):
         for name, positions in cases.items():
-            rows[name].append(median_seconds(lambda: step(ids, positions), repeats=args.repeats, warmup=0,
-                                             device=args.device)[0])
+            with OthersLoad() as load:
+                rows[name].append(median_seconds(lambda: step(ids, positions), repeats=args.repeats, warmup=0,
+                                                 device=args.device)[0])
+            loads[name].extend(load.samples)
     tokens = args.batch_size * args.length
     base = min(rows["unpacked"])
     result = {"machine": machine_info(), "settings": vars(args), "rows": [
         {"case": name, "step_s": min(samples), "tokens_per_s": tokens / min(samples),
-         "relative": base / min(samples)} for name, samples in rows.items()]}
+         "relative": base / min(samples), **load_summary(loads[name])} for name, samples in rows.items()]}
     return result
 
 
@@ -82,9 +86,12 @@ def table(result: dict) -> str:
     lines = [f"commit {m.get('commit')} (dirty: {m.get('dirty')}); torch {m['torch']}; python {m['python']}; "
              f"cpu {m['cpu']} x{m['logical_cpus']}; gpus {', '.join(m['gpus']) or 'none'}",
              f"settings: {json.dumps(result['settings'], sort_keys=True)}",
-             f"{'case':<32} {'step s':>10} {'tokens/s':>12} {'vs unpacked':>12}"]
+             f"{'case':<32} {'step s':>10} {'tokens/s':>12} {'vs unpacked':>12} {'others (mean/max)':>18}"]
     for row in result["rows"]:
-        lines.append(f"{row['case']:<32} {row['step_s']:>10.4f} {row['tokens_per_s']:>12,.0f} {row['relative']:>12.3f}")
+        others = f"{row['others_runnable_mean']}/{row['others_runnable_max']}"
+        lines.append(f"{row['case']:<32} {row['step_s']:>10.4f} {row['tokens_per_s']:>12,.0f} {row['relative']:>12.3f}"
+                     f" {others:>18}")
+    lines.append("others: runnable threads of other processes while the case ran (the CPU may be shared)")
     return "\n".join(lines)
 
 

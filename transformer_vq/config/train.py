@@ -196,10 +196,9 @@ def check_compatible(model: TransformerVQConfig | LongVQConfig, train: TrainConf
         text = (f"must be a multiple of the model's block_len={model.block_len} (e.g. {multiple}, or change "
                 f"block_len), got {train.update_len}")
         raise ConfigError(f"invalid RunConfig: update_len {text}", [("update_len", text)], TrainConfig)
-    if train.pack and arch_of(model) == "tvq" and (
-            not model.causal or model.attn_backend != "eager" or train.context_parallel > 1):
-        text = (f"needs a causal model with attn_backend 'eager' and context_parallel 1, got causal={model.causal}, "
-                f"attn_backend={model.attn_backend!r}, context_parallel={train.context_parallel}")
+    if train.pack and arch_of(model) == "tvq" and (not model.causal or train.context_parallel > 1):
+        text = (f"needs a causal model and context_parallel 1, got causal={model.causal}, "
+                f"context_parallel={train.context_parallel}")
         raise ConfigError(f"invalid RunConfig: pack {text}", [("pack", text)], TrainConfig)
     for option, text in find_arch("lm", arch_of(model)).refused_options.items():
         if getattr(train, option) != TrainConfig.__dataclass_fields__[option].default:

@@ -63,16 +63,16 @@ def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
                                              backend=cfg.attn_backend)
     if not cfg.causal:
         if keys is None:  # the quadratic baseline is its own dense formula
-            return full_bidir_attention(q, k, v, bias, block_len=L, state=state, mask=mask)
+            return full_bidir_attention(q, k, v, bias, block_len=L, state=state, mask=mask, doc_start=doc_start)
         if attention == "quadratic":
-            return vq_bidir_attention_naive(q, k, v, bias, block_len=L, mask=mask), None
+            return vq_bidir_attention_naive(q, k, v, bias, block_len=L, mask=mask, doc_start=doc_start), None
         code_scores = None
         if queries is not None:
             if table is None:
                 table = code_pair_table(shifted_codebook(queries, query_shift), keys.codebook)
             code_scores = lookup_code_scores(q, queries.z, table, keys.codebook)
         return vq_bidir_attention(q, k, v, bias, block_len=L, state=state, z=keys.z, codebook=keys.codebook,
-                                  mask=mask, code_scores=code_scores)
+                                  mask=mask, code_scores=code_scores, doc_start=doc_start)
     if attention == "quadratic":
         if keys is None:
             raise ValueError(f"attention='quadratic' applies to VQ attention only, not attn_type={cfg.attn_type!r}")
@@ -102,12 +102,7 @@ def check_call(cfg: TransformerVQConfig, attention: str, state, doc_start: torch
         raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
     if attention == "quadratic" and state is not None:
         raise ValueError("attention='quadratic' runs the dense reference on whole sequences: pass state=None")
-    if doc_start is None:
-        return
-    if not cfg.causal:
-        raise ValueError("an encoder (causal=False) does not take packed documents yet (position_ids or cu_seqlens): "
-                         "use a causal model, or one document per row")
-    if context_parallel is not None:
+    if doc_start is not None and context_parallel is not None:
         raise ValueError("context parallelism does not take packed documents yet (position_ids or cu_seqlens): "
                          "leave context_parallel at 1 to pack")
 

@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import torch
 
+from transformer_vq.ops.documents import check_doc_start, segment_ids
 from transformer_vq.ops.full.naive import per_head
 from transformer_vq.ops.protocol import check_qkv
 
 
 def full_bidir_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None, *,
                          block_len: int, state: None = None,
-                         mask: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
-    """Exact non-causal softmax attention; ``bias`` ``None`` or ``[B, H, T, 3L]``, ``mask [B, T]`` (True: real).
+                         mask: torch.Tensor | None = None,
+                         doc_start: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
+    """Exact non-causal softmax attention; ``bias`` ``None`` or ``[B, H, T, 3L]``, ``mask [B, T]`` (True: real),
+    ``doc_start [B, T]`` (packed documents: a query attends the keys of its own document only).
 
     Returns ``(out [B, H, T, Dv], None)``: a non-causal call reads whole sequences and carries no state.
     """
@@ -30,6 +33,7 @@ def full_bidir_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias
     if state is not None:
         raise ValueError("non-causal attention reads whole sequences and carries no state: pass state=None")
     B, H, T, _ = q.shape
+    check_doc_start(doc_start, B, T)
     scores = q @ per_head(k, H).transpose(-1, -2)  # (B, H, T, T)
     if bias is not None:
         if bias.shape != (B, H, T, 3 * block_len):
@@ -39,10 +43,16 @@ def full_bidir_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias
         in_window = (column >= 0) & (column < 3 * block_len)
         beta = torch.gather(bias, -1, column.clamp(0, 3 * block_len - 1).expand(B, H, T, T))
         scores = scores + beta.masked_fill(~in_window, 0.0)
-    if mask is not None:
-        # a sequence with no real key attends its padding (its outputs are zeroed): no row is all -inf
-        keys_real = mask | ~mask.any(dim=-1, keepdim=True)
-        scores = scores.masked_fill(~keys_real[:, None, None, :], float("-inf"))
+    # A query attends the real keys of its sequence (its document, packed); one that has none (a padding query,
+    # zeroed below) attends all of them, so that no row is all -inf.
+    visible = torch.ones(B, 1, 1, T, dtype=torch.bool, device=q.device) if mask is None else mask[:, None, None, :]
+    if doc_start is not None:
+        segment = segment_ids(doc_start)
+        same = segment[:, None, :, None] == segment[:, None, None, :]  # (B, 1, T, T)
+        visible = same & (visible | ~(visible & same).any(dim=-1, keepdim=True))
+    elif mask is not None:
+        visible = visible | ~visible.any(dim=-1, keepdim=True)
+    scores = scores.masked_fill(~visible, float("-inf"))
     out = torch.softmax(scores, dim=-1) @ per_head(v, H)
     if mask is not None:
         out = out.masked_fill(~mask[:, None, :, None], 0.0)
