@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 from transformer_vq.bench.packing import document_positions, main
@@ -21,10 +20,9 @@ def test_rows_are_cut_into_documents_of_the_mean_length():
     assert torch.equal(positions, document_positions(4, 5000, 50, seed=3))
 
 
-@pytest.mark.slow
 def test_the_benchmark_runs_end_to_end_at_a_tiny_size(tmp_path, capsys):
-    """A smoke test, not a timing (``pytest -m slow``; a minute or more on a shared CPU): the table, the others'
-    load of each case, and the JSON."""
+    """A smoke test, not a timing (about 7 s on a quiet 2-core CPU): the table, the others' load of each case, and
+    the JSON."""
     out = tmp_path / "packing.json"
     assert main(["--preset", "tiny", "--block-len", "8", "--length", "32", "--batch-size", "1", "--mean-doc", "8",
                  "--repeats", "1", "--rounds", "1", "--out", str(out)]) == 0
