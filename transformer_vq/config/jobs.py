@@ -41,6 +41,9 @@ class EvalConfig:
     max_tokens: int = option(0, "Evaluate only the first N tokens (0 = all).", min=0)
     window_len: int | None = option(None, "Tokens per forward call (none: the run's update_len); memory only, "
                                           "the carried state makes the result independent of it.", min=1)
+    carry_tokens: int = option(0, "Reset the attention state every this many tokens of a stream (a multiple of "
+                                  "window_len; 0 = carry it across the whole stream). The run's seq_len evaluates "
+                                  "with the context the model was trained with.", min=0)
     device: str = option("auto", DEVICE_HELP, choices=DEVICES)
 
     def __post_init__(self):

@@ -81,7 +81,8 @@ class EvalResult:
 
 def evaluate_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: int, tokens_per_byte: float = 1.0,
                     streams: int = 1, max_tokens: int = 0, precision: str = "float32", split: str = "validation",
-                    progress: bool | None = None, tokens_per_word: float | None = None) -> EvalResult:
+                    progress: bool | None = None, tokens_per_word: float | None = None,
+                    carry_tokens: int = 0) -> EvalResult:
     """Evaluate ``model`` on a flat token array.
 
     Args:
@@ -96,6 +97,8 @@ def evaluate_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: i
         progress: show a progress bar (default: when stderr is a terminal).
         tokens_per_word: tokens of the whole split divided by the whitespace-separated words of its
             original text; given, the result has a word-level perplexity.
+        carry_tokens: reset the state every this many tokens of a stream (a multiple of ``window_len``; 0 = carry
+            it across the whole stream, the paper's reading).
     """
     if max_tokens:
         tokens = tokens[:max_tokens]
@@ -110,7 +113,8 @@ def evaluate_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: i
             total_nll, n_pred = _masked_nll(model, tokens, window_len, streams, precision, _progress(split, progress))
         else:
             rows, mask = _streams(tokens, n_pred, max(1, min(streams, n_pred)), device)
-            total_nll = _total_nll(model, rows, mask, window_len, precision, _progress(split, progress))
+            total_nll = _total_nll(model, rows, mask, window_len, precision, _progress(split, progress),
+                                   carry_tokens)
     seconds = time.perf_counter() - begin
     loss = total_nll / n_pred
     return EvalResult(split=split, loss=loss, bits_per_byte=bits_per_byte(loss, tokens_per_byte), tokens=n_pred,
@@ -144,21 +148,37 @@ def _progress(split: str, progress: bool | None):
     return lambda starts: tqdm(starts, desc=f"eval {split}", unit="window", leave=False)
 
 
-def _total_nll(model: torch.nn.Module, rows: torch.Tensor, mask: torch.Tensor, window_len: int, precision: str,
-               progress) -> float:
-    """Summed NLL in nats of the masked predictions, the state carried from window to window."""
+def window_nll(model: torch.nn.Module, rows: torch.Tensor, mask: torch.Tensor, window_len: int, precision: str,
+               progress, carry_tokens: int = 0):
+    """Yields ``(start, nll, real)`` per window of the streams: the ``(streams, w)`` per-token NLL in nats (float32
+    whatever the autocast dtype) of the predictions ``start .. start + w`` and which of them are real.
+
+    The state is carried from window to window; ``carry_tokens`` > 0 resets it every that many tokens (a multiple of
+    ``window_len``), so that no prediction sees more history than that: the context a model was trained with.
+    """
+    if carry_tokens % window_len:
+        raise ValueError(f"carry_tokens must be a multiple of window_len={window_len}, got {carry_tokens}")
     device = rows.device
     piece = mask.shape[1]
-    total_nll = torch.zeros((), dtype=torch.float64, device=device)
     state = None
     for start in progress(range(0, piece, window_len)):
+        if carry_tokens and start % carry_tokens == 0:
+            state = None
         end = min(start + window_len, piece)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
             out = model(rows[:, start:end], state=state)
         state = out.state
-        # (streams, w): per-token NLL in float32 whatever the autocast dtype
-        nll = F.cross_entropy(out.logits.float().transpose(1, 2), rows[:, start + 1:end + 1], reduction="none")
-        total_nll += nll[mask[:, start:end]].sum(dtype=torch.float64)
+        yield start, F.cross_entropy(out.logits.float().transpose(1, 2), rows[:, start + 1:end + 1],
+                                     reduction="none"), mask[:, start:end]
+
+
+def _total_nll(model: torch.nn.Module, rows: torch.Tensor, mask: torch.Tensor, window_len: int, precision: str,
+               progress, carry_tokens: int = 0) -> float:
+    """Summed NLL in nats of the masked predictions, the state carried from window to window (reset every
+    ``carry_tokens`` when > 0)."""
+    total_nll = torch.zeros((), dtype=torch.float64, device=rows.device)
+    for _, nll, real in window_nll(model, rows, mask, window_len, precision, progress, carry_tokens):
+        total_nll += nll[real].sum(dtype=torch.float64)
     return total_nll.item()
 
 
@@ -207,7 +227,7 @@ def evaluate(ckpt: str | EvalConfig, **options) -> EvalResult:
     result = evaluate_tokens(
         model, tokens, window_len=window_len, tokens_per_byte=corpus_tokens_per_byte(corpus, split),
         tokens_per_word=corpus_tokens_per_word(corpus, split), streams=streams, max_tokens=cfg.max_tokens,
-        precision=run_cfg.train.precision, split=split,
+        precision=run_cfg.train.precision, split=split, carry_tokens=cfg.carry_tokens,
     )
     if spec_of(corpus) is not None:  # the memory probe: its answers, episode by episode, by distance
         max_episodes = -(-cfg.max_tokens // spec_of(corpus).seq_len) if cfg.max_tokens else 0
