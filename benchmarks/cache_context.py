@@ -26,7 +26,7 @@ def table(results: dict) -> list[str]:
         for row in rows:
             by_history = ", ".join(f"{b['blocks'][0]}-{b['blocks'][1]}: {b['bpb']:.3f}" for b in row["by_history"])
             carry = row["carry_tokens"] or "whole stream"
-            lines.append(f"| {run} | {'on' if row['cache'] else 'off'} | {carry} | {row['bpb']:.4f} | {by_history} |")
+            lines.append(f"| {run} | { {True: 'on', False: 'off', None: '-'}[row['cache']]} | {carry} | {row['bpb']:.4f} | {by_history} |")
     return lines
 
 

@@ -53,6 +53,17 @@ def test_weights_that_are_not_safetensors(tmp_path):
         f"{path} is not weights: not a valid safetensors file (Error while deserializing header")
 
 
+def test_safetensors_whose_header_length_starts_like_a_pickle(tmp_path):
+    """A header of 128 + 256 n bytes makes the file's first byte 0x80, the pickle's magic: still safetensors."""
+    path = tmp_path / "model.safetensors"
+    for width in range(1, 300):
+        save_file({"w" * width: torch.zeros(2)}, str(path))
+        if path.read_bytes()[:1] == b"\x80":
+            break
+    assert path.read_bytes()[:1] == b"\x80"
+    assert check_safetensors(path, "weights", HINT) == path
+
+
 def test_an_export_with_a_pickle_under_the_safetensors_name(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(preset("tiny").to_dict()))
     torch.save(TransformerVQ(preset("tiny")).state_dict(), tmp_path / "model.safetensors")

@@ -129,8 +129,9 @@ def test_shipped_matrices_build_their_configs(name, tmp_path):
     matrix = MATRICES[name]
     configs = [cell_config(cfg, matrix, cell, 0, tmp_path) for cell in matrix.cells]
     # the recall matrix brings its own data, length and model (tests/bench/test_ablate_recall.py)
-    seq_len, block_len, data = {"recall": (1024, 32, "recall"), "attention-long": (8192, 128, "gcide")}.get(
-        name, (2048, 128, "gcide"))
+    # the preset matrix keeps the shipped preset's L = 64
+    seq_len, block_len, data = {"recall": (1024, 32, "recall"), "attention-long": (8192, 128, "gcide"),
+                                "preset": (2048, 64, "gcide")}.get(name, (2048, 128, "gcide"))
     assert {c.train.seq_len for c in configs} == {seq_len} and {c.model.block_len for c in configs} == {block_len}
     assert all(c.train.data == data for c in configs)
 

@@ -85,6 +85,11 @@ MATRICES = {m.name: m for m in (
                             "codebook usage perplexity and unused codes over training",
            {"restart-off": ("n_code=512", "dead_code_restart=0"), "restart-on": ("n_code=512", "dead_code_restart=50")},
            reference="restart-off", base=BASE),
+    # The preset as a user gets it (no override: the small preset's S = 64 and L = 64), so that a claim about "the
+    # shipped preset" is measured on it; the other matrices raise S and L.
+    Matrix("preset", "the preset as shipped: VQ vs VQ without the compressive cache vs unquantized keys",
+           {"vq": (), "vq-window-only": ("compressive_cache=false",), "full": ("attn_type=full",)},
+           reference="full"),
     # The model of the probe is sized for a 2-core CPU (docs/quality.md, "Memory probe"): 1,024-byte episodes are 32
     # blocks of 32, so pairs and queries lie up to 16-32 blocks apart, far beyond the two-block window.
     Matrix("recall", "long-range recall (--data recall): VQ vs VQ without the compressive cache vs unquantized keys, "

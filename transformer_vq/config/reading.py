@@ -66,9 +66,11 @@ def check_safetensors(path: str | os.PathLike, what: str, hint: str) -> Path:
     which); the tensors are then read by whoever loads them."""
     from safetensors import safe_open
 
-    head = read_bytes(path, what, hint, limit=8)
+    head = read_bytes(path, what, hint, limit=9)
     path = Path(path)
-    if head.startswith(PICKLE_MAGIC):
+    # A safetensors file opens with its header's length (8 bytes, little-endian) and then the header's "{"; that
+    # length may itself start with 0x80 (a header of 128 + 256 n bytes), so the magic alone does not make a pickle.
+    if head.startswith(PICKLE_MAGIC) and head[8:9] != b"{":
         raise UnreadableFile(f"{path} is not {what}: it is a PyTorch pickle (torch.save), not a safetensors file; "
                              f"{hint}")
     try:

@@ -81,7 +81,8 @@ def context_profile(ckpt: str, *, carry: tuple[int, ...] = (0,), cache: tuple[bo
     """Profile a language-model checkpoint at every ``carry`` (0 = the whole stream; ``-1`` = the run's ``seq_len``),
     with the compressive cache as trained and, for VQ models with a cache, off (``cache`` False).
 
-    Returns one row per (cache, carry): ``{"cache", "carry_tokens", **profile_tokens(...)}``.
+    Returns one row per (cache, carry): ``{"cache", "carry_tokens", **profile_tokens(...)}``, ``cache`` None for a
+    model without one.
     """
     model, run_cfg, checkpoint = model_from_checkpoint(ckpt, device=device)
     corpus = load_corpus_for(run_cfg.train, run_dir=run_dir_of(checkpoint))
@@ -98,7 +99,7 @@ def context_profile(ckpt: str, *, carry: tuple[int, ...] = (0,), cache: tuple[bo
             model = window_only.to(next(model.parameters()).device).eval()
         for carry_tokens in carry:
             carry_tokens = run_cfg.train.seq_len if carry_tokens == -1 else carry_tokens
-            rows.append({"cache": with_cache and has_cache, "carry_tokens": carry_tokens, **profile_tokens(
+            rows.append({"cache": with_cache if has_cache else None, "carry_tokens": carry_tokens, **profile_tokens(
                 model, tokens, window_len=window, block_len=cfg.block_len, carry_tokens=carry_tokens,
                 streams=streams or run_cfg.train.eval_streams, tokens_per_byte=corpus_tokens_per_byte(corpus, split),
                 precision=run_cfg.train.precision)})
