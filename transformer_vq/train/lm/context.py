@@ -29,7 +29,7 @@ from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte
 from transformer_vq.train.checkpoint.store import run_dir_of
 from transformer_vq.train.inference import evaluating
 from transformer_vq.train.lm.build import build_model, load_corpus_for, model_from_checkpoint
-from transformer_vq.train.lm.evaluate import _streams, window_nll
+from transformer_vq.train.lm.evaluate import stream_rows, window_nll
 
 
 def history_buckets(n_blocks: int) -> list[tuple[int, int]]:
@@ -50,7 +50,7 @@ def profile_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: in
     """
     n_pred = len(tokens) - 1
     device = next(model.parameters()).device
-    rows, mask = _streams(tokens, n_pred, max(1, min(streams, n_pred)), device)
+    rows, mask = stream_rows(tokens, n_pred, streams, device)
     piece = mask.shape[1]
     history_len = carry_tokens or piece
     buckets = history_buckets(-(-history_len // block_len))

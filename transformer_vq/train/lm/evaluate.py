@@ -112,7 +112,7 @@ def evaluate_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: i
         if encoder:
             total_nll, n_pred = _masked_nll(model, tokens, window_len, streams, precision, _progress(split, progress))
         else:
-            rows, mask = _streams(tokens, n_pred, max(1, min(streams, n_pred)), device)
+            rows, mask = stream_rows(tokens, n_pred, streams, device)
             total_nll = _total_nll(model, rows, mask, window_len, precision, _progress(split, progress),
                                    carry_tokens)
     seconds = time.perf_counter() - begin
@@ -123,10 +123,11 @@ def evaluate_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: i
                       objective="masked-token" if encoder else "next-token")
 
 
-def _streams(tokens: np.ndarray, n_pred: int, streams: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def stream_rows(tokens: np.ndarray, n_pred: int, streams: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rows, mask)``: ``(streams, piece + 1)`` token rows, where stream s predicts
     ``tokens[s*piece + 1 : (s+1)*piece + 1]``, and the ``(streams, piece)`` mask of real predictions
     (the last stream is padded, and its padded positions are masked out of the loss)."""
+    streams = max(1, min(streams, n_pred))  # no empty stream
     piece = math.ceil(n_pred / streams)
     rows = np.zeros((streams, piece + 1), dtype=np.int64)
     mask = np.zeros((streams, piece), dtype=bool)
