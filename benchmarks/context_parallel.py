@@ -139,15 +139,38 @@ def train_steps(rank, ranks, length, args):
     return {"step_s": statistics.median(times), "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def timing_table(args) -> dict:
+def available_mib() -> float:
+    """Memory the kernel could give a new process now (``MemAvailable``), in MiB."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    return float("inf")
+
+
+def timing_table(args, save) -> dict:
+    """Time each length at 1 and 2 processes; ``save(result)`` after every run, so a run cut short keeps what it
+    measured. A run whose memory, extrapolated linearly from the same process count at the longest length measured,
+    would not fit in the memory available now is skipped with its estimate (it would be killed, or swap)."""
     rows = []
     for length in args.lengths:
         for ranks in (1, 2):
+            done = [r for r in rows if r["processes"] == ranks and "peak_rss_mib" in r]
+            if done:
+                longest = max(r["tokens"] for r in done)
+                need = sum(r["peak_rss_mib"] for r in done if r["tokens"] == longest) * length / longest
+                if need > available_mib():
+                    rows.append({"tokens": length, "processes": ranks, "status": "skipped",
+                                 "estimated_peak_rss_mib_all_ranks": round(need), "available_mib": round(available_mib())})
+                    print(f"T={length:>7} processes={ranks}: skipped, about {need:,.0f} MiB over all ranks needed, "
+                          f"{available_mib():,.0f} MiB available")
+                    save({"rows": rows})
+                    continue
             per_rank, load = spawn_watched(train_steps, ranks, length, args)
             for rank, result in enumerate(per_rank):
                 rows.append({"tokens": length, "processes": ranks, "rank": rank, **result, **load})
                 print(f"T={length:>7} processes={ranks} rank={rank}: {result['step_s']:.2f} s/step, "
                       f"peak RSS {result['peak_rss_mib']:,.0f} MiB")
+            save({"rows": rows})
     return {"rows": rows}
 
 
@@ -168,11 +191,14 @@ def main() -> None:
     args = parser.parse_args()
     if args.lengths is None:
         args.lengths = [4096, 16384, 65536] if args.bytes else [65536, 131072, 262144]
-    result = {"machine": machine(), "args": vars(args),
-              **(bytes_table(args) if args.bytes else timing_table(args))}
     name = "context_parallel_bytes.json" if args.bytes else "context_parallel_timing.json"
     out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / name
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    head = {"machine": machine(), "args": vars(args)}
+
+    def save(table: dict) -> None:
+        out.write_text(json.dumps({**head, **table}, indent=2) + "\n")
+
+    save(bytes_table(args) if args.bytes else timing_table(args, save))
     print(f"wrote {out}")
 
 
