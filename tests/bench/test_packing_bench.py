@@ -21,13 +21,15 @@ def test_rows_are_cut_into_documents_of_the_mean_length():
 
 
 def test_the_benchmark_runs_end_to_end_at_a_tiny_size(tmp_path, capsys):
-    """A smoke test, not a timing (about 7 s on a quiet 2-core CPU): the table, the others' load of each case, and
-    the JSON."""
+    """A smoke test, not a timing (about 15 s on a quiet 2-core CPU): the table with each case's peak memory and the
+    others' load, and the JSON."""
     out = tmp_path / "packing.json"
     assert main(["--preset", "tiny", "--block-len", "8", "--length", "32", "--batch-size", "1", "--mean-doc", "8",
                  "--repeats", "1", "--rounds", "1", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "packed, mean document 8" in printed and "others: runnable threads of other processes" in printed
+    assert "peak MiB" in printed
     rows = json.loads(out.read_text())["rows"]
     assert [row["case"] for row in rows] == ["unpacked", "packed, mean document 8"]
     assert all(row["step_s"] > 0 and row["samples"] >= 1 for row in rows)
+    assert all(row["peak_bytes"] > 0 for row in rows)  # measured in each case's own process

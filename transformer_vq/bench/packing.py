@@ -3,19 +3,24 @@
 ``python -m transformer_vq.bench.packing [--device cuda] [--preset small] [--length 2048] ...`` times a training step
 (forward, backward, optimizer, codebook update) of the same model on the same tokens, once as plain rows and once
 with ``position_ids`` cutting each row into documents whose lengths are drawn (seeded) around each ``--mean-doc``
-length, at equal tokens. The two are timed alternately, so a load change on a shared machine hits both alike, and
-the others' load is sampled while each case runs (:mod:`transformer_vq.bench.load`: runnable threads of other
-processes). It prints a table (tokens/s, packed over unpacked, others' load) after the machine, the commit and the
-versions, and writes them as JSON with ``--out``.
+length, at equal tokens. The cases are timed in turn, each leading one round in turn, so a load change on a shared
+machine hits them alike, and the others' load is sampled while each case runs (:mod:`transformer_vq.bench.load`:
+runnable threads of other processes). Each case's peak memory is measured apart, in a fresh process per case that
+runs two steps (:func:`transformer_vq.bench.isolate.run_cell`: the peak resident set size above the imports on the
+CPU, the peak allocation on a GPU), so the timed cases do not share one high-water mark. It prints a table (median step time,
+tokens/s, packed over unpacked, peak memory, others' load) after the machine, the commit and the versions, and writes
+them as JSON with ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 import torch
 
+from transformer_vq.bench.isolate import run_cell
 from transformer_vq.bench.load import OthersLoad, load_summary
 from transformer_vq.bench.machine import machine_info, median_seconds
 from transformer_vq.config import PRESETS
@@ -57,26 +62,48 @@ def training_step(preset: str, block_len: int, device: str, precision: str, seed
     return step
 
 
+def peak_memory(preset: str, block_len: int, device: str, precision: str, seed: int, batch_size: int, length: int,
+                mean_doc: int | None) -> dict:
+    """A benchmark cell (run in its own process): two training steps of one case; on a GPU its peak allocation
+    (on the CPU the caller's :func:`run_cell` reads the process's peak resident set size)."""
+    step = training_step(preset, block_len, device, precision, seed)
+    ids = torch.randint(0, 256, (batch_size, length + 1)).to(device)
+    positions = None if mean_doc is None else document_positions(batch_size, length, mean_doc, seed).to(device)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    for _ in range(2):  # the second step holds the optimizer's moments too
+        step(ids, positions)
+    return {"cuda_peak_bytes": torch.cuda.max_memory_allocated()} if device.startswith("cuda") else {}
+
+
 def run(args: argparse.Namespace) -> dict:
     """Time the unpacked step and one packed step per ``--mean-doc``; returns the result with the machine's facts."""
     step = training_step(args.preset, args.block_len, args.device, args.precision, args.seed)
     ids = torch.randint(0, 256, (args.batch_size, args.length + 1)).to(args.device)
-    cases = {"unpacked": None, **{f"packed, mean document {m}": document_positions(
-        args.batch_size, args.length, m, args.seed).to(args.device) for m in args.mean_doc}}
+    mean_docs = {"unpacked": None, **{f"packed, mean document {m}": m for m in args.mean_doc}}
+    cases = {name: None if m is None else document_positions(args.batch_size, args.length, m, args.seed).to(args.device)
+             for name, m in mean_docs.items()}
     for positions in cases.values():  # warm every shape before any timing
         step(ids, positions)
     rows, loads = {name: [] for name in cases}, {name: [] for name in cases}
-    for _ in range(args.rounds):
-        for name, positions in cases.items():
+    names = list(cases)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:  # each case leads a round in turn
+            positions = cases[name]
             with OthersLoad() as load:
                 rows[name].append(median_seconds(lambda: step(ids, positions), repeats=args.repeats, warmup=0,
                                                  device=args.device)[0])
             loads[name].extend(load.samples)
+    memory = {name: run_cell("transformer_vq.bench.packing:peak_memory", dict(
+        preset=args.preset, block_len=args.block_len, device=args.device, precision=args.precision, seed=args.seed,
+        batch_size=args.batch_size, length=args.length, mean_doc=m)) for name, m in mean_docs.items()}
     tokens = args.batch_size * args.length
-    base = min(rows["unpacked"])
+    medians = {name: statistics.median(samples) for name, samples in rows.items()}
     result = {"machine": machine_info(), "settings": vars(args), "rows": [
-        {"case": name, "step_s": min(samples), "tokens_per_s": tokens / min(samples),
-         "relative": base / min(samples), **load_summary(loads[name])} for name, samples in rows.items()]}
+        {"case": name, "step_s": medians[name], "step_s_rounds": rows[name], "tokens_per_s": tokens / medians[name],
+         "relative": medians["unpacked"] / medians[name],
+         "peak_bytes": memory[name].get("cuda_peak_bytes", memory[name].get("peak_rss_bytes")),
+         **load_summary(loads[name])} for name in rows]}
     return result
 
 
@@ -86,12 +113,16 @@ def table(result: dict) -> str:
     lines = [f"commit {m.get('commit')} (dirty: {m.get('dirty')}); torch {m['torch']}; python {m['python']}; "
              f"cpu {m['cpu']} x{m['logical_cpus']}; gpus {', '.join(m['gpus']) or 'none'}",
              f"settings: {json.dumps(result['settings'], sort_keys=True)}",
-             f"{'case':<32} {'step s':>10} {'tokens/s':>12} {'vs unpacked':>12} {'others (mean/max)':>18}"]
+             f"{'case':<32} {'step s':>10} {'tokens/s':>12} {'vs unpacked':>12} {'peak MiB':>10} "
+             f"{'others (mean/max)':>18}"]
     for row in result["rows"]:
         others = f"{row['others_runnable_mean']}/{row['others_runnable_max']}"
+        peak = "n/a" if row["peak_bytes"] is None else f"{row['peak_bytes'] / 2**20:,.0f}"
         lines.append(f"{row['case']:<32} {row['step_s']:>10.4f} {row['tokens_per_s']:>12,.0f} {row['relative']:>12.3f}"
-                     f" {others:>18}")
-    lines.append("others: runnable threads of other processes while the case ran (the CPU may be shared)")
+                     f" {peak:>10} {others:>18}")
+    lines.append("step s: median over the rounds; peak MiB: two steps of the case alone in a fresh process (the resident "
+                 "set above the imports on the CPU, the peak allocation on a GPU); others: runnable threads of other "
+                 "processes while the case ran (the CPU may be shared)")
     return "\n".join(lines)
 
 
