@@ -135,7 +135,7 @@ def test_resume_continues_the_saved_config_with_flags_on_top(tmp_path):
     (["sample", "--top-k", "0"], "error: --top-k: must be a positive integer, got '0'"),
     (["sample", "--max-new-tokens", "0"], "error: --max-new-tokens: must be a positive integer, got '0'"),
     (["sample", "--prompt", ""], "error: --prompt: must not be empty, got ''"),
-    (["train", "--bogus"], "error: unrecognized arguments: --bogus; see tvq --help"),
+    (["train", "--bogus"], "error: unrecognized arguments: --bogus; see tvq train --help"),
 ])
 def test_bad_values_exit_2_with_one_line(capsys, argv, message):
     assert exit_code(argv) == 2

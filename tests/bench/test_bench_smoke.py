@@ -135,7 +135,7 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     (["op", "--budget-s", "nan"], "error: --budget-s: must be a finite number, got 'nan'"),
     (["train", "--models", "vq/gqa"], "error: --models: must be attn_type/head_type pairs with attn_type in vq, "
                                       "full, flash_quad, flash and head_type in shga, mqa, mha, got 'vq/gqa'"),
-    (["decode", "--dtype", "bfloat16"], "error: unrecognized arguments: --dtype bfloat16; see tvq --help"),
+    (["decode", "--dtype", "bfloat16"], "error: unrecognized arguments: --dtype bfloat16; see tvq bench decode --help"),
 ])
 def test_cli_rejects_bad_input_before_writing_anything(tmp_path, capsys, args, message):
     assert exit_code(["bench", *args, "--no-isolate", "--out", str(tmp_path)]) == 2

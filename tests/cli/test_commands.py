@@ -70,7 +70,7 @@ def test_without_ckpt_and_no_default_run(capsys, tmp_path, command):
     (["bench"], "error: the following arguments are required: BENCH; see tvq bench --help"),
     (["bench", "op", "--lengths"], "error: --lengths: expected at least one argument"),
     (["train", "--steps"], "error: --steps: expected one argument (a negative value is written --steps=-X)"),
-    (["train", "--bogus"], "error: unrecognized arguments: --bogus; see tvq --help"),
+    (["train", "--bogus"], "error: unrecognized arguments: --bogus; see tvq train --help"),
 ], ids=["unknown-command", "bench-without-benchmark", "lengths-without-values", "flag-without-value",
         "unknown-flag-process"])
 def test_real_entry_point(tmp_path, argv, message):

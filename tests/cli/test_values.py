@@ -81,7 +81,7 @@ TRAIN = {
     "set-without-equals": (["--set", "foo"], "--set: 'foo' must look like KEY=VALUE, e.g. --set steps=100"),
     "set-unknown-section": (["--set", "unknown.key=1"], "--set: unknown config section 'unknown' in "
                                                         "'unknown.key=1'; use model.FIELD or train.FIELD"),
-    "unknown-flag": (["--bogus"], "unrecognized arguments: --bogus; see tvq --help"),
+    "unknown-flag": (["--bogus"], "unrecognized arguments: --bogus; see tvq train --help"),
 }
 
 # (a command on the session's trained run, the error line)

@@ -35,6 +35,24 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but an unknown argument is answered with the help of the (sub)command that was given it:
+        ``see tvq classify train --help``, not the top level's."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.exit(2, f"error: unrecognized arguments: {' '.join(extras)}; see {self._chosen(namespace).prog} "
+                         f"--help\n")
+        return namespace
+
+    def _chosen(self, namespace) -> argparse.ArgumentParser:
+        """The deepest subcommand parser ``namespace`` was parsed by (this parser when none)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                sub = action.choices.get(getattr(namespace, action.dest, None) or "")
+                if sub is not None:
+                    return sub._chosen(namespace) if isinstance(sub, Parser) else sub
+        return self
+
     def error(self, message: str):
         found = re.match(r"argument (-[^/:\s]+)[^:]*: (.*)", message, re.S)
         line = f"{found.group(1)}: {found.group(2)}" if found else f"{message}; see {self.prog} --help"

@@ -200,8 +200,13 @@ def check_compatible(model: TransformerVQConfig | LongVQConfig, train: TrainConf
                 f"block_len), got {train.update_len}")
         raise ConfigError(f"invalid RunConfig: update_len {text}", [("update_len", text)], TrainConfig)
     if train.pack and arch_of(model) == "tvq" and (not model.causal or train.context_parallel > 1):
-        text = (f"needs a causal model and context_parallel 1, got causal={model.causal}, "
-                f"context_parallel={train.context_parallel}")
+        if not model.causal:  # the encoder itself takes position_ids; the masked objective does not pack rows
+            text = ("packs documents for next-token training; tvq train's masked-token objective of an encoder "
+                    "(causal=False) takes whole rows: leave --pack off, or train a causal model (an encoder "
+                    "called directly accepts packed rows: model(ids, position_ids=...))")
+        else:
+            text = (f"does not combine with context_parallel={train.context_parallel} (a rank's chunk would need "
+                    f"the document starts of the ranks before it): use one of them")
         raise ConfigError(f"invalid RunConfig: pack {text}", [("pack", text)], TrainConfig)
     for option, text in find_arch("lm", arch_of(model)).refused_options.items():
         if getattr(train, option) != TrainConfig.__dataclass_fields__[option].default:

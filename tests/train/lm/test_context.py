@@ -40,7 +40,10 @@ def test_carry_tokens_must_be_whole_windows(trained_run):
     model, run_cfg, _ = model_from_checkpoint(str(trained_run), device="cpu")
     with pytest.raises(ValueError) as error:
         evaluate_tokens(model, _tokens(run_cfg, 100), window_len=8, carry_tokens=12)
-    assert str(error.value) == "carry_tokens must be a multiple of window_len=8, got 12"
+    assert str(error.value) == ("--carry-tokens 12 is not a multiple of the window length 8 (--window-len; by default "
+                                "the run's update_len): give 8 or 16, or a --window-len that divides 12")
+    with pytest.raises(ValueError, match="give 8, or"):  # below one window: only the next multiple is suggested
+        evaluate_tokens(model, _tokens(run_cfg, 100), window_len=8, carry_tokens=5)
 
 
 @pytest.mark.parametrize("carry", [0, 24], ids=["carry-all", "carry-24"])

@@ -85,6 +85,10 @@ def test_pack_refuses_a_corpus_without_documents_and_models_that_cannot(corpus_f
                                         "for its train split; use --data shakespeare, pg19, or text with a directory "
                                         r"\(one document per file\), or leave --pack off$"):
         packed_documents(corpus, "train")
-    with pytest.raises(ConfigError, match=r"^invalid RunConfig: pack needs a causal model and context_parallel 1, "
-                                          r"got causal=False, context_parallel=1$"):
+    with pytest.raises(ConfigError, match=r"^invalid RunConfig: pack packs documents for next-token training; "
+                                          r"tvq train's masked-token objective of an encoder \(causal=False\) takes "
+                                          r"whole rows: leave --pack off, or train a causal model"):
         tiny_config(corpus_file, tmp_path / "r", "pack=true", "model.causal=false")
+    with pytest.raises(ConfigError, match=r"^invalid RunConfig: pack does not combine with context_parallel=2 .*: "
+                                          r"use one of them$"):
+        tiny_config(corpus_file, tmp_path / "r", "pack=true", "context_parallel=2")

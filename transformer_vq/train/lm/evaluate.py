@@ -158,7 +158,11 @@ def window_nll(model: torch.nn.Module, rows: torch.Tensor, mask: torch.Tensor, w
     ``window_len``), so that no prediction sees more history than that: the context a model was trained with.
     """
     if carry_tokens % window_len:
-        raise ValueError(f"carry_tokens must be a multiple of window_len={window_len}, got {carry_tokens}")
+        lower, upper = carry_tokens // window_len * window_len, (carry_tokens // window_len + 1) * window_len
+        nearest = f"{lower} or {upper}" if lower else f"{upper}"
+        raise ValueError(f"--carry-tokens {carry_tokens} is not a multiple of the window length {window_len} "
+                         f"(--window-len; by default the run's update_len): give {nearest}, or a --window-len that "
+                         f"divides {carry_tokens}")
     device = rows.device
     piece = mask.shape[1]
     state = None
