@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import signal
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -203,7 +204,9 @@ class Trainer:
         self.skip_reason = skip_reason(shared[3].item() == 0, grad_norm, self.scheduler.get_last_lr())
         self._apply(lr) if self.skip_reason is None else self._skip()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        with warnings.catch_warnings():  # a skipped step advances the schedule on purpose (the step still counts)
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+            self.scheduler.step()
         self.step += 1
         task_metrics = self.after_step(step, ce_loss)
         seconds = time.perf_counter() - begin
