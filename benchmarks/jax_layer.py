@@ -9,8 +9,10 @@ One gated attention unit of the enwik8 preset (D_m 768, D_k 128, D_v 1536, S 512
 its own persistent process (benchmarks/layer_worker.py; benchmarks/jax_side/worker.py: the authors' branch
 ``optimized``, whole-sequence layer, serial reduction), built and warmed up once per length. Then, ``repeats`` times,
 every mode's call goes to one side and then the other (the first side alternates), so both see the same machine
-state; the figure is the median. Prints a markdown table (seconds, speedup = authors' time / ours, growth from 8k to
-32k) and writes ``NAME.json`` and ``NAME.md`` under ``--out`` with the machine, commits and versions.
+state; the figure is the median. Each call also reports its worker's peak RSS (the high-water mark reset right before
+it; transformer_vq/bench/memory.py): the table gives each side's highest over its timed calls of a mode, and the
+others' load (runnable threads of other processes) sampled meanwhile. Prints a markdown table (seconds, speedup =
+authors' time / ours, peak RSS of both sides, growth from 8k to 32k) and writes ``NAME.json`` and ``NAME.md`` under ``--out`` with the machine, commits and versions.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 from authors_bridge import (add_authors_flags, authors_params, authors_source, gau_config, jax_env, randomize,
                             require_authors)
 from transformer_vq import GatedAttentionUnit
+from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import load_average, machine_info
 from transformer_vq.config import PRESETS
 from transformer_vq.config.fields import parse_scalar
@@ -91,22 +94,33 @@ def start_workers(args, work: Path) -> tuple[dict[str, Worker], dict]:
 
 def measure(workers: dict[str, Worker], length: int, repeats: int, log) -> list[dict]:
     """The rows of one length: each mode's samples on both sides, interleaved call by call."""
-    warmup = {side: workers[side].ask(cmd="prepare", T=length)["warmup_s"] for side in SIDES}
+    warmup = {side: workers[side].ask(cmd="prepare", T=length) for side in SIDES}
     samples = {(side, mode): [] for side in SIDES for mode in MODES}
-    for r in range(repeats):
-        order = SIDES if r % 2 == 0 else SIDES[::-1]
-        for mode in MODES:
-            for side in order:
-                samples[side, mode].append(workers[side].ask(cmd="run", T=length, mode=mode)["seconds"])
+    peaks = {(side, mode): [] for side in SIDES for mode in MODES}
+    with OthersLoad() as load:
+        for r in range(repeats):
+            order = SIDES if r % 2 == 0 else SIDES[::-1]
+            for mode in MODES:
+                for side in order:
+                    reply = workers[side].ask(cmd="run", T=length, mode=mode)
+                    samples[side, mode].append(reply["seconds"])
+                    peaks[side, mode].append(reply["peak"])
     for side in SIDES:
         workers[side].ask(cmd="drop", T=length)
     rows = []
     for mode in MODES:
         ours, theirs = (statistics.median(samples[side, mode]) for side in SIDES)
+        # each side's peak RSS over its timed calls of this mode (the warm-up's is kept apart: it compiles)
+        peak = {side: max(p["peak_rss_bytes"] for p in peaks[side, mode]) for side in SIDES}
         rows.append({"T": length, "mode": mode, "ours_s": ours, "authors_s": theirs, "speedup": theirs / ours,
+                     "ours_peak_rss_bytes": peak["ours"], "authors_peak_rss_bytes": peak["authors"],
+                     "memory_ratio": peak["ours"] / peak["authors"], "others_load": load.summary(),
                      "ours_samples": samples["ours", mode], "authors_samples": samples["authors", mode],
-                     "warmup_s": {side: warmup[side][mode] for side in SIDES}})
-        log(f"T={length} {mode}: ours {ours:.3f} s, authors {theirs:.3f} s, speedup {theirs / ours:.2f}x")
+                     "ours_peaks": peaks["ours", mode], "authors_peaks": peaks["authors", mode],
+                     "warmup_s": {side: warmup[side]["warmup_s"][mode] for side in SIDES},
+                     "warmup_peak": {side: warmup[side]["warmup_peak"][mode] for side in SIDES}})
+        log(f"T={length} {mode}: ours {ours:.3f} s, authors {theirs:.3f} s, speedup {theirs / ours:.2f}x; peak RSS "
+            f"ours {peak['ours'] / 2**30:.2f} GiB, authors {peak['authors'] / 2**30:.2f} GiB; {load_text(load.summary())}")
     return rows
 
 
@@ -123,9 +137,15 @@ def table(result: dict) -> str:
     lines = [f"### Whole layer, ours vs the authors' JAX layer (D_m {s['dims']['d_model']}, D_k {s['dims']['d_k']}, "
              f"D_v {s['d_v']}, S {s['dims']['n_code']}, L {s['dims']['block_len']}, fp32, batch {s['batch']}; "
              f"median of {result['repeats']}, interleaved)", "",
-             "| T | mode | ours (s) | authors' JAX (s) | speedup (authors / ours) |", "|---:|---|---:|---:|---:|"]
+             "| T | mode | ours (s) | authors' JAX (s) | speedup (authors / ours) | peak RSS ours (GiB) "
+             "| peak RSS authors' (GiB) | memory (ours / authors) | others' load (mean / max runnable) |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
-        lines.append(f"| {r['T']} | {r['mode']} | {r['ours_s']:.4f} | {r['authors_s']:.4f} | {r['speedup']:.2f}x |")
+        load = r.get("others_load", {})
+        lines.append(f"| {r['T']} | {r['mode']} | {r['ours_s']:.4f} | {r['authors_s']:.4f} | {r['speedup']:.2f}x "
+                     f"| {r['ours_peak_rss_bytes'] / 2**30:.2f} | {r['authors_peak_rss_bytes'] / 2**30:.2f} "
+                     f"| {r['memory_ratio']:.2f}x | {load.get('others_runnable_mean')} / "
+                     f"{load.get('others_runnable_max')} |")
     if result["growth"]:
         low, high = result["growth_lengths"]
         lines += ["", f"Growth of the time from T = {low} to T = {high} (linear: {high / low:g}x):", "",
