@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import transformer_vq.bench.memory as memory
+from transformer_vq import GatedAttentionUnit, preset
 from transformer_vq.bench.memory import PeakMemory, peak_rss_bytes, reset_peak_rss, rss_bytes
 
 MIB = 2**20
@@ -74,3 +75,21 @@ def test_the_workers_timed_call_reports_its_peak():
         sys.path.pop(0)
     seconds, peak = worker_protocol.timed(lambda: _touch_big().sum())
     assert seconds > 0 and peak["peak_rss_rise_bytes"] >= 0.9 * BIG and peak["peak_rss_source"] == "VmHWM"
+
+
+def test_the_memory_profile_finds_what_autograd_saves():
+    """benchmarks/memory_profile.py on a tiny unit: every saved storage counted once, each at a line of the package."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        import memory_profile
+    finally:
+        sys.path.pop(0)
+    unit = GatedAttentionUnit(preset("tiny", block_len=4, n_code=6)).eval()
+    x = torch.randn(1, 16, unit.cfg.d_model)
+    saved = memory_profile.saved_for_backward(unit, x)
+    kinds = {t["kind"] for t in saved["tensors"]}
+    assert kinds == {"activation", "parameter", "input"}
+    # the silu of the gate saves its input, a [1, 16, Dv] float32 tensor made by the projection
+    assert any(t["shape"] == [1, 16, unit.cfg.d_v] and t["site"].startswith("transformer_vq/models/tvq/gau.py")
+               for t in saved["tensors"])
+    assert saved["activation_bytes"] == sum(s["bytes"] for s in saved["sites"] if s["kind"] == "activation") > 0
