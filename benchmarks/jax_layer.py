@@ -200,14 +200,19 @@ def main(argv: list[str] | None = None) -> dict:
               "authors_versions": workers["authors"].hello, "ours_versions": workers["ours"].hello,
               "machine": machine, "load_average_end": load_average(),
               "command": "python benchmarks/jax_layer.py " + " ".join(map(shlex.quote, argv or sys.argv[1:]))}
-    print(table(result))
-    name = args.name or f"jax-layer-fp32-{machine['date_utc'][:10]}-{machine['logical_cpus']}cpu"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / f"{name}.md").write_text(table(result))
-    print(f"wrote {out / name}.json and .md")
+    write_result(result, table(result), args.out,
+                 args.name or f"jax-layer-fp32-{machine['date_utc'][:10]}-{machine['logical_cpus']}cpu")
     return result
+
+
+def write_result(result: dict, text: str, out: str, name: str) -> None:
+    """Print the table ``text`` and write ``NAME.json`` (``result``) and ``NAME.md`` (``text``) under ``out``."""
+    print(text)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (folder / f"{name}.md").write_text(text)
+    print(f"wrote {folder / name}.json and .md")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,21 @@ from transformer_vq.config import TransformerVQConfig
 from worker_protocol import serve
 
 
+def layer_calls(unit: GatedAttentionUnit, x: torch.Tensor) -> dict:
+    """The two timed modes on input ``x``: ``fwd`` (no autograd) and ``fwdbwd`` (the backward of the output's sum to
+    every parameter and the input)."""
+    def forward():
+        with torch.no_grad():
+            unit(x)
+
+    def forward_backward():
+        unit.zero_grad(set_to_none=True)
+        y = x.detach().requires_grad_()
+        unit(y).x.sum().backward()
+
+    return {"fwd": forward, "fwdbwd": forward_backward}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--state", required=True, help="the unit's state_dict (torch.save)")
@@ -34,18 +49,7 @@ def main() -> None:
     unit.load_state_dict(torch.load(args.state, weights_only=True))
 
     def prepare(length: int) -> dict:
-        x = torch.randn(args.batch, length, cfg.d_model, generator=torch.Generator().manual_seed(0))
-
-        def forward():
-            with torch.no_grad():
-                unit(x)
-
-        def forward_backward():
-            unit.zero_grad(set_to_none=True)
-            y = x.detach().requires_grad_()
-            unit(y).x.sum().backward()
-
-        return {"fwd": forward, "fwdbwd": forward_backward}
+        return layer_calls(unit, torch.randn(args.batch, length, cfg.d_model, generator=torch.Generator().manual_seed(0)))
 
     serve(prepare, {"side": "ours-torch", "torch": torch.__version__, "numpy": numpy.__version__,
                     "python": platform.python_version(), "torch_threads": torch.get_num_threads()})

@@ -22,7 +22,6 @@ Writes ``NAME.json`` and ``NAME.md`` under ``--out`` with the machine, commit an
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import traceback
 from collections import defaultdict
@@ -30,7 +29,8 @@ from pathlib import Path
 
 import torch
 from authors_bridge import gau_config, randomize
-from jax_layer import parse_lengths
+from jax_layer import parse_lengths, write_result
+from layer_worker import layer_calls
 
 from transformer_vq import GatedAttentionUnit
 from transformer_vq.bench.load import OthersLoad, load_text
@@ -91,24 +91,10 @@ def saved_for_backward(unit: GatedAttentionUnit, x: torch.Tensor) -> dict:
     return {"tensors": rows, "sites": sites, "activation_bytes": activations}
 
 
-def _calls(unit: GatedAttentionUnit, x: torch.Tensor) -> dict:
-    """jax_layer.py's two modes: the forward without autograd, and forward + backward."""
-    def forward():
-        with torch.no_grad():
-            unit(x)
-
-    def forward_backward():
-        unit.zero_grad(set_to_none=True)
-        y = x.detach().requires_grad_()
-        unit(y).x.sum().backward()
-
-    return {"fwd": forward, "fwdbwd": forward_backward}
-
-
 def peaks(unit: GatedAttentionUnit, x: torch.Tensor) -> dict:
     """Each mode's peak RSS over one call, after a warm-up call."""
     out = {}
-    for mode, call in _calls(unit, x).items():
+    for mode, call in layer_calls(unit, x).items():
         call()
         with PeakMemory() as peak:
             call()
@@ -119,7 +105,7 @@ def peaks(unit: GatedAttentionUnit, x: torch.Tensor) -> dict:
 def per_op(unit: GatedAttentionUnit, x: torch.Tensor, top: int) -> dict:
     """The ``top`` ops by their own allocated bytes (``self_cpu_memory_usage``), per mode."""
     out = {}
-    for mode, call in _calls(unit, x).items():
+    for mode, call in layer_calls(unit, x).items():
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
                                     record_shapes=True) as prof:
             call()
@@ -173,13 +159,7 @@ def main(argv: list[str] | None = None) -> dict:
                   "saved": saved_for_backward(unit, x), "per_op": per_op(unit, x, args.top)}
     result.update(machine=machine, others_load=load.summary(),
                   command="python benchmarks/memory_profile.py " + " ".join(argv or []))
-    print(table(result))
-    name = args.name or f"memory-profile-{length // 1024}k-{machine['date_utc'][:10]}"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / f"{name}.md").write_text(table(result))
-    print(f"wrote {out / name}.json and .md")
+    write_result(result, table(result), args.out, args.name or f"memory-profile-{length // 1024}k-{machine['date_utc'][:10]}")
     return result
 
 
