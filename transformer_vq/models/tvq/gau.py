@@ -198,19 +198,37 @@ class GatedAttentionUnit(nn.Module):
         A causal unit's window is two blocks (``W = 2L``: the previous and the current one); an encoder's is three
         (``W = 3L``: the previous, the current and the next). Column ``j`` is the key at position
         ``(tau // L - 1) L + j`` for the query at position ``tau``, so its distance is ``tau % L + L - j``.
+
+        The distance depends on the query only through its place in its block, so one ``(L, W)`` index, laid over the
+        rows block by block, reads every row's columns from the ``P`` distances' scores: a ``(T, W)`` index (and the
+        masks beside it) would cost 3-4 times the bias itself, and autograd would keep one for the backward. Columns
+        with no bias (beyond the span; a later key of a causal unit, which the operator masks) read an extra
+        distance whose table row is zero, so their score is an exact zero and no mask is needed.
         """
         B, H, T, Dk = q.shape
         L = self.cfg.block_len
-        n_columns = 2 * L if self.cfg.causal else 3 * L
         rel = self._relative_table(q.dtype)  # (H, P, Dk)
-        by_distance = (q + self.v_r[None, :, None, :] * Dk ** -0.25) @ rel.transpose(-1, -2)[None]  # (B, H, T, P)
-        phase = (torch.arange(T, device=q.device) + offset) % L  # position of each query in its block
-        columns = torch.arange(n_columns, device=q.device)
-        distance = phase[:, None] + L - columns[None, :]  # (T, W); negative = a later key
+        rel = torch.cat([rel, rel.new_zeros(H, 1, Dk)], dim=1)  # (H, P + 1, Dk): the last row is "no bias"
+        by_distance = (q + self.v_r[None, :, None, :] * Dk ** -0.25) @ rel.transpose(-1, -2)[None]  # (B, H, T, P + 1)
+        index = self._column_index(offset % L, q.device)  # (L, W)
+        W, whole = index.shape[1], T // L * L
+        pieces = []
+        if whole:  # rows t and t + L share their place in the block: blocks of rows, one index for all
+            blocks = by_distance[:, :, :whole].view(B, H, T // L, L, -1)  # (B, H, N, L, P + 1)
+            pieces.append(blocks.gather(-1, index.expand(B, H, T // L, L, W)).view(B, H, whole, W))
+        if T > whole:
+            pieces.append(by_distance[:, :, whole:].gather(-1, index[:T - whole].expand(B, H, T - whole, W)))
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
+
+    def _column_index(self, phase: int, device) -> torch.Tensor:
+        """``(L, W)`` int64: for the ``i``-th row of a block of rows whose first query sits at place ``phase`` of its
+        block, the column of the ``P + 1`` distance scores window column ``j`` reads (``P``, the zero row, outside
+        the span)."""
+        L = self.cfg.block_len
+        n_columns = 2 * L if self.cfg.causal else 3 * L
+        place = (torch.arange(L, device=device) + phase) % L  # place of each row's query in its block
+        distance = place[:, None] + L - torch.arange(n_columns, device=device)[None, :]  # (L, W); negative: later
         span = self._span()
         first = 0 if self.cfg.causal else -span
-        index = (distance - first).clamp(0, by_distance.shape[-1] - 1)
-        bias = torch.gather(by_distance, -1, index.expand(B, H, T, n_columns))
-        # no bias beyond the span; a causal unit never sees a later key (the operator masks it; a zero keeps the
-        # bias finite)
-        return bias.masked_fill((distance < first) | (distance > span), 0.0)
+        outside = (distance < first) | (distance > span)
+        return torch.where(outside, span - first + 1, distance - first)
