@@ -36,8 +36,9 @@ def softmax_combine(parts, *, in_place: bool = False):
     """
     # The softmax runs in float32 (float64 stays float64) whatever the autocast dtype of the scores.
     scores = [s.to(torch.promote_types(s.dtype, torch.float32)) for s, _ in parts]
-    # The max is a constant shift: stopping its gradient leaves every gradient of the softmax unchanged.
-    shift = torch.stack([s.amax(dim=-1) for s in scores]).amax(dim=0).detach().unsqueeze(-1)
+    # The max is a constant shift: stopping its gradient leaves every gradient of the softmax unchanged. Taken of the
+    # detached scores, autograd records no max at all (a recorded one would keep every score for its backward).
+    shift = torch.stack([s.detach().amax(dim=-1) for s in scores]).amax(dim=0).unsqueeze(-1)
     numerator = denominator = None
     for s, (_, values) in zip(scores, parts):
         weights = s.sub_(shift).exp_() if in_place else torch.exp(s - shift)
