@@ -5,9 +5,9 @@ Dk key width per head, Dvh value width per head (H * Dvh = Dv), L block length.
 
     x~ = RMSNorm(x)                                   (no parameters, eps 1e-6)
     q  = Dk^-1/4 RMSNorm(x~ W_q)    k = Dk^-1/4 RMSNorm(x~ W_k)   (per head; unit gain, zero bias)
-    v  = SiLU(x~ W_v)               g = SiLU(x~ W_g)
-    k^ = STVQ(k; C)
-    o  = Attn(q, k^, v) * g         y = x + Dropout(o W_o)
+    v  = SiLU(x~ W_v)               k^ = STVQ(k; C)
+    a  = Attn(q, k^, v)             g = SiLU(x~ W_g)
+    o  = a * g                      y = x + Dropout(o W_o)
 
 ``Attn`` is the kernel of ``cfg.attn_type`` from :data:`transformer_vq.ops.KERNELS`, all called the same way
 (docs/operator.md); the baselines take the unquantized ``k``.
@@ -51,6 +51,12 @@ class GAUOutput:
     """The attention state to pass to the next call on the same sequences (``None`` for quadratic mode)."""
     commit_loss: torch.Tensor
     """Scalar commitment loss of this unit's quantizer (0 for unquantized baselines)."""
+
+
+def _silu(h: torch.Tensor) -> torch.Tensor:
+    """SiLU of a fresh projection ``h``, in place where no graph is recorded. With autograd it is not: the backward
+    needs ``h``, which an in-place SiLU would make autograd copy first."""
+    return F.silu(h, inplace=not h.requires_grad)
 
 
 def chunk_start(group, length: int) -> int:
@@ -118,8 +124,7 @@ class GatedAttentionUnit(nn.Module):
         x_tilde = rms_norm(x)
         q = rms_norm(self.w_q(x_tilde).view(B, T, H, Dk)).transpose(1, 2) * scale  # (B, H, T, Dk)
         k = rms_norm(self.w_k(x_tilde).view(B, T, G, Dk)).transpose(1, 2) * scale  # (B, G, T, Dk)
-        v = F.silu(self.w_v(x_tilde)).view(B, T, G, Dvh).transpose(1, 2)  # (B, G, T, Dvh)
-        gate = F.silu(self.w_g(x_tilde))  # (B, T, Dv)
+        v = _silu(self.w_v(x_tilde)).view(B, T, G, Dvh).transpose(1, 2)  # (B, G, T, Dvh)
 
         commit_loss = x.new_zeros((), dtype=torch.float32)
         keys = queries = None
@@ -137,7 +142,10 @@ class GatedAttentionUnit(nn.Module):
                             keys=keys, queries=queries, query_shift=shift, table=self._held_code_table(queries, shift),
                             context_parallel=context_parallel, doc_start=doc_start)
 
-        out = out.transpose(1, 2).reshape(B, T, H * Dvh) * gate  # (B, T, Dv)
+        # The gate is made after the attention, so that it is not held through the attention's peak.
+        gate = _silu(self.w_g(x_tilde))  # (B, T, Dv)
+        out = out.transpose(1, 2).reshape(B, T, H * Dvh)  # (B, T, Dv)
+        out = out * gate if gate.requires_grad or out.requires_grad else gate.mul_(out)
         branch = F.dropout(self.w_o(out), p=cfg.dropres, training=self.training)
         if self.training and cfg.droplyr > 0:
             # LayerDrop per sequence, rescaled like dropout so inference needs no correction. The unit
