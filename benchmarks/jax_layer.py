@@ -71,42 +71,66 @@ class Worker:
             self.proc.wait(timeout=60)
 
 
-def start_workers(args, work: Path) -> tuple[dict[str, Worker], dict]:
-    """Both workers, holding the same parameters: a unit built here, saved for ours, translated for the authors'."""
+def save_unit(seed: int, work: Path) -> tuple[GatedAttentionUnit, dict]:
+    """The unit of the comparison with its parameters drawn from ``seed``, saved as ``work/unit.pt`` and
+    ``work/config.json`` for the workers; and its dimensions."""
     dims = {k: getattr(PRESETS["enwik8"], k) for k in ("d_model", "d_k", "n_code", "block_len", "max_wavelength")}
     cfg = gau_config(dims, bias_span="block")
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     unit = GatedAttentionUnit(cfg).eval()
-    randomize(unit, args.seed)
+    randomize(unit, seed)
     torch.save(unit.state_dict(), work / "unit.pt")
     (work / "config.json").write_text(json.dumps(cfg.to_dict()))
+    return unit, dims
+
+
+def ours_worker(work: Path, batch: int, env: dict | None = None, retain: bool = False) -> Worker:
+    """Our side's worker (benchmarks/layer_worker.py) on the unit :func:`save_unit` wrote; ``env``: its environment
+    (default: ours); ``retain``: keep freed host memory for reuse (transformer_vq/hostmem.py)."""
+    return Worker([sys.executable, str(HERE / "layer_worker.py"), "--state", str(work / "unit.pt"), "--config",
+                   str(work / "config.json"), "--batch", str(batch), *(["--retain-host-memory"] if retain else [])],
+                  env=env)
+
+
+def start_workers(args, work: Path) -> tuple[dict[str, Worker], dict]:
+    """Both workers, holding the same parameters: a unit built here, saved for ours, translated for the authors'."""
+    unit, dims = save_unit(args.seed, work)
     np.savez(work / "params.npz", dims=json.dumps(dims), **{f"param:{k}": v.astype(np.float32)
                                                             for k, v in authors_params(unit).items()})
     src, commit = authors_source(args.authors, work / "authors")
-    ours = Worker([sys.executable, str(HERE / "layer_worker.py"), "--state", str(work / "unit.pt"), "--config",
-                   str(work / "config.json"), "--batch", str(args.batch)])
+    ours = ours_worker(work, args.batch)
     authors = Worker([args.jax_python, str(HERE / "jax_side" / "worker.py"), "--src", str(src), "--params",
                       str(work / "params.npz"), "--batch", str(args.batch)], env=jax_env(), cwd=HERE / "jax_side")
-    setup = {"dims": dims, "d_v": cfg.d_v, "bias_span": "block", "reduction": "serial", "precision": "float32",
+    setup = {"dims": dims, "d_v": unit.cfg.d_v, "bias_span": "block", "reduction": "serial", "precision": "float32",
              "batch": args.batch, "authors_branch": "optimized", "authors_commit": commit}
     return {"ours": ours, "authors": authors}, setup
 
 
-def measure(workers: dict[str, Worker], length: int, repeats: int, log) -> list[dict]:
-    """The rows of one length: each mode's samples on both sides, interleaved call by call."""
-    warmup = {side: workers[side].ask(cmd="prepare", T=length) for side in SIDES}
-    samples = {(side, mode): [] for side in SIDES for mode in MODES}
-    peaks = {(side, mode): [] for side in SIDES for mode in MODES}
+def interleave(workers: dict[str, Worker], length: int, repeats: int) -> dict:
+    """Every worker's calls of length ``length``, interleaved call by call: each round runs every mode on every
+    worker, the first worker rotating from round to round. Returns each worker's warm-up reply and, per (worker,
+    mode), the seconds and peaks of its timed calls, and the others' load meanwhile."""
+    names = list(workers)
+    warmup = {name: workers[name].ask(cmd="prepare", T=length) for name in names}
+    samples = {(name, mode): [] for name in names for mode in MODES}
+    peaks = {(name, mode): [] for name in names for mode in MODES}
     with OthersLoad() as load:
         for r in range(repeats):
-            order = SIDES if r % 2 == 0 else SIDES[::-1]
+            order = names[r % len(names):] + names[:r % len(names)]
             for mode in MODES:
-                for side in order:
-                    reply = workers[side].ask(cmd="run", T=length, mode=mode)
-                    samples[side, mode].append(reply["seconds"])
-                    peaks[side, mode].append(reply["peak"])
-    for side in SIDES:
-        workers[side].ask(cmd="drop", T=length)
+                for name in order:
+                    reply = workers[name].ask(cmd="run", T=length, mode=mode)
+                    samples[name, mode].append(reply["seconds"])
+                    peaks[name, mode].append(reply["peak"])
+    for name in names:
+        workers[name].ask(cmd="drop", T=length)
+    return {"warmup": warmup, "samples": samples, "peaks": peaks, "others_load": load.summary()}
+
+
+def measure(workers: dict[str, Worker], length: int, repeats: int, log) -> list[dict]:
+    """The rows of one length: each mode's samples on both sides, interleaved call by call."""
+    run = interleave(workers, length, repeats)
+    samples, peaks, warmup, load = run["samples"], run["peaks"], run["warmup"], run["others_load"]
     rows = []
     for mode in MODES:
         ours, theirs = (statistics.median(samples[side, mode]) for side in SIDES)
@@ -114,13 +138,13 @@ def measure(workers: dict[str, Worker], length: int, repeats: int, log) -> list[
         peak = {side: max(p["peak_rss_bytes"] for p in peaks[side, mode]) for side in SIDES}
         rows.append({"T": length, "mode": mode, "ours_s": ours, "authors_s": theirs, "speedup": theirs / ours,
                      "ours_peak_rss_bytes": peak["ours"], "authors_peak_rss_bytes": peak["authors"],
-                     "memory_ratio": peak["ours"] / peak["authors"], "others_load": load.summary(),
+                     "memory_ratio": peak["ours"] / peak["authors"], "others_load": load,
                      "ours_samples": samples["ours", mode], "authors_samples": samples["authors", mode],
                      "ours_peaks": peaks["ours", mode], "authors_peaks": peaks["authors", mode],
                      "warmup_s": {side: warmup[side]["warmup_s"][mode] for side in SIDES},
                      "warmup_peak": {side: warmup[side]["warmup_peak"][mode] for side in SIDES}})
         log(f"T={length} {mode}: ours {ours:.3f} s, authors {theirs:.3f} s, speedup {theirs / ours:.2f}x; peak RSS "
-            f"ours {peak['ours'] / 2**30:.2f} GiB, authors {peak['authors'] / 2**30:.2f} GiB; {load_text(load.summary())}")
+            f"ours {peak['ours'] / 2**30:.2f} GiB, authors {peak['authors'] / 2**30:.2f} GiB; {load_text(load)}")
     return rows
 
 

@@ -1,7 +1,7 @@
 """Our whole layer (one gated attention unit, float32) as a persistent timing worker: the project's half of
 benchmarks/jax_layer.py, speaking benchmarks/worker_protocol.py.
 
-    python benchmarks/layer_worker.py --state UNIT.pt --config CONFIG.json [--batch 1]
+    python benchmarks/layer_worker.py --state UNIT.pt --config CONFIG.json [--batch 1] [--retain-host-memory]
 
 ``fwd`` is the unit's forward without autograd; ``fwdbwd`` the forward with autograd and the backward of the sum of
 its output to every parameter and the input. The unit is in evaluation mode, like the authors' side (no dropout, no
@@ -19,6 +19,7 @@ import torch
 
 from transformer_vq import GatedAttentionUnit
 from transformer_vq.config import TransformerVQConfig
+from transformer_vq.hostmem import retain_freed_memory
 from worker_protocol import serve
 
 
@@ -42,7 +43,11 @@ def main() -> None:
     parser.add_argument("--state", required=True, help="the unit's state_dict (torch.save)")
     parser.add_argument("--config", required=True, help="the unit's TransformerVQConfig as JSON")
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--retain-host-memory", action="store_true",
+                        help="keep freed host memory for reuse, as tvq train does (transformer_vq/hostmem.py)")
     args = parser.parse_args()
+    if args.retain_host_memory:
+        retain_freed_memory()
     with open(args.config) as f:
         cfg = TransformerVQConfig.from_dict(json.load(f))
     unit = GatedAttentionUnit(cfg).eval()
