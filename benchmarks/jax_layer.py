@@ -9,8 +9,10 @@ One gated attention unit of the enwik8 preset (D_m 768, D_k 128, D_v 1536, S 512
 its own persistent process (benchmarks/layer_worker.py; benchmarks/jax_side/worker.py: the authors' branch
 ``optimized``, whole-sequence layer, serial reduction), built and warmed up once per length. Then, ``repeats`` times,
 every mode's call goes to one side and then the other (the first side alternates), so both see the same machine
-state; the figure is the median. Prints a markdown table (seconds, speedup = authors' time / ours, growth from 8k to
-32k) and writes ``NAME.json`` and ``NAME.md`` under ``--out`` with the machine, commits and versions.
+state; the figure is the median. Each call also reports its worker's peak RSS (the high-water mark reset right before
+it; transformer_vq/bench/memory.py): the table gives each side's highest over its timed calls of a mode, and the
+others' load (runnable threads of other processes) sampled meanwhile. Prints a markdown table (seconds, speedup =
+authors' time / ours, peak RSS of both sides, growth from 8k to 32k) and writes ``NAME.json`` and ``NAME.md`` under ``--out`` with the machine, commits and versions.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 from authors_bridge import (add_authors_flags, authors_params, authors_source, gau_config, jax_env, randomize,
                             require_authors)
 from transformer_vq import GatedAttentionUnit
+from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import load_average, machine_info
 from transformer_vq.config import PRESETS
 from transformer_vq.config.fields import parse_scalar
@@ -68,45 +71,80 @@ class Worker:
             self.proc.wait(timeout=60)
 
 
-def start_workers(args, work: Path) -> tuple[dict[str, Worker], dict]:
-    """Both workers, holding the same parameters: a unit built here, saved for ours, translated for the authors'."""
+def save_unit(seed: int, work: Path) -> tuple[GatedAttentionUnit, dict]:
+    """The unit of the comparison with its parameters drawn from ``seed``, saved as ``work/unit.pt`` and
+    ``work/config.json`` for the workers; and its dimensions."""
     dims = {k: getattr(PRESETS["enwik8"], k) for k in ("d_model", "d_k", "n_code", "block_len", "max_wavelength")}
     cfg = gau_config(dims, bias_span="block")
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     unit = GatedAttentionUnit(cfg).eval()
-    randomize(unit, args.seed)
+    randomize(unit, seed)
     torch.save(unit.state_dict(), work / "unit.pt")
     (work / "config.json").write_text(json.dumps(cfg.to_dict()))
+    return unit, dims
+
+
+def ours_worker(work: Path, batch: int, env: dict | None = None, retain: bool = False) -> Worker:
+    """Our side's worker (benchmarks/layer_worker.py) on the unit :func:`save_unit` wrote; ``env``: its environment
+    (default: ours); ``retain``: keep freed host memory for reuse (transformer_vq/hostmem.py)."""
+    return Worker([sys.executable, str(HERE / "layer_worker.py"), "--state", str(work / "unit.pt"), "--config",
+                   str(work / "config.json"), "--batch", str(batch), *(["--retain-host-memory"] if retain else [])],
+                  env=env)
+
+
+def start_workers(args, work: Path) -> tuple[dict[str, Worker], dict]:
+    """Both workers, holding the same parameters: a unit built here, saved for ours, translated for the authors'."""
+    unit, dims = save_unit(args.seed, work)
     np.savez(work / "params.npz", dims=json.dumps(dims), **{f"param:{k}": v.astype(np.float32)
                                                             for k, v in authors_params(unit).items()})
     src, commit = authors_source(args.authors, work / "authors")
-    ours = Worker([sys.executable, str(HERE / "layer_worker.py"), "--state", str(work / "unit.pt"), "--config",
-                   str(work / "config.json"), "--batch", str(args.batch)])
+    ours = ours_worker(work, args.batch)
     authors = Worker([args.jax_python, str(HERE / "jax_side" / "worker.py"), "--src", str(src), "--params",
                       str(work / "params.npz"), "--batch", str(args.batch)], env=jax_env(), cwd=HERE / "jax_side")
-    setup = {"dims": dims, "d_v": cfg.d_v, "bias_span": "block", "reduction": "serial", "precision": "float32",
+    setup = {"dims": dims, "d_v": unit.cfg.d_v, "bias_span": "block", "reduction": "serial", "precision": "float32",
              "batch": args.batch, "authors_branch": "optimized", "authors_commit": commit}
     return {"ours": ours, "authors": authors}, setup
 
 
+def interleave(workers: dict[str, Worker], length: int, repeats: int) -> dict:
+    """Every worker's calls of length ``length``, interleaved call by call: each round runs every mode on every
+    worker, the first worker rotating from round to round. Returns each worker's warm-up reply and, per (worker,
+    mode), the seconds and peaks of its timed calls, and the others' load meanwhile."""
+    names = list(workers)
+    warmup = {name: workers[name].ask(cmd="prepare", T=length) for name in names}
+    samples = {(name, mode): [] for name in names for mode in MODES}
+    peaks = {(name, mode): [] for name in names for mode in MODES}
+    with OthersLoad() as load:
+        for r in range(repeats):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for mode in MODES:
+                for name in order:
+                    reply = workers[name].ask(cmd="run", T=length, mode=mode)
+                    samples[name, mode].append(reply["seconds"])
+                    peaks[name, mode].append(reply["peak"])
+    for name in names:
+        workers[name].ask(cmd="drop", T=length)
+    return {"warmup": warmup, "samples": samples, "peaks": peaks, "others_load": load.summary()}
+
+
 def measure(workers: dict[str, Worker], length: int, repeats: int, log) -> list[dict]:
     """The rows of one length: each mode's samples on both sides, interleaved call by call."""
-    warmup = {side: workers[side].ask(cmd="prepare", T=length)["warmup_s"] for side in SIDES}
-    samples = {(side, mode): [] for side in SIDES for mode in MODES}
-    for r in range(repeats):
-        order = SIDES if r % 2 == 0 else SIDES[::-1]
-        for mode in MODES:
-            for side in order:
-                samples[side, mode].append(workers[side].ask(cmd="run", T=length, mode=mode)["seconds"])
-    for side in SIDES:
-        workers[side].ask(cmd="drop", T=length)
+    run = interleave(workers, length, repeats)
+    samples, peaks, warmup, load = run["samples"], run["peaks"], run["warmup"], run["others_load"]
     rows = []
     for mode in MODES:
         ours, theirs = (statistics.median(samples[side, mode]) for side in SIDES)
+        # each side's peak RSS over its timed calls of this mode (the warm-up's is kept apart: it compiles)
+        peak = {side: max(p["peak_rss_bytes"] for p in peaks[side, mode]) for side in SIDES}
         rows.append({"T": length, "mode": mode, "ours_s": ours, "authors_s": theirs, "speedup": theirs / ours,
+                     "ours_peak_rss_bytes": peak["ours"], "authors_peak_rss_bytes": peak["authors"],
+                     "memory_ratio": peak["ours"] / peak["authors"], "others_load": load,
                      "ours_samples": samples["ours", mode], "authors_samples": samples["authors", mode],
-                     "warmup_s": {side: warmup[side][mode] for side in SIDES}})
-        log(f"T={length} {mode}: ours {ours:.3f} s, authors {theirs:.3f} s, speedup {theirs / ours:.2f}x")
+                     "ours_peaks": peaks["ours", mode], "authors_peaks": peaks["authors", mode],
+                     "warmup_s": {side: warmup[side]["warmup_s"][mode] for side in SIDES},
+                     "warmup_peak": {side: warmup[side]["warmup_peak"][mode] for side in SIDES}})
+        log(f"T={length} {mode}: ours {ours:.3f} s, authors {theirs:.3f} s, speedup {theirs / ours:.2f}x; peak RSS "
+            f"ours {peak['ours'] / 2**30:.2f} GiB, authors {peak['authors'] / 2**30:.2f} GiB; {load_text(load)}")
     return rows
 
 
@@ -123,9 +161,15 @@ def table(result: dict) -> str:
     lines = [f"### Whole layer, ours vs the authors' JAX layer (D_m {s['dims']['d_model']}, D_k {s['dims']['d_k']}, "
              f"D_v {s['d_v']}, S {s['dims']['n_code']}, L {s['dims']['block_len']}, fp32, batch {s['batch']}; "
              f"median of {result['repeats']}, interleaved)", "",
-             "| T | mode | ours (s) | authors' JAX (s) | speedup (authors / ours) |", "|---:|---|---:|---:|---:|"]
+             "| T | mode | ours (s) | authors' JAX (s) | speedup (authors / ours) | peak RSS ours (GiB) "
+             "| peak RSS authors' (GiB) | memory (ours / authors) | others' load (mean / max runnable) |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
-        lines.append(f"| {r['T']} | {r['mode']} | {r['ours_s']:.4f} | {r['authors_s']:.4f} | {r['speedup']:.2f}x |")
+        load = r.get("others_load", {})
+        lines.append(f"| {r['T']} | {r['mode']} | {r['ours_s']:.4f} | {r['authors_s']:.4f} | {r['speedup']:.2f}x "
+                     f"| {r['ours_peak_rss_bytes'] / 2**30:.2f} | {r['authors_peak_rss_bytes'] / 2**30:.2f} "
+                     f"| {r['memory_ratio']:.2f}x | {load.get('others_runnable_mean')} / "
+                     f"{load.get('others_runnable_max')} |")
     if result["growth"]:
         low, high = result["growth_lengths"]
         lines += ["", f"Growth of the time from T = {low} to T = {high} (linear: {high / low:g}x):", "",
@@ -180,14 +224,19 @@ def main(argv: list[str] | None = None) -> dict:
               "authors_versions": workers["authors"].hello, "ours_versions": workers["ours"].hello,
               "machine": machine, "load_average_end": load_average(),
               "command": "python benchmarks/jax_layer.py " + " ".join(map(shlex.quote, argv or sys.argv[1:]))}
-    print(table(result))
-    name = args.name or f"jax-layer-fp32-{machine['date_utc'][:10]}-{machine['logical_cpus']}cpu"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / f"{name}.md").write_text(table(result))
-    print(f"wrote {out / name}.json and .md")
+    write_result(result, table(result), args.out,
+                 args.name or f"jax-layer-fp32-{machine['date_utc'][:10]}-{machine['logical_cpus']}cpu")
     return result
+
+
+def write_result(result: dict, text: str, out: str, name: str) -> None:
+    """Print the table ``text`` and write ``NAME.json`` (``result``) and ``NAME.md`` (``text``) under ``out``."""
+    print(text)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (folder / f"{name}.md").write_text(text)
+    print(f"wrote {folder / name}.json and .md")
 
 
 if __name__ == "__main__":

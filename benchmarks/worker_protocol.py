@@ -6,8 +6,13 @@ A worker holds the compiled or built functions of each length between calls, so 
 stdin and writes one JSON reply per line on stdout (anything else a library prints goes to stderr):
 
 - ``{"cmd": "prepare", "T": T}``: build the functions of length ``T`` and run each once (compilation, warm-up);
-  replies ``{"warmup_s": {mode: seconds}}``.
-- ``{"cmd": "run", "T": T, "mode": "fwd" | "fwdbwd"}``: one timed call; replies ``{"seconds": s}``.
+  replies ``{"warmup_s": {mode: seconds}, "warmup_peak": {mode: peak}}``.
+- ``{"cmd": "run", "T": T, "mode": "fwd" | "fwdbwd"}``: one timed call; replies ``{"seconds": s, "peak": peak}``.
+
+A ``peak`` is the worker process's memory over that call (transformer_vq/bench/memory.py, loaded by path: it is
+standard library only): ``peak_rss_bytes`` (the RSS high-water mark, reset right before the call),
+``peak_rss_rise_bytes`` (its rise over the RSS before the call) and ``peak_rss_source``. The peak is read after the
+timer stops, so it costs the timing nothing.
 - ``{"cmd": "drop", "T": T}``: forget length ``T`` (its memory); ``{"cmd": "quit"}`` ends the worker.
 
 The first line a worker writes is its ``hello`` (versions, threads). Errors reply ``{"error": text}``.
@@ -15,19 +20,37 @@ The first line a worker writes is its ``hello`` (versions, threads). Errors repl
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 MODES = ("fwd", "fwdbwd")
 
 
-def timed(fn: Callable[[], None]) -> float:
-    """Wall seconds of one call of ``fn`` (which returns only when its work is done)."""
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+def _load_memory():
+    """transformer_vq/bench/memory.py as a module of its own: the JAX environment has no ``transformer_vq`` of ours
+    (and the authors' package has that name)."""
+    path = Path(__file__).resolve().parents[1] / "transformer_vq" / "bench" / "memory.py"
+    spec = importlib.util.spec_from_file_location("tvq_bench_memory", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PeakMemory = _load_memory().PeakMemory
+
+
+def timed(fn: Callable[[], None]) -> tuple[float, dict]:
+    """Wall seconds of one call of ``fn`` (which returns only when its work is done) and the process's peak memory
+    over it."""
+    with PeakMemory() as peak:
+        start = time.perf_counter()
+        fn()
+        seconds = time.perf_counter() - start
+    return seconds, peak.figures()
 
 
 def serve(prepare: Callable[[int], dict], hello: dict) -> None:
@@ -47,9 +70,12 @@ def serve(prepare: Callable[[int], dict], hello: dict) -> None:
                 break
             if request["cmd"] == "prepare":
                 held[request["T"]] = prepare(request["T"])
-                reply({"warmup_s": {mode: timed(fn) for mode, fn in held[request["T"]].items()}})
+                warm = {mode: timed(fn) for mode, fn in held[request["T"]].items()}
+                reply({"warmup_s": {mode: w[0] for mode, w in warm.items()},
+                       "warmup_peak": {mode: w[1] for mode, w in warm.items()}})
             elif request["cmd"] == "run":
-                reply({"seconds": timed(held[request["T"]][request["mode"]])})
+                seconds, peak = timed(held[request["T"]][request["mode"]])
+                reply({"seconds": seconds, "peak": peak})
             elif request["cmd"] == "drop":
                 held.pop(request["T"], None)
                 reply({"dropped": request["T"]})

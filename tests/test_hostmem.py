@@ -61,7 +61,9 @@ def test_training_on_a_cpu_retains_host_memory_unless_told_not_to(monkeypatch, c
 
 
 def test_benchmark_cells_retain_host_memory_on_a_cpu_only():
-    assert host_options(TrainBenchConfig()) == {"mem_limit_gib": 16.0, "retain_memory": True}
-    assert host_options(OpBenchConfig(retain_host_memory=False, mem_limit_gib=0)) == {"mem_limit_gib": None,
+    assert host_options(TrainBenchConfig()) == {"device": "cpu", "mem_limit_gib": 16.0, "retain_memory": True}
+    assert host_options(OpBenchConfig(retain_host_memory=False, mem_limit_gib=0)) == {"device": "cpu",
+                                                                                      "mem_limit_gib": None,
                                                                                       "retain_memory": False}
-    assert host_options(OpBenchConfig(device="cuda")) == {"mem_limit_gib": None, "retain_memory": False}
+    assert host_options(OpBenchConfig(device="cuda")) == {"device": "cuda", "mem_limit_gib": None,
+                                                          "retain_memory": False}

@@ -60,5 +60,7 @@ def test_jax_layer_runs_both_workers_at_the_smallest_length(tmp_path):
     result = _jax_layer().main(["--lengths", "1536", "--repeats", "1", "--out", str(tmp_path), "--name", "smoke"])
     assert [(r["T"], r["mode"]) for r in result["rows"]] == [(1536, "fwd"), (1536, "fwdbwd")]
     assert all(r["ours_s"] > 0 and r["authors_s"] > 0 and len(r["ours_samples"]) == 1 for r in result["rows"])
+    # each side's process reports its own peak RSS (the JAX side too: its worker loads the memory reader by path)
+    assert all(r["ours_peak_rss_bytes"] > 2**20 and r["authors_peak_rss_bytes"] > 2**20 for r in result["rows"])
     assert result["authors_versions"]["jax"] == "0.4.13"
     assert "| 1536 | fwd |" in (tmp_path / "smoke.md").read_text()

@@ -52,6 +52,11 @@ def test_op_bench_figures(tmp_path):
     assert json.loads(paths["json"].read_text())["rows"] == result["rows"]
     assert paths["png"].read_bytes()[:4] == b"\x89PNG"
     assert "| vq-serial | 64 |" in paths["md"].read_text() and "Paired forward times" in paths["md"].read_text()
+    # every cell's peak memory, forward and forward + backward, and each paired method's
+    for row in result["rows"]:
+        assert row["forward_peak_rss_bytes"] > 0 and row["fwd_bwd_peak_rss_bytes"] > 0
+    assert all(p["peak_rss_bytes"] > 0 for p in result["paired"])
+    assert "| fwd peak RSS (rise) |" in paths["md"].read_text() and " GiB (+" in paths["md"].read_text()
 
 
 def test_op_bench_quantized_query_and_noncausal_methods():
@@ -71,7 +76,8 @@ def test_op_bench_skips_cells_over_budget_and_isolates():
     cfg = OpBenchConfig(**{**TINY_OP, "isolate": True, "budget_s": 1e-9, "backward": False}, methods=("sdpa",))
     result = run_op_bench(cfg, log=lambda line: None)
     first, second = result["rows"]
-    assert first["status"] == "ok" and first["peak_rss_bytes"] > 0
+    assert first["status"] == "ok" and first["peak_rss_bytes"] > first["forward_peak_rss_rise_bytes"] >= 0
+    assert first["peak_rss_source"] == "VmHWM"  # Linux lets a process reset its high-water mark
     assert second["status"] == "skipped" and second["estimated_forward_s"] >= 0
     assert "| sdpa | 64 | skipped (est." in table(result)
 
@@ -93,7 +99,9 @@ def test_train_bench_figures():
     for row in result["rows"]:
         assert row["status"] == "ok", row
         assert row["tokens_per_s"] > 0 and row["step_s"] > 0 and row["parameters"] > 0
+        assert row["peak_rss_bytes"] > 0 and row["peak_rss_rise_bytes"] >= 0
     assert "| vq/mha |" in table(result)
+    assert table(result).count("| vq/mha |") == 2 and "Peak memory of a step" in table(result)
 
 
 def test_train_bench_interleaved():
@@ -103,6 +111,7 @@ def test_train_bench_interleaved():
     assert [(r["model"], r["T"]) for r in rows] == [(m, t) for m in cfg.models for t in cfg.lengths]
     for row in rows:
         assert row["status"] == "ok" and len(row["step_samples"]) == 2 and row["tokens_per_s"] > 0, row
+        assert row["peak_rss_bytes"] > 0  # each (model, T)'s own steps
 
 
 def test_decode_bench_figures():
@@ -112,6 +121,8 @@ def test_decode_bench_figures():
     for row in rows.values():
         assert row["status"] == "ok", row
         assert row["per_token_s"] > 0 and row["state_bytes"] > 0 and row["latency_vs_shortest"] > 0
+        assert row["token_peak_rss_bytes"] > 0 and row["token_peak_rss_rise_bytes"] >= 0
+    assert "| peak RSS (rise) per token |" in table(result)
     # The VQ state has a fixed size; the key/value cache holds every position read (context + new tokens).
     assert rows["vq", 16]["state_bytes"] == rows["vq", 48]["state_bytes"]
     assert rows["full", 48]["state_bytes"] * (16 + 2) == rows["full", 16]["state_bytes"] * (48 + 2)
@@ -192,7 +203,9 @@ def test_longvq_bench_figures(tmp_path):
     base, mine = rows["transformer", 32], rows["longvq", 32]
     assert ratios["longvq", 32]["forward_speedup"] == pytest.approx(base["forward_s"] / mine["forward_s"])
     assert ratios["longvq", 32]["fwd_bwd_speedup"] == pytest.approx(base["fwd_bwd_s"] / mine["fwd_bwd_s"])
-    assert "memory_fraction" not in ratios["longvq", 32]  # in-process cells have no peak memory of their own
+    # in-process cells measure their own peak too (the high-water mark is reset before each); a tiny cell may not
+    # raise the RSS at all, and then there is no fraction
+    assert mine["peak_rss_bytes"] > 0 and mine["peak_rss_rise_bytes"] >= 0
     text = table(result)
     assert "| fwd speedup vs transformer | fwd+bwd speedup vs transformer | memory vs transformer |" in text
     assert "| longvq-relu2 | 32 |" in text and "| transformer | 16 |" in text
@@ -205,12 +218,12 @@ def test_longvq_bench_isolated_cells_report_memory_and_skip_over_budget():
                             layers=("longvq", "transformer"))
     result = run_longvq_bench(cfg, log=lambda line: None)
     rows = {(r["layer"], r["T"]): r for r in result["rows"]}
-    assert rows["longvq", 16]["peak_rss_bytes"] > 0 and "fwd_bwd_s" not in rows["longvq", 16]
+    assert rows["longvq", 16]["peak_rss_rise_bytes"] > 0 and "fwd_bwd_s" not in rows["longvq", 16]
     assert rows["transformer", 32]["status"] == "skipped"
     assert rows["transformer", 32]["estimated_forward_s"] >= 0
     ratio = next(r for r in result["ratios"] if (r["layer"], r["T"]) == ("longvq", 16))
-    assert ratio["memory_fraction"] == pytest.approx(rows["longvq", 16]["peak_rss_bytes"]
-                                                     / rows["transformer", 16]["peak_rss_bytes"])
+    assert ratio["memory_fraction"] == pytest.approx(rows["longvq", 16]["peak_rss_rise_bytes"]
+                                                     / rows["transformer", 16]["peak_rss_rise_bytes"])
     assert "| transformer | 32 | skipped (est." in table(result)
 
 

@@ -4,7 +4,9 @@ For each model one prompt is read up to each context length C in turn (in pieces
 state carried, which gives the same state as one call), keeping the state reached at each C; then new tokens are
 generated exactly as ``TransformerVQ.generate`` does (one ``model(token, state)`` call and one ``sample_next_token``
 per token), one token from each context per round; the median time of one such step is the per-token latency. The state's size (``state.nbytes()``) is reported with it: constant for VQ, ``O(C)`` for the
-key/value cache of ``full``.
+key/value cache of ``full``. So is the peak memory of generating one token from each context
+(:mod:`transformer_vq.bench.memory`): the process's peak RSS over that context's tokens and the most one token's step
+raised it (constant per token for VQ).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import torch
 from transformer_vq.bench.config import DecodeBenchConfig
 from transformer_vq.bench.isolate import host_options, run_cell
 from transformer_vq.bench.machine import machine_info, synchronizer
-from transformer_vq.bench.report import progress_note
+from transformer_vq.bench.memory import PeakMemory
+from transformer_vq.bench.report import memory_text, progress_note
 from transformer_vq.config import TransformerVQConfig
 
 QUADRATIC = ("full", "flash_quad")
@@ -66,17 +69,21 @@ def decode_cell(model: str, config: dict) -> dict:
         read = context
         outs[context] = out
         rows[context] = {"status": "ok", "prompt_s": prompt_s, "step_samples": []}
+    peaks = {context: PeakMemory(cfg.device) for context in outs}  # each context's peak over its own tokens
     for _ in range(cfg.new_tokens):
         for context, last in outs.items():
-            sync()
-            begin = time.perf_counter()
-            token = sample_next_token(last.logits[:, -1], temperature=1.0, generator=gen)
-            outs[context] = net(token[:, None], last.state)
-            sync()
-            rows[context]["step_samples"].append(time.perf_counter() - begin)
+            with peaks[context]:
+                sync()
+                begin = time.perf_counter()
+                token = sample_next_token(last.logits[:, -1], temperature=1.0, generator=gen)
+                outs[context] = net(token[:, None], last.state)
+                sync()
+                seconds = time.perf_counter() - begin  # the peak's reading is not part of the token's time
+            rows[context]["step_samples"].append(seconds)
     for context, last in outs.items():
         rows[context].update(per_token_s=statistics.median(rows[context]["step_samples"]),
-                             state_bytes=last.state.nbytes(), state_type=type(last.state.layers[0]).__name__)
+                             state_bytes=last.state.nbytes(), state_type=type(last.state.layers[0]).__name__,
+                             **peaks[context].figures("token_"))
     return {"status": "ok", "contexts": {str(c): r for c, r in rows.items()}}
 
 
@@ -108,4 +115,4 @@ def _line(row: dict) -> str:
     if note:
         return f"{head}  {note}"
     return (f"{head}  {row['per_token_s'] * 1e3:.2f} ms/token  state {row['state_bytes'] / 2**20:.2f} MiB  "
-            f"(prompt {row['prompt_s']:.1f} s)")
+            f"peak RSS {memory_text(row, 'token_')}  (prompt {row['prompt_s']:.1f} s)")

@@ -1,9 +1,11 @@
 """Run one benchmark cell in a fresh Python process: its own peak memory, and out-of-memory reported, not a crash.
 
-A cell is a function ``module:function`` taking JSON-ready keyword arguments and returning a JSON-ready dict. In a
-child process the peak resident set size (``ru_maxrss``) belongs to that cell alone, an address-space limit turns
-running out of memory into an ordinary failed allocation (the machine may be shared, so a cell must not take it
-down), and a wall-clock timeout bounds a cell that is slower than estimated.
+A cell is a function ``module:function`` taking JSON-ready keyword arguments and returning a JSON-ready dict. Every
+cell's result carries its peak memory (:class:`transformer_vq.bench.memory.PeakMemory`: the process's RSS high-water
+mark over the cell, and how far it rose above the RSS the cell started from; on CUDA the allocator's peak). In a
+child process nothing of an earlier cell is in the heap, an address-space limit turns running out of memory into an
+ordinary failed allocation (the machine may be shared, so a cell must not take it down), and a wall-clock timeout
+bounds a cell that is slower than estimated.
 """
 
 from __future__ import annotations
@@ -14,27 +16,20 @@ import os
 import resource
 import subprocess
 import sys
-from pathlib import Path
 
+from transformer_vq.bench.memory import PeakMemory
 from transformer_vq.hostmem import retain_freed_memory
 
 _OOM_WORDS = ("can't allocate memory", "out of memory", "not enough memory", "memoryerror", "bad_alloc")
 
 
-def rss_bytes() -> int:
-    """The current resident set size of this process."""
-    pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return pages * resource.getpagesize()
-
-
-def peak_rss_bytes() -> int:
-    """The highest resident set size this process has had (Linux reports ``ru_maxrss`` in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _call(target: str, kwargs: dict) -> dict:
+def _call(target: str, kwargs: dict, device: str) -> dict:
+    """``target(**kwargs)``'s result with the cell's peak memory on ``device``."""
     module_name, function_name = target.split(":")
-    return getattr(importlib.import_module(module_name), function_name)(**kwargs)
+    function = getattr(importlib.import_module(module_name), function_name)  # imports are not part of the cell
+    with PeakMemory(device) as peak:
+        result = function(**kwargs)
+    return {**result, **peak.figures()}
 
 
 def _is_oom(error: BaseException) -> bool:
@@ -42,20 +37,16 @@ def _is_oom(error: BaseException) -> bool:
 
 
 def _child() -> None:
-    """Entry point of the child: read ``{target, kwargs, mem_limit_bytes, retain_memory}`` on stdin, print the
-    result as JSON."""
+    """Entry point of the child: read ``{target, kwargs, device, mem_limit_bytes, retain_memory}`` on stdin, print
+    the result as JSON."""
     request = json.loads(sys.stdin.read())
     limit = request.get("mem_limit_bytes")
     if limit:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     if request.get("retain_memory"):
         retain_freed_memory()
-    module_name = request["target"].split(":")[0]
-    importlib.import_module(module_name)  # imports (torch) are part of the baseline, not the cell
-    baseline = rss_bytes()
     try:
-        result = _call(request["target"], request["kwargs"])
-        result["peak_rss_bytes"] = peak_rss_bytes() - baseline
+        result = _call(request["target"], request["kwargs"], request["device"])
     except Exception as error:  # noqa: BLE001 - any failure of a cell is reported in its row
         result = {"status": "oom" if _is_oom(error) else "error", "error": f"{type(error).__name__}: {error}"[:300]}
     print("\n@@RESULT@@" + json.dumps(result))
@@ -77,38 +68,39 @@ def budget_plan(row: dict, est_fwd: float | None, est_bwd: float | None, budget_
 
 
 def host_options(cfg) -> dict:
-    """How a benchmark's cells treat host memory: ``mem_limit_gib``, the address-space limit of a cell's process
-    (None: none), and ``retain_memory``, whether freed memory is kept for reuse as ``tvq train`` keeps it
-    (:mod:`transformer_vq.hostmem`).
+    """Where a benchmark's cells run and how they treat host memory: ``device`` (whose memory a cell's peak is),
+    ``mem_limit_gib``, the address-space limit of a cell's process (None: none), and ``retain_memory``, whether freed
+    memory is kept for reuse as ``tvq train`` keeps it (:mod:`transformer_vq.hostmem`).
 
     No address-space limit on a GPU: the CUDA driver reserves far more address space than the machine has memory when
     it starts, so any such limit stops it (the GPU's own memory running out is reported as ``oom`` all the same)."""
-    on_cpu = getattr(cfg, "device", "cpu") == "cpu"
-    return {"mem_limit_gib": (cfg.mem_limit_gib or None) if on_cpu else None,
+    device = getattr(cfg, "device", "cpu")
+    on_cpu = device == "cpu"
+    return {"device": device, "mem_limit_gib": (cfg.mem_limit_gib or None) if on_cpu else None,
             "retain_memory": on_cpu and cfg.retain_host_memory}
 
 
-def run_cell(target: str, kwargs: dict, *, isolate: bool = True, timeout_s: float | None = None,
+def run_cell(target: str, kwargs: dict, *, isolate: bool = True, timeout_s: float | None = None, device: str = "cpu",
              mem_limit_gib: float | None = None, retain_memory: bool = False) -> dict:
-    """Run ``target(**kwargs)``; in a child process when ``isolate`` (then with ``peak_rss_bytes``).
+    """Run ``target(**kwargs)``, in a child process when ``isolate``, with its peak memory on ``device``.
 
     ``retain_memory``: keep freed host memory for reuse in the process that runs the cell
     (:mod:`transformer_vq.hostmem`; this process when not isolated). A cell that fails reports ``status`` "oom",
     "timeout" or "error" with a message instead of raising.
     """
     load = {"load_average_1min": round(os.getloadavg()[0], 2)}  # how busy the (possibly shared) CPU was
-    return {**load, **_run(target, kwargs, isolate, timeout_s, mem_limit_gib, retain_memory)}
+    return {**load, **_run(target, kwargs, isolate, timeout_s, device, mem_limit_gib, retain_memory)}
 
 
-def _run(target, kwargs, isolate, timeout_s, mem_limit_gib, retain_memory) -> dict:
+def _run(target, kwargs, isolate, timeout_s, device, mem_limit_gib, retain_memory) -> dict:
     if not isolate:
         if retain_memory:
             retain_freed_memory()
         try:
-            return _call(target, kwargs)
+            return _call(target, kwargs, device)
         except Exception as error:  # noqa: BLE001
             return {"status": "oom" if _is_oom(error) else "error", "error": f"{type(error).__name__}: {error}"[:300]}
-    request = {"target": target, "kwargs": kwargs, "retain_memory": retain_memory,
+    request = {"target": target, "kwargs": kwargs, "device": device, "retain_memory": retain_memory,
                "mem_limit_bytes": int(mem_limit_gib * 2**30) if mem_limit_gib else None}
     try:
         proc = subprocess.run(

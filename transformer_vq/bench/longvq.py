@@ -10,10 +10,9 @@ block on random embeddings ``[B, T, d_model]`` with an all-real mask:
 * ``transformer``: :class:`~transformer_vq.models.baselines.classifiers.TransformerEncoderLayer` built from the same
   :class:`~transformer_vq.config.LongVQConfig` (heads of width ``d_qk``, FFN ``d_ffn``), quadratic attention.
 
-Memory is the peak resident set size of the cell's own process above its size after importing torch (see
-:mod:`transformer_vq.bench.isolate`): weights, inputs and the autograd graph of the forward + backward pass. The
-ratios are per length: the transformer's time over each LongVQ kind's (speed) and each LongVQ kind's peak memory over
-the transformer's (memory). A cell whose time, extrapolated from the same kind at the previous length (linearly for
+Memory is the cell's peak RSS and its rise above the RSS after the imports (see :mod:`transformer_vq.bench.isolate`):
+weights, inputs and the autograd graph of the forward + backward pass. The ratios are per length: the transformer's
+time over each LongVQ kind's (speed) and each LongVQ kind's rise of memory over the transformer's (memory). A cell whose time, extrapolated from the same kind at the previous length (linearly for
 LongVQ, quadratically for the transformer), exceeds the budget is skipped with its estimate.
 """
 
@@ -26,7 +25,7 @@ import torch
 from transformer_vq.bench.config import LongVQBenchConfig
 from transformer_vq.bench.isolate import budget_plan, host_options, run_cell
 from transformer_vq.bench.machine import machine_info, median_seconds
-from transformer_vq.bench.report import progress_note
+from transformer_vq.bench.report import memory_text, progress_note
 # imported with this module, so that their import is part of a cell's baseline memory, not of its peak
 from transformer_vq.models.baselines.classifiers import TransformerEncoderLayer
 from transformer_vq.models.longvq.layer import LongVQBlock
@@ -131,8 +130,8 @@ def ratios(rows: list[dict]) -> list[dict]:
         for key in ("forward_s", "fwd_bwd_s"):
             if key in row and key in base:
                 entry[key.replace("_s", "_speedup")] = base[key] / row[key]
-        if row.get("peak_rss_bytes") and base.get("peak_rss_bytes"):
-            entry["memory_fraction"] = row["peak_rss_bytes"] / base["peak_rss_bytes"]
+        if row.get("peak_rss_rise_bytes") and base.get("peak_rss_rise_bytes"):
+            entry["memory_fraction"] = row["peak_rss_rise_bytes"] / base["peak_rss_rise_bytes"]
         out.append(entry)
     return out
 
@@ -153,6 +152,4 @@ def _line(row: dict) -> str:
     text = f"{head}  fwd {row['forward_s']:.3f} s ({row['forward_tokens_per_s']:,.0f} tokens/s)"
     if "fwd_bwd_s" in row:
         text += f"  fwd+bwd {row['fwd_bwd_s']:.3f} s"
-    if "peak_rss_bytes" in row:
-        text += f"  peak RSS {row['peak_rss_bytes'] / 2**20:.0f} MiB"
-    return text
+    return f"{text}  peak RSS {memory_text(row)}"

@@ -8,8 +8,11 @@ is timed, and the fraction of peak of that cell is taken against it.
 
 The methods, their inputs and FLOP counts are in :mod:`transformer_vq.bench.op_methods`.
 
-Memory is the peak resident set size (``ru_maxrss``) of the process that ran the cell, above its size after importing
-torch: it includes the inputs and the autograd graph, and nothing of other cells (each runs in its own process).
+Memory is the peak of each pass (:mod:`transformer_vq.bench.memory`): the process's resident set high-water mark
+during the forward passes and during the forward + backward passes, and how far each rose above the RSS before it
+(the inputs are already there; the autograd graph and the workspaces are not); on CUDA the allocator's peak. Each cell
+runs in its own process, so nothing of another cell is in it; in the paired comparison each method's peak is taken
+over its own calls.
 Cells whose estimated time exceeds the budget are not run and are reported as ``skipped`` with the estimate.
 """
 
@@ -23,8 +26,9 @@ import torch
 from transformer_vq.bench.config import OpBenchConfig
 from transformer_vq.bench.isolate import budget_plan, host_options, run_cell
 from transformer_vq.bench.machine import machine_info, matmul_gflops, median_seconds
+from transformer_vq.bench.memory import PeakMemory
 from transformer_vq.bench.op_methods import DTYPES, baselines_of, forward_flops, is_vq, make_inputs, method_fn
-from transformer_vq.bench.report import progress_note
+from transformer_vq.bench.report import memory_text, progress_note
 
 
 def op_cell(method: str, length: int, config: dict, repeats: int, warmup: int, backward: bool) -> dict:
@@ -38,9 +42,10 @@ def op_cell(method: str, length: int, config: dict, repeats: int, warmup: int, b
     result = {"status": "ok", "inputs_bytes": inputs_bytes,
               "matmul_gflops": matmul_gflops(DTYPES[cfg.precision], device=cfg.device)}
     warmup = max(warmup, int(cfg.torch_compile))  # compilation is never timed
-    with torch.no_grad():
+    with torch.no_grad(), PeakMemory(cfg.device) as peak:
         result["forward_s"], result["forward_samples"] = median_seconds(fn, repeats=repeats, warmup=warmup,
                                                                         device=cfg.device)
+    result.update(peak.figures("forward_"))
     if backward:
         for name in ("q", "k", "v", "bias"):
             x[name].requires_grad_()
@@ -53,10 +58,10 @@ def op_cell(method: str, length: int, config: dict, repeats: int, warmup: int, b
                 x[name].grad = None
             fn().backward(cotangent)
 
-        result["fwd_bwd_s"], result["fwd_bwd_samples"] = median_seconds(step, repeats=repeats, warmup=warmup,
-                                                                        device=cfg.device)
-    if cfg.device == "cuda":  # the process's RSS says nothing of the GPU's memory
-        result["cuda_peak_bytes"] = torch.cuda.max_memory_allocated()
+        with PeakMemory(cfg.device) as peak:
+            result["fwd_bwd_s"], result["fwd_bwd_samples"] = median_seconds(step, repeats=repeats, warmup=warmup,
+                                                                            device=cfg.device)
+        result.update(peak.figures("fwd_bwd_"))
     return result
 
 
@@ -80,6 +85,7 @@ def paired_cell(methods: list[str], length: int, config: dict, rounds: int, warm
         fns.update({m + COMPILED: method_fn(m, cfg, x) for m in methods})
     samples = {m: [] for m in fns}
     samples["matmul_gflops"] = []
+    peaks = {m: PeakMemory(cfg.device) for m in fns}
     with torch.no_grad():
         if warmup or cfg.torch_compile:  # compilation is never timed
             for fn in fns.values():
@@ -87,9 +93,10 @@ def paired_cell(methods: list[str], length: int, config: dict, rounds: int, warm
         for _ in range(rounds):
             samples["matmul_gflops"].append(matmul_gflops(DTYPES[cfg.precision], device=cfg.device))
             for method, fn in fns.items():
-                seconds, _ = median_seconds(fn, repeats=1, warmup=0, device=cfg.device)
+                with peaks[method]:
+                    seconds, _ = median_seconds(fn, repeats=1, warmup=0, device=cfg.device)
                 samples[method].append(seconds)
-    return {"status": "ok", "samples": samples}
+    return {"status": "ok", "samples": samples, "peaks": {m: p.figures() for m, p in peaks.items()}}
 
 
 def run_paired(cfg: OpBenchConfig, log=print) -> list[dict]:
@@ -107,7 +114,7 @@ def run_paired(cfg: OpBenchConfig, log=print) -> list[dict]:
             out.append({"T": length, **result})
             log(f"paired T={length}: {result.get('status')}: {result.get('error', '')}")
             continue
-        samples = result["samples"]
+        samples, peaks = result["samples"], result["peaks"]
         rates = samples.pop("matmul_gflops")
         for method, times in samples.items():
             base = method.removesuffix(COMPILED)
@@ -115,7 +122,7 @@ def run_paired(cfg: OpBenchConfig, log=print) -> list[dict]:
             entry = {"T": length, "method": method, "forward_s": statistics.median(times), "samples": times,
                      "matmul_gflops": statistics.median(rates),
                      "fraction_of_peak": statistics.median(flops / t / 1e9 / r for t, r in zip(times, rates)),
-                     "load_average_1min": result.get("load_average_1min"), "speedup": {}}
+                     "load_average_1min": result.get("load_average_1min"), "speedup": {}, **peaks[method]}
             if is_vq(base):
                 for other in baselines_of(base):
                     if other in samples:
@@ -127,7 +134,7 @@ def run_paired(cfg: OpBenchConfig, log=print) -> list[dict]:
             if "compile_speedup" in entry:
                 speed += f"  {entry['compile_speedup']:.2f}x vs eager"
             log(f"paired {method:>10} T={length:>7}  fwd {entry['forward_s']:.3f} s  "
-                f"{100 * entry['fraction_of_peak']:.0f}% of matmul  {speed}")
+                f"{100 * entry['fraction_of_peak']:.0f}% of matmul  {speed}  peak {memory_text(entry)}")
     return out
 
 
@@ -219,8 +226,7 @@ def _line(row: dict) -> str:
         return f"{head}  {note}"
     text = (f"{head}  fwd {row['forward_s']:.3f} s  {row['forward_gflops']:.0f} GFLOP/s "
             f"({100 * row['forward_fraction_of_peak']:.0f}% of matmul {row['matmul_gflops']:.0f})")
+    text += f"  peak {memory_text(row, 'forward_')}"
     if "fwd_bwd_s" in row:
-        text += f"  fwd+bwd {row['fwd_bwd_s']:.3f} s"
-    if "peak_rss_bytes" in row:
-        text += f"  peak RSS {row['peak_rss_bytes'] / 2**20:.0f} MiB"
+        text += f"  fwd+bwd {row['fwd_bwd_s']:.3f} s  peak {memory_text(row, 'fwd_bwd_')}"
     return text

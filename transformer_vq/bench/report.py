@@ -49,6 +49,18 @@ def progress_note(row: dict, skipped: str) -> str | None:
     return None
 
 
+def memory_text(row: dict, prefix: str = "") -> str:
+    """A cell's peak memory (:mod:`transformer_vq.bench.memory`) for a table: the process's peak RSS and, in
+    brackets, how far it rose over the cell (``1.20 GiB (+0.85)``), or the CUDA allocator's peak; ``-`` where none."""
+    cuda = row.get(f"{prefix}cuda_peak_bytes")
+    if cuda is not None:
+        return f"{cuda / 2**30:.2f} GiB (CUDA)"
+    peak, rise = row.get(f"{prefix}peak_rss_bytes"), row.get(f"{prefix}peak_rss_rise_bytes")
+    if peak is None:
+        return "-"
+    return f"{peak / 2**30:.2f} GiB" + ("" if rise is None else f" (+{rise / 2**30:.2f})")
+
+
 def machine_lines(result: dict) -> list[str]:
     """The report's provenance bullets: machine, the matmul rate when the run measured one, load, versions, commit."""
     m = result["machine"]
@@ -73,9 +85,10 @@ def op_table(result: dict) -> str:
         f"### Operator: one attention layer, {cfg['precision']}, B={cfg['batch_size']} H={m['n_head']} G={groups} "
         f"Dk={m['d_k']} Dv={m['d_v']} S={m['n_code']} L={m['block_len']} (FLASH C={m['flash_chunk_len']})",
         "",
-        "| method | T | forward | fwd tokens/s | GFLOP/s (% of matmul) | fwd+bwd | fwd+bwd GFLOP/s | peak RSS "
-        "| fwd speedup vs sdpa | fwd+bwd speedup vs sdpa | matmul GFLOP/s (cell) | load |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| method | T | forward | fwd tokens/s | GFLOP/s (% of matmul) | fwd peak RSS (rise) | fwd+bwd "
+        "| fwd+bwd GFLOP/s | fwd+bwd peak RSS (rise) | fwd speedup vs sdpa | fwd+bwd speedup vs sdpa "
+        "| matmul GFLOP/s (cell) | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     # a causal method against causal SDPA, a non-causal one against non-causal SDPA
     speed = {(s["method"], s["T"]): s for s in result["speedups"] if s["baseline"] in ("sdpa", "sdpa-bidir")}
@@ -83,32 +96,32 @@ def op_table(result: dict) -> str:
         status = _cell_status(row)
         head = f"| {row['method']} | {row['T']} |"
         if status:
-            lines.append(f"{head} {status} | | | | | | | | | |")
+            lines.append(f"{head} {status} | | | | | | | | | | |")
             continue
         bwd = _seconds(row.get("fwd_bwd_s")) if "fwd_bwd_s" in row else (
             f"skipped (est. {_seconds(row['estimated_fwd_bwd_s'])})" if row.get("estimated_fwd_bwd_s") else "-")
         bwd_gf = f"{row['fwd_bwd_gflops']:.0f}" if "fwd_bwd_gflops" in row else "-"
-        rss = f"{row['peak_rss_bytes'] / 2**20:.0f} MiB" if "peak_rss_bytes" in row else "-"
         s = speed.get((row["method"], row["T"]), {})
         sp = [f"{s[k]:.1f}x" + (" (est.)" if s[k.replace("speedup", "estimated")] else "") if k in s else "-"
               for k in ("forward_speedup", "fwd_bwd_speedup")]
         lines.append(f"{head} {_seconds(row['forward_s'])} | {row['T'] / row['forward_s']:,.0f} | "
                      f"{row['forward_gflops']:.0f} "
-                     f"({100 * row['forward_fraction_of_peak']:.0f}%) | {bwd} | {bwd_gf} | {rss} | {sp[0]} | {sp[1]} "
+                     f"({100 * row['forward_fraction_of_peak']:.0f}%) | {memory_text(row, 'forward_')} | {bwd} "
+                     f"| {bwd_gf} | {memory_text(row, 'fwd_bwd_')} | {sp[0]} | {sp[1]} "
                      f"| {row['matmul_gflops']:.0f} | {row.get('load_average_1min', '-')} |")
     paired = [p for p in result.get("paired", []) if "method" in p]
     if paired:
         lines += ["", "Paired forward times (all methods on the same inputs in one process, interleaved round by round; "
                   "speedup = median of the per-round ratios):", "",
                   "| method | T | forward | % of matmul | speedup vs sdpa | speedup vs full | speedup vs sdpa-bidir "
-                  "| compiled vs eager | load |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| compiled vs eager | peak RSS (rise) | load |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for p in paired:
             sp = [f"{p['speedup'][b]:.1f}x" if b in p["speedup"] else "-" for b in ("sdpa", "full", "sdpa-bidir")]
             peak = f"{100 * p['fraction_of_peak']:.0f}% of {p['matmul_gflops']:.0f}" if "fraction_of_peak" in p else "-"
             comp = f"{p['compile_speedup']:.2f}x" if "compile_speedup" in p else "-"
             lines.append(f"| {p['method']} | {p['T']} | {_seconds(p['forward_s'])} | {peak} | {sp[0]} | {sp[1]} "
-                         f"| {sp[2]} | {comp} | {p.get('load_average_1min', '-')} |")
+                         f"| {sp[2]} | {comp} | {memory_text(p)} | {p.get('load_average_1min', '-')} |")
     return "\n".join(lines + [""] + machine_lines(result))
 
 
@@ -122,12 +135,16 @@ def train_table(result: dict) -> str:
         "| model | " + " | ".join(f"T={t}" for t in cfg["lengths"]) + " |",
         "|---|" + "---:|" * len(cfg["lengths"]),
     ]
-    for model in result["models"]:
-        cells = []
-        for t in cfg["lengths"]:
-            row = next(r for r in result["rows"] if r["model"] == model and r["T"] == t)
-            cells.append(_cell_status(row) or f"{row['tokens_per_s']:.0f}")
-        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    def matrix(cell) -> list[str]:
+        out = []
+        for model in result["models"]:
+            rows = [next(r for r in result["rows"] if r["model"] == model and r["T"] == t) for t in cfg["lengths"]]
+            out.append(f"| {model} | " + " | ".join(_cell_status(r) or cell(r) for r in rows) + " |")
+        return out
+
+    lines += matrix(lambda r: f"{r['tokens_per_s']:.0f}")
+    lines += ["", "Peak memory of a step: the process's peak RSS (in brackets its rise over the step; on a GPU the "
+              "CUDA allocator's peak):", "", lines[2], lines[3], *matrix(memory_text)]
     return "\n".join(lines + [""] + machine_lines(result))
 
 
@@ -138,18 +155,20 @@ def decode_table(result: dict) -> str:
         f"d_model={m['d_model']} n_layers={m['n_layers']} S={m['n_code']} L={m['block_len']}, "
         f"median of {cfg['new_tokens']} tokens",
         "",
-        "| model | context | ms / token | vs shortest context | state size |",
-        "|---|---:|---:|---:|---:|",
+        "| model | context | ms / token | vs shortest context | state size | peak RSS (rise) per token |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for row in result["rows"]:
         status = _cell_status(row)
         head = f"| {row['model']} | {row['context']} |"
         if status:
-            lines.append(f"{head} {status} | | |")
+            lines.append(f"{head} {status} | | | |")
             continue
         lines.append(f"{head} {row['per_token_s'] * 1e3:.2f} | {row['latency_vs_shortest']:.2f}x "
-                     f"| {row['state_bytes'] / 2**20:.2f} MiB |")
-    return "\n".join(lines + [""] + machine_lines(result))
+                     f"| {row['state_bytes'] / 2**20:.2f} MiB | {memory_text(row, 'token_')} |")
+    return "\n".join(lines + ["", "Peak RSS per token: the process's peak while generating one token from that "
+                                   "context (every context's state is held at once), in brackets its rise over the "
+                                   "token's step."] + [""] + machine_lines(result))
 
 
 def longvq_table(result: dict) -> str:
@@ -159,7 +178,7 @@ def longvq_table(result: dict) -> str:
         f"d_model={m['d_model']} d_qk={m['d_qk']} d_v={m['d_v']} d_ffn={m['d_ffn']} ema_dim={m['ema_dim']} "
         f"S={m['n_code']} L={m['block_len']} norm={m['norm']}",
         "",
-        "| layer | T | forward | fwd tokens/s | fwd+bwd | fwd+bwd tokens/s | peak RSS | fwd speedup vs transformer "
+        "| layer | T | forward | fwd tokens/s | fwd+bwd | fwd+bwd tokens/s | peak RSS (rise) | fwd speedup vs transformer "
         "| fwd+bwd speedup vs transformer | memory vs transformer | parameters | load |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -172,12 +191,12 @@ def longvq_table(result: dict) -> str:
             continue
         bwd = (_seconds(row["fwd_bwd_s"]), f"{row['fwd_bwd_tokens_per_s']:,.0f}") if "fwd_bwd_s" in row else (
             f"skipped (est. {_seconds(row['estimated_fwd_bwd_s'])})" if row.get("estimated_fwd_bwd_s") else "-", "-")
-        rss = f"{row['peak_rss_bytes'] / 2**20:.0f} MiB" if "peak_rss_bytes" in row else "-"
+        rss = memory_text(row)
         r = ratio.get((row["layer"], row["T"]), {})
         figures = [f"{r[k]:.2f}x" if k in r else "-" for k in ("forward_speedup", "fwd_bwd_speedup", "memory_fraction")]
         lines.append(f"{head} {_seconds(row['forward_s'])} | {row['forward_tokens_per_s']:,.0f} | {bwd[0]} | {bwd[1]} "
                      f"| {rss} | {' | '.join(figures)} | {row['parameters']:,} | {row.get('load_average_1min', '-')} |")
-    return "\n".join(lines + ["", "Speedup: the transformer's time over the layer's; memory: the layer's peak RSS "
+    return "\n".join(lines + ["", "Speedup: the transformer's time over the layer's; memory: the layer's rise of the RSS "
                                   "over the transformer's (LongVQ's Table 2, Text 4k: 5.3x and 0.1x)."]
                      + [""] + machine_lines(result))
 

@@ -6,6 +6,9 @@ runs out of memory is reported as ``OOM`` and the benchmark goes on; a cell whos
 at the previous length (linearly for ``vq`` and ``flash``, quadratically for ``full`` and ``flash_quad``), exceeds the
 budget is reported as skipped with its estimate.
 
+Each cell reports its peak memory (:mod:`transformer_vq.bench.memory`): the process's peak RSS over its steps and
+how far a step raised it; in the interleaved mode each (model, T)'s peak is taken over its own steps only.
+
 Defaults are a small model so that the whole benchmark takes minutes on a CPU; pass the paper's sizes to compare with
 Table 6.
 """
@@ -20,7 +23,8 @@ import torch
 from transformer_vq.bench.config import TrainBenchConfig
 from transformer_vq.bench.isolate import host_options, run_cell
 from transformer_vq.bench.machine import machine_info, median_seconds
-from transformer_vq.bench.report import progress_note
+from transformer_vq.bench.memory import PeakMemory
+from transformer_vq.bench.report import memory_text, progress_note
 from transformer_vq.config import TransformerVQConfig
 
 QUADRATIC = ("full", "flash_quad")
@@ -67,9 +71,10 @@ def train_cell(model: str, length: int, config: dict, repeats: int, warmup: int)
     cfg = _config(config)
     step, n_params = _training_step(cfg, model)
     ids = _tokens(cfg, length)
-    seconds, samples = median_seconds(lambda: step(ids), repeats=repeats, warmup=warmup, device=cfg.device)
+    with PeakMemory(cfg.device) as peak:
+        seconds, samples = median_seconds(lambda: step(ids), repeats=repeats, warmup=warmup, device=cfg.device)
     return {"status": "ok", "step_s": seconds, "step_samples": samples, "tokens_per_s": cfg.batch_size * length / seconds,
-            "parameters": n_params}
+            "parameters": n_params, **peak.figures()}
 
 
 def interleaved_cell(config: dict) -> dict:
@@ -101,14 +106,17 @@ def interleaved_cell(config: dict) -> dict:
             last[model] = (length, seconds)
             cells[key] = {"status": "ok", "step_samples": [], "parameters": steps[model][1]}
     running = [key for key, cell in cells.items() if cell["status"] == "ok"]
+    peaks = {key: PeakMemory(cfg.device) for key in running}  # each (model, T)'s peak over its own steps
     for _ in range(cfg.repeats):
         for key in running:
             model, length = key.split("@")
-            seconds, _ = median_seconds(lambda: steps[model][0](ids[int(length)]), repeats=1, warmup=0,
-                                        device=cfg.device)
+            with peaks[key]:
+                seconds, _ = median_seconds(lambda: steps[model][0](ids[int(length)]), repeats=1, warmup=0,
+                                            device=cfg.device)
             cells[key]["step_samples"].append(seconds)
     for key in running:
         cell = cells[key]
+        cell.update(peaks[key].figures())
         cell["step_s"] = statistics.median(cell["step_samples"])
         cell["tokens_per_s"] = cfg.batch_size * int(key.split("@")[1]) / cell["step_s"]
     return {"status": "ok", "cells": cells}
@@ -165,5 +173,4 @@ def _line(row: dict) -> str:
     note = progress_note(row, "est. {estimated_s:.0f} s per step")
     if note:
         return f"{head}  {note}"
-    rss = f"  peak RSS {row['peak_rss_bytes'] / 2**20:.0f} MiB" if "peak_rss_bytes" in row else ""
-    return f"{head}  {row['tokens_per_s']:.0f} tokens/s  ({row['step_s']:.2f} s per step){rss}"
+    return f"{head}  {row['tokens_per_s']:.0f} tokens/s  ({row['step_s']:.2f} s per step)  peak RSS {memory_text(row)}"

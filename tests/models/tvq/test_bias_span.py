@@ -25,7 +25,7 @@ def reference_bias(unit: GatedAttentionUnit, q: torch.Tensor, offset: int, span:
     """``[T, W]`` bias of one head, query by query and key by key: ``(q + v_r) . R_d`` inside the span, else 0."""
     cfg, Dk = unit.cfg, unit.d_k
     L, n_columns = cfg.block_len, (2 if cfg.causal else 3) * cfg.block_len
-    w_r, v_r = unit.w_r.weight.detach()[:Dk], unit.v_r.detach()[0]
+    w_r, v_r = unit.w_r.weight[:Dk], unit.v_r[0]  # autograd follows them: the gradients are checked too
     out = torch.zeros(q.shape[0], n_columns, dtype=torch.float64)
     for t in range(q.shape[0]):
         tau = offset + t
@@ -56,6 +56,26 @@ def test_bias_is_the_formula_up_to_its_span(bias_span, block_len, causal):
         with torch.no_grad():
             bias = unit._window_bias(q, offset)[0, 0]
         torch.testing.assert_close(bias, reference_bias(unit, q[0, 0], offset, span), rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("bias_span", ["window", "block"])
+def test_bias_gradients_are_the_formulas(bias_span, causal):
+    """Gradients to the queries, ``v_r`` and ``W_r`` through the bias (read with one index per block of rows, the
+    columns without a bias from a zero row) equal those of the written-out formula, at a length that ends mid-block
+    and an offset that starts mid-block."""
+    L, T = 3, 11
+    unit = unit_of(block_len=L, bias_span=bias_span, causal=causal)
+    span = L if bias_span == "block" else 2 * L - 1
+    cotangent = torch.randn(T, (2 if causal else 3) * L, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    grads = []
+    for compute in (lambda q: unit._window_bias(q, 5)[0, 0], lambda q: reference_bias(unit, q[0, 0], 5, span)):
+        unit.zero_grad(set_to_none=True)
+        q = torch.randn(1, 1, T, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        (compute(q) * cotangent).sum().backward()
+        grads.append((q.grad, unit.v_r.grad, unit.w_r.weight.grad))
+    for ours, formula in zip(*grads):
+        torch.testing.assert_close(ours, formula, rtol=1e-12, atol=1e-12)
 
 
 def test_block_span_zeroes_exactly_the_distances_beyond_block_len():

@@ -5,9 +5,9 @@ Dk key width per head, Dvh value width per head (H * Dvh = Dv), L block length.
 
     x~ = RMSNorm(x)                                   (no parameters, eps 1e-6)
     q  = Dk^-1/4 RMSNorm(x~ W_q)    k = Dk^-1/4 RMSNorm(x~ W_k)   (per head; unit gain, zero bias)
-    v  = SiLU(x~ W_v)               g = SiLU(x~ W_g)
-    k^ = STVQ(k; C)
-    o  = Attn(q, k^, v) * g         y = x + Dropout(o W_o)
+    v  = SiLU(x~ W_v)               k^ = STVQ(k; C)
+    a  = Attn(q, k^, v)             g = SiLU(x~ W_g)
+    o  = a * g                      y = x + Dropout(o W_o)
 
 ``Attn`` is the kernel of ``cfg.attn_type`` from :data:`transformer_vq.ops.KERNELS`, all called the same way
 (docs/operator.md); the baselines take the unquantized ``k``.
@@ -51,6 +51,12 @@ class GAUOutput:
     """The attention state to pass to the next call on the same sequences (``None`` for quadratic mode)."""
     commit_loss: torch.Tensor
     """Scalar commitment loss of this unit's quantizer (0 for unquantized baselines)."""
+
+
+def _silu(h: torch.Tensor) -> torch.Tensor:
+    """SiLU of a fresh projection ``h``, in place where no graph is recorded. With autograd it is not: the backward
+    needs ``h``, which an in-place SiLU would make autograd copy first."""
+    return F.silu(h, inplace=not h.requires_grad)
 
 
 def chunk_start(group, length: int) -> int:
@@ -118,8 +124,7 @@ class GatedAttentionUnit(nn.Module):
         x_tilde = rms_norm(x)
         q = rms_norm(self.w_q(x_tilde).view(B, T, H, Dk)).transpose(1, 2) * scale  # (B, H, T, Dk)
         k = rms_norm(self.w_k(x_tilde).view(B, T, G, Dk)).transpose(1, 2) * scale  # (B, G, T, Dk)
-        v = F.silu(self.w_v(x_tilde)).view(B, T, G, Dvh).transpose(1, 2)  # (B, G, T, Dvh)
-        gate = F.silu(self.w_g(x_tilde))  # (B, T, Dv)
+        v = _silu(self.w_v(x_tilde)).view(B, T, G, Dvh).transpose(1, 2)  # (B, G, T, Dvh)
 
         commit_loss = x.new_zeros((), dtype=torch.float32)
         keys = queries = None
@@ -137,7 +142,10 @@ class GatedAttentionUnit(nn.Module):
                             keys=keys, queries=queries, query_shift=shift, table=self._held_code_table(queries, shift),
                             context_parallel=context_parallel, doc_start=doc_start)
 
-        out = out.transpose(1, 2).reshape(B, T, H * Dvh) * gate  # (B, T, Dv)
+        # The gate is made after the attention, so that it is not held through the attention's peak.
+        gate = _silu(self.w_g(x_tilde))  # (B, T, Dv)
+        out = out.transpose(1, 2).reshape(B, T, H * Dvh)  # (B, T, Dv)
+        out = out * gate if gate.requires_grad or out.requires_grad else gate.mul_(out)
         branch = F.dropout(self.w_o(out), p=cfg.dropres, training=self.training)
         if self.training and cfg.droplyr > 0:
             # LayerDrop per sequence, rescaled like dropout so inference needs no correction. The unit
@@ -198,19 +206,37 @@ class GatedAttentionUnit(nn.Module):
         A causal unit's window is two blocks (``W = 2L``: the previous and the current one); an encoder's is three
         (``W = 3L``: the previous, the current and the next). Column ``j`` is the key at position
         ``(tau // L - 1) L + j`` for the query at position ``tau``, so its distance is ``tau % L + L - j``.
+
+        The distance depends on the query only through its place in its block, so one ``(L, W)`` index, laid over the
+        rows block by block, reads every row's columns from the ``P`` distances' scores: a ``(T, W)`` index (and the
+        masks beside it) would cost 3-4 times the bias itself, and autograd would keep one for the backward. Columns
+        with no bias (beyond the span; a later key of a causal unit, which the operator masks) read an extra
+        distance whose table row is zero, so their score is an exact zero and no mask is needed.
         """
         B, H, T, Dk = q.shape
         L = self.cfg.block_len
-        n_columns = 2 * L if self.cfg.causal else 3 * L
         rel = self._relative_table(q.dtype)  # (H, P, Dk)
-        by_distance = (q + self.v_r[None, :, None, :] * Dk ** -0.25) @ rel.transpose(-1, -2)[None]  # (B, H, T, P)
-        phase = (torch.arange(T, device=q.device) + offset) % L  # position of each query in its block
-        columns = torch.arange(n_columns, device=q.device)
-        distance = phase[:, None] + L - columns[None, :]  # (T, W); negative = a later key
+        rel = torch.cat([rel, rel.new_zeros(H, 1, Dk)], dim=1)  # (H, P + 1, Dk): the last row is "no bias"
+        by_distance = (q + self.v_r[None, :, None, :] * Dk ** -0.25) @ rel.transpose(-1, -2)[None]  # (B, H, T, P + 1)
+        index = self._column_index(offset % L, q.device)  # (L, W)
+        W, whole = index.shape[1], T // L * L
+        pieces = []
+        if whole:  # rows t and t + L share their place in the block: blocks of rows, one index for all
+            blocks = by_distance[:, :, :whole].view(B, H, T // L, L, -1)  # (B, H, N, L, P + 1)
+            pieces.append(blocks.gather(-1, index.expand(B, H, T // L, L, W)).view(B, H, whole, W))
+        if T > whole:
+            pieces.append(by_distance[:, :, whole:].gather(-1, index[:T - whole].expand(B, H, T - whole, W)))
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
+
+    def _column_index(self, phase: int, device) -> torch.Tensor:
+        """``(L, W)`` int64: for the ``i``-th row of a block of rows whose first query sits at place ``phase`` of its
+        block, the column of the ``P + 1`` distance scores window column ``j`` reads (``P``, the zero row, outside
+        the span)."""
+        L = self.cfg.block_len
+        n_columns = 2 * L if self.cfg.causal else 3 * L
+        place = (torch.arange(L, device=device) + phase) % L  # place of each row's query in its block
+        distance = place[:, None] + L - torch.arange(n_columns, device=device)[None, :]  # (L, W); negative: later
         span = self._span()
         first = 0 if self.cfg.causal else -span
-        index = (distance - first).clamp(0, by_distance.shape[-1] - 1)
-        bias = torch.gather(by_distance, -1, index.expand(B, H, T, n_columns))
-        # no bias beyond the span; a causal unit never sees a later key (the operator masks it; a zero keeps the
-        # bias finite)
-        return bias.masked_fill((distance < first) | (distance > span), 0.0)
+        outside = (distance < first) | (distance > span)
+        return torch.where(outside, span - first + 1, distance - first)

@@ -36,8 +36,9 @@ def softmax_combine(parts, *, in_place: bool = False):
     """
     # The softmax runs in float32 (float64 stays float64) whatever the autocast dtype of the scores.
     scores = [s.to(torch.promote_types(s.dtype, torch.float32)) for s, _ in parts]
-    # The max is a constant shift: stopping its gradient leaves every gradient of the softmax unchanged.
-    shift = torch.stack([s.amax(dim=-1) for s in scores]).amax(dim=0).detach().unsqueeze(-1)
+    # The max is a constant shift: stopping its gradient leaves every gradient of the softmax unchanged. Taken of the
+    # detached scores, autograd records no max at all (a recorded one would keep every score for its backward).
+    shift = torch.stack([s.detach().amax(dim=-1) for s in scores]).amax(dim=0).unsqueeze(-1)
     numerator = denominator = None
     for s, (_, values) in zip(scores, parts):
         weights = s.sub_(shift).exp_() if in_place else torch.exp(s - shift)
@@ -46,10 +47,31 @@ def softmax_combine(parts, *, in_place: bool = False):
         if numerator is None:
             numerator, denominator = part, total
         else:
-            numerator = numerator.add_(part) if in_place else numerator + part
+            # into the first product, autograd or not: a product's backward needs its inputs, never its output
+            numerator = numerator.add_(part)
             denominator = denominator + total
     denominator = denominator.to(numerator.dtype)
-    return numerator.div_(denominator) if in_place else numerator / denominator
+    return numerator.div_(denominator) if in_place else Normalize.apply(numerator, denominator)
+
+
+class Normalize(torch.autograd.Function):
+    """``numerator / denominator`` (rows ``[..., t, Dv]`` by ``[..., t, 1]``) keeping the quotient for the backward
+    instead of the numerator: the quotient is kept anyway (the unit's gating saves it), the numerator then is not.
+
+    ``d numerator = g / denominator``, ``d denominator = -sum(g * out) / denominator`` (``out = numerator /
+    denominator``).
+    """
+
+    @staticmethod
+    def forward(ctx, numerator, denominator):
+        out = numerator / denominator
+        ctx.save_for_backward(out, denominator)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out, denominator = ctx.saved_tensors
+        return grad / denominator, -(grad * out).sum(dim=-1, keepdim=True) / denominator
 
 
 def codebook_scores(q, codebook, code_scores=None):
