@@ -51,6 +51,12 @@ def test_a_resumed_config_keeps_its_recipe():
     assert resumed.recipe == base.recipe and resumed.model == base.model and resumed.train.lr == 1e-2
 
 
+def test_a_preset_over_a_resumed_config_keeps_its_training_fields_and_drops_the_recipe():
+    base = build(train={"data": "digits"})
+    restarted = build(base=base, preset="small")
+    assert restarted.recipe == {} and restarted.model.norm == "layer" and restarted.train == base.train
+
+
 def test_every_recipe_builds_a_valid_encoder():
     for (arch, data), recipe in CLASSIFY_RECIPES.items():
         cfg = build(train={"data": data, "arch": arch})

@@ -129,18 +129,17 @@ def classify_config(*, n_classes: int, vocab_size: int, preset: str | None = Non
     """A :class:`ClassifyConfig` for a dataset of ``n_classes`` classes and ``vocab_size`` token ids, with the fields
     of ``model`` and ``train`` on top of a starting point: the saved config ``base`` of a run being resumed; else the
     model ``preset`` (an encoder: ``causal`` false unless ``model`` says otherwise) with the training fields'
-    defaults; else (no preset) the ``small`` preset with the recipe of the run's arch and dataset
+    defaults (``base``'s, when given too); else (no preset) the ``small`` preset with the recipe of the run's arch and dataset
     (:mod:`transformer_vq.config.recipes`) where there is one (an encoder's: not when ``model`` makes it causal),
-    recorded in ``recipe``. A field of ``model`` or
-    ``train`` that the classifier does not read is refused (:func:`~transformer_vq.config.arch.refuse_given`)."""
+    recorded in ``recipe``. A field of ``model`` or ``train`` that the classifier does not read is refused
+    (:func:`~transformer_vq.config.arch.refuse_given`)."""
     model, train = dict(model or {}), dict(train or {})
     given = sorted(set(model) & set(FROM_DATA))
     if given:
         raise ConfigError(f"model field(s) {', '.join(given)} come from the dataset; leave them out")
     if preset is not None and preset not in CLASSIFY_PRESETS:
         raise ConfigError(f"unknown classifier preset {preset!r}; available: {', '.join(CLASSIFY_PRESETS)}")
-    resumed = base is not None and preset is None
-    if resumed:
+    if base is not None and preset is None:
         start, start_train, recipe = base.model.to_dict(), base.train.to_dict(), base.recipe
     else:
         plain = build(ClassifyTrainConfig, train, "train")  # the arch and dataset the recipe is looked up by
@@ -151,7 +150,7 @@ def classify_config(*, n_classes: int, vocab_size: int, preset: str | None = Non
             "model": {k: v for k, v in found.model.items() if k not in model},
             "train": {k: v for k, v in found.train.items() if k not in train}}
         start = {**CLASSIFY_PRESETS[preset or DEFAULT_PRESET].to_dict(), "causal": False, **recipe.get("model", {})}
-        start_train = recipe.get("train", {})
+        start_train = base.train.to_dict() if base is not None else recipe.get("train", {})
     model_cfg = build(LongVQConfig, {**start, **model, "n_classes": n_classes, "vocab_size": vocab_size}, "model")
     cfg = ClassifyConfig(model=model_cfg, train=build(ClassifyTrainConfig, {**start_train, **train}, "train"),
                          recipe=recipe)
