@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import machine_info
 
 ARCHS = ("longvq", "transformer", "tvq")
@@ -42,16 +43,18 @@ def run_cell(data: str, arch: str, seed: int, run_dir: Path, train_flags: list[s
              "--run-dir", str(run_dir), *train_flags]
     if (run_dir / "checkpoints").exists():
         train.append("--resume")
-    started = time.perf_counter()
-    trained = subprocess.run(train, check=True, stdout=subprocess.PIPE, text=True)
-    train_seconds = time.perf_counter() - started
+    with OthersLoad() as load:  # the training process is ours: only the other processes count
+        started = time.perf_counter()
+        trained = subprocess.run(train, check=True, stdout=subprocess.PIPE, text=True)
+        train_seconds = time.perf_counter() - started
     print(trained.stdout, end="", flush=True)
+    print(f"trained in {train_seconds:.1f} s; {load_text(load.summary())}", flush=True)
     millions = re.search(r"training a ([0-9.]+)M-parameter", trained.stdout)
     evaluated = subprocess.run([*tvq, "classify", "eval", "--ckpt", str(run_dir / "best"), "--split", "test",
                                 "--json"], check=True, capture_output=True, text=True)
     test = json.loads(evaluated.stdout.strip().splitlines()[-1])
     config = json.loads((run_dir / "config.json").read_text())
-    result = {"arch": arch, "seed": seed, "train_seconds": train_seconds, "test": test,
+    result = {"arch": arch, "seed": seed, "train_seconds": train_seconds, "others_load": load.summary(), "test": test,
               "parameters_millions": float(millions.group(1)) if millions else None,
               "validation": _validation_curve(run_dir / "metrics.jsonl"), "config": config}
     result_path.write_text(json.dumps(result, indent=1))
@@ -69,9 +72,12 @@ def summarize(results: list[dict]) -> dict[str, dict]:
     for arch in dict.fromkeys(r["arch"] for r in results):
         accuracies = [r["test"]["accuracy"] for r in results if r["arch"] == arch]
         seconds = [r["train_seconds"] for r in results if r["arch"] == arch]
+        loads = [r["others_load"]["others_runnable_mean"] for r in results if r["arch"] == arch
+                 and r.get("others_load", {}).get("others_runnable_mean") is not None]
         table[arch] = {"parameters_millions": next(r["parameters_millions"] for r in results if r["arch"] == arch),
                        "accuracies": accuracies, "mean": statistics.fmean(accuracies),
-                       "spread": max(accuracies) - min(accuracies), "train_seconds": statistics.median(seconds)}
+                       "spread": max(accuracies) - min(accuracies), "train_seconds": statistics.median(seconds),
+                       "seconds": seconds, "others_load": loads}
     return table
 
 
@@ -79,12 +85,15 @@ def markdown(data: str, table: dict[str, dict], train_flags: list[str]) -> str:
     """The comparison as a markdown table."""
     lines = [f"### {data}: test accuracy at the same training budget", "",
              f"Training flags (every cell): `{' '.join(train_flags)}`", "",
-             "| architecture | parameters | test accuracy per seed | mean | spread | median training time |",
-             "|---|---|---|---|---|---|"]
+             "| architecture | parameters | test accuracy per seed | mean | spread | training time per seed | median "
+             "| others' load per seed (runnable threads) |",
+             "|---|---|---|---|---|---|---|---|"]
     for arch, row in table.items():
         seeds = ", ".join(f"{a:.2%}" for a in row["accuracies"])
+        times = ", ".join(f"{s:.0f} s" for s in row.get("seconds", [row["train_seconds"]]))
+        loads = ", ".join(f"{x:.2f}" for x in row.get("others_load", [])) or "-"
         lines.append(f"| {arch} | {row['parameters_millions']}M | {seeds} | **{row['mean']:.2%}** | {row['spread']:.2%} | "
-                     f"{row['train_seconds'] / 60:.1f} min |")
+                     f"{times} | {row['train_seconds']:.0f} s | {loads} |")
     return "\n".join(lines) + "\n"
 
 

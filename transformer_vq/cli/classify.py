@@ -2,9 +2,9 @@
 on a classification dataset, and evaluate its checkpoints (docs/longvq.md, "Classification").
 
 ``train``: every training field and every model field is a flag (``--arch``, ``--data``, ``--steps``,
-``--d-model``, ...); ``--preset`` picks the starting model (default ``small``); the number of classes and the
-vocabulary come from the dataset. ``--resume`` without ``--preset`` continues the run's saved config with the given
-flags on top. ``eval``: accuracy, loss, per-class accuracy and a confusion-matrix PNG of a split.
+``--d-model``, ...); ``--preset`` picks the starting model (default ``small`` with the dataset's recipe for the arch,
+where it has one: transformer_vq.config.recipes); the number of classes and the vocabulary come from the dataset.
+``--resume`` without ``--preset`` continues the run's saved config with the given flags on top. ``eval``: accuracy, loss, per-class accuracy and a confusion-matrix PNG of a split.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import sys
 
 EPILOG = """examples:
-  tvq classify train --data digits --steps 600             # LongVQ on sequential 8x8 digits, minutes on CPU
+  tvq classify train --data digits                         # LongVQ on sequential 8x8 digits (its recipe), minutes
+  tvq classify train --data digits --preset small          # the same without the recipe: the bare preset
   tvq classify train --arch transformer --data listops --data-option n_train=5000 --name lo-tf
   tvq classify train --resume auto --steps 1200            # continue runs/classify
   tvq classify eval --ckpt runs/classify/best --split test --json
@@ -37,10 +38,14 @@ def _add_train(jobs) -> None:
     from transformer_vq.config import ClassifyTrainConfig, LongVQConfig
     from transformer_vq.config.classify import CLASSIFY_PRESETS, DEFAULT_PRESET, FROM_DATA
     from transformer_vq.config.flags import add_flags, not_empty
+    from transformer_vq.config.recipes import recipes_text
 
     parser = jobs.add_parser("train", help="train a classifier", description=__doc__)
     parser.add_argument("--preset", choices=list(CLASSIFY_PRESETS),
-                        help=f"model preset (default: {DEFAULT_PRESET}; made an encoder: --no-causal)")
+                        help=f"model preset, made an encoder (--no-causal), with the training fields' defaults. "
+                             f"Default: {DEFAULT_PRESET} with the dataset's recipe for the arch where it has one "
+                             f"({recipes_text()}; an encoder's only; your flags win; config.json records what it "
+                             f"set under 'recipe')")
     parser.add_argument("--resume", nargs="?", const="auto", metavar="auto|PATH", type=not_empty,
                         help="continue from the run directory's latest complete checkpoint ('auto', the default "
                              "when the flag is given alone) or from the given run/checkpoint directory")

@@ -15,6 +15,7 @@ from transformer_vq.config.fields import ConfigError, build, check, option
 from transformer_vq.config.arch import (ARCHS, CLASSIFY_ARCHS, DEFAULT_PRESET, find_arch, refuse_given, run_arch,
                                         run_context)
 from transformer_vq.config.longvq import CLASSIFY_PRESETS, LongVQConfig
+from transformer_vq.config.recipes import find_recipe
 from transformer_vq.config.train import ADAMW, name_problem, retain_host_memory_option
 
 FROM_DATA = ("vocab_size", "n_classes")
@@ -88,6 +89,9 @@ class ClassifyConfig:
 
     model: LongVQConfig = option(help="The classifier's fields (every arch reads the same ones).")
     train: ClassifyTrainConfig = option(factory=ClassifyTrainConfig, help="How to train it.")
+    recipe: dict = option(factory=dict, help="The fields a per-dataset recipe set (transformer_vq.config.recipes): "
+                                             "'model' and 'train', each a mapping of field to value; empty when "
+                                             "the run started from a preset.")
 
     def __post_init__(self):
         if self.model.n_classes < 1:
@@ -100,7 +104,8 @@ class ClassifyConfig:
         return self.train.arch
 
     def to_dict(self) -> dict:
-        return {"task": "classify", "model": self.model.to_dict(), "train": self.train.to_dict()}
+        return {"task": "classify", "model": self.model.to_dict(), "train": self.train.to_dict(),
+                "recipe": self.recipe}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -108,21 +113,26 @@ class ClassifyConfig:
     @classmethod
     def from_dict(cls, values: dict) -> "ClassifyConfig":
         """Rebuild from :meth:`to_dict` output (a checkpoint's config.json)."""
-        if not isinstance(values, dict) or not {"model", "train"} <= set(values) <= {"task", "model", "train"}:
-            raise ConfigError("a classification run config is a mapping with 'model' and 'train' (and 'task')")
+        if not isinstance(values, dict) or not {"model", "train"} <= set(values) <= {"task", "model", "train",
+                                                                                        "recipe"}:
+            raise ConfigError("a classification run config is a mapping with 'model' and 'train' (and 'task', "
+                              "'recipe')")
         if run_arch(values).task != "classify":
             raise ConfigError(f"this is the config of {run_arch(values).title}, not of a classifier; read it with "
                               f"RunConfig.from_dict")
         return cls(model=build(LongVQConfig, values["model"], "model"),
-                   train=build(ClassifyTrainConfig, values["train"], "train"))
+                   train=build(ClassifyTrainConfig, values["train"], "train"), recipe=values.get("recipe", {}))
 
 
 def classify_config(*, n_classes: int, vocab_size: int, preset: str | None = None, model: dict | None = None,
                     train: dict | None = None, base: ClassifyConfig | None = None) -> ClassifyConfig:
-    """A :class:`ClassifyConfig` for a dataset of ``n_classes`` classes and ``vocab_size`` token ids: the model
-    ``preset`` (default ``small``; an encoder: ``causal`` false unless ``model`` says otherwise), or the saved config
-    ``base`` of a run being resumed, with the fields of ``model`` and ``train`` on top. A field of ``model`` or
-    ``train`` that the classifier does not read is refused (:func:`~transformer_vq.config.arch.refuse_given`)."""
+    """A :class:`ClassifyConfig` for a dataset of ``n_classes`` classes and ``vocab_size`` token ids, with the fields
+    of ``model`` and ``train`` on top of a starting point: the saved config ``base`` of a run being resumed; else the
+    model ``preset`` (an encoder: ``causal`` false unless ``model`` says otherwise) with the training fields'
+    defaults (``base``'s, when given too); else (no preset) the ``small`` preset with the recipe of the run's arch and dataset
+    (:mod:`transformer_vq.config.recipes`) where there is one (an encoder's: not when ``model`` makes it causal),
+    recorded in ``recipe``. A field of ``model`` or ``train`` that the classifier does not read is refused
+    (:func:`~transformer_vq.config.arch.refuse_given`)."""
     model, train = dict(model or {}), dict(train or {})
     given = sorted(set(model) & set(FROM_DATA))
     if given:
@@ -130,12 +140,20 @@ def classify_config(*, n_classes: int, vocab_size: int, preset: str | None = Non
     if preset is not None and preset not in CLASSIFY_PRESETS:
         raise ConfigError(f"unknown classifier preset {preset!r}; available: {', '.join(CLASSIFY_PRESETS)}")
     if base is not None and preset is None:
-        start = base.model.to_dict()
+        start, start_train, recipe = base.model.to_dict(), base.train.to_dict(), base.recipe
     else:
-        start = {**CLASSIFY_PRESETS[preset or DEFAULT_PRESET].to_dict(), "causal": False}
-    start_train = base.train.to_dict() if base is not None else {}
+        plain = build(ClassifyTrainConfig, train, "train")  # the arch and dataset the recipe is looked up by
+        # recipes are tuned for encoders (batch norm would let a causal model see later tokens)
+        found = find_recipe(plain.arch, plain.data) if preset is None and not model.get("causal") else None
+        # the user's fields win: the recipe records only what it set
+        recipe = {} if found is None else {
+            "model": {k: v for k, v in found.model.items() if k not in model},
+            "train": {k: v for k, v in found.train.items() if k not in train}}
+        start = {**CLASSIFY_PRESETS[preset or DEFAULT_PRESET].to_dict(), "causal": False, **recipe.get("model", {})}
+        start_train = base.train.to_dict() if base is not None else recipe.get("train", {})
     model_cfg = build(LongVQConfig, {**start, **model, "n_classes": n_classes, "vocab_size": vocab_size}, "model")
-    cfg = ClassifyConfig(model=model_cfg, train=build(ClassifyTrainConfig, {**start_train, **train}, "train"))
+    cfg = ClassifyConfig(model=model_cfg, train=build(ClassifyTrainConfig, {**start_train, **train}, "train"),
+                         recipe=recipe)
     refuse_given(find_arch("classify", cfg.arch), {LongVQConfig: model, ClassifyTrainConfig: train}, run_context(cfg))
     return cfg
 

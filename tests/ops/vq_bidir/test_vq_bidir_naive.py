@@ -11,8 +11,9 @@ from transformer_vq.ops.vq_bidir import SCORINGS, vq_bidir_attention, vq_bidir_a
 from transformer_vq.ops.vq_bidir.attention import codeword_scores
 from transformer_vq.ops.vq_bidir.naive import dense_attention
 
-# The VQ grid, and T = 3L: the first and last windows overlap the whole sequence.
-GRID = [*VQ_GRID, (2, 1, 1, 12, 4, 3)]
+# The VQ grid, T = 3L (the first and last windows overlap the whole sequence), and T <= 2L (every window is the
+# whole sequence: the operator's dense path), placed first so that the gradient tests below take them too.
+GRID = [(2, 2, 1, 16, 8, 4), (1, 1, 1, 13, 8, 3), *VQ_GRID, (2, 1, 1, 12, 4, 3)]
 WINDOWS = ["nobias", "window"]
 MASKS = ["nomask", "padded"]
 
@@ -70,7 +71,7 @@ def in_window(length, block_len):
 @pytest.mark.parametrize("masked", MASKS)
 @pytest.mark.parametrize("window", WINDOWS)
 @pytest.mark.parametrize("scoring", SCORINGS)
-@pytest.mark.parametrize("params", GRID[:6], ids=grid_id)
+@pytest.mark.parametrize("params", GRID[:8], ids=grid_id)
 def test_gradients_match_naive(params, scoring, window, masked):
     """d/dq, d/dv, d/dbias equal the dense formula's; d/dk_hat equals it with keys outside the window detached."""
     q, k_hat, z, v, codebook, bias, mask = bidir_inputs(params, window, masked)

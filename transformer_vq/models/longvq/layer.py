@@ -95,7 +95,7 @@ class SequenceNorm(nn.Module):
             return self.norm(x)
         if self.kind == "scale":
             return x * (self.gain / x.norm(dim=-1, keepdim=True).clamp(min=1e-5))
-        if mask is None:
+        if mask is None or bool(mask.all()):  # no padding: every token is a sample, without the indexing
             return self.norm(x.reshape(-1, x.shape[-1])).view_as(x)
         out = x.new_zeros(x.shape)
         out[mask] = self.norm(x[mask])  # (real tokens, D)

@@ -61,13 +61,15 @@ def ema_kernel(coef: EMACoefficients, length: int, powers: DecayPowers | None = 
     return kernel.flatten(1)[:, :length]
 
 
-def causal_fft_conv(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    """``[B, T, D]``: ``y_t = sum_{s<=t} kernel[:, t - s] x_s`` by FFT (zero-padded to ``2T``: no wrap-around)."""
+def fft_conv(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """``[B, T, D]``: ``y_t = sum_s kernel[:, (t - s) mod 2T] x_s``, a circular convolution over ``2T`` positions by
+    FFT. A causal kernel ``[D, T]`` (zero-padded to ``2T``) never wraps around: ``y_t = sum_{s<=t} kernel[:, t - s]
+    x_s``; a two-sided kernel ``[D, 2T]`` holds lag ``-m`` at ``2T - m``."""
     length = x.shape[1]
     dtype = torch.promote_types(x.dtype, torch.float32)  # the FFT runs in float32 at least (bfloat16 has none)
-    x_f = torch.fft.rfft(x.transpose(1, 2).to(dtype), n=2 * length)  # (B, D, T + 1)
-    k_f = torch.fft.rfft(kernel.to(dtype), n=2 * length)  # (D, T + 1)
-    return torch.fft.irfft(x_f * k_f, n=2 * length)[..., :length].transpose(1, 2).to(x.dtype)  # (B, T, D)
+    x_f = torch.fft.rfft(x.to(dtype), n=2 * length, dim=1)  # (B, T + 1, D)
+    k_f = torch.fft.rfft(kernel.to(dtype), n=2 * length).T  # (T + 1, D)
+    return torch.fft.irfft(x_f * k_f, n=2 * length, dim=1)[:, :length].to(x.dtype)  # (B, T, D)
 
 
 def ema_conv(x: torch.Tensor, coef: EMACoefficients, /, *,
@@ -80,7 +82,7 @@ def ema_conv(x: torch.Tensor, coef: EMACoefficients, /, *,
     check_inputs(x, coef, initial_state=initial_state)
     B, T, D = x.shape
     powers = decay_powers(coef.decay, T)  # shared by the kernel, the final state and the state's output
-    y = causal_fft_conv(x, ema_kernel(coef, T, powers))
+    y = fft_conv(x, ema_kernel(coef, T, powers))
     C, n_chunks = powers.chunk, powers.coarse.shape[-1]
     # h_last[j] = q^T h[j] + sum_s alpha beta q^(T-1-s) x_s: with u = T-1-s = c C + r, a product over chunks
     reversed_x = torch.nn.functional.pad(x.flip(1), (0, 0, 0, n_chunks * C - T)).view(B, n_chunks, C, D)
@@ -96,8 +98,15 @@ def ema_conv(x: torch.Tensor, coef: EMACoefficients, /, *,
 
 
 def ema_bidir_conv(x: torch.Tensor, forward: EMACoefficients, backward: EMACoefficients, /) -> torch.Tensor:
-    """``y [B, T, D] = sum_{s<=t} K_f[t-s] x_s + sum_{s>=t} K_b[s-t] x_s`` of whole sequences ``x [B, T, D]``."""
+    """``y [B, T, D] = sum_{s<=t} K_f[t-s] x_s + sum_{s>=t} K_b[s-t] x_s`` of whole sequences ``x [B, T, D]``.
+
+    Both directions are one convolution with the two-sided kernel ``k[m] = K_f[m]`` (lag ``m >= 0``) ``+ K_b[-m]``
+    (lag ``m <= 0``): one FFT of ``x`` and one inverse instead of two each, and no reversed copies.
+    """
     check_inputs(x, forward, backward)
     T = x.shape[1]
-    later = causal_fft_conv(x.flip(1), ema_kernel(backward, T)).flip(1)  # the causal EMA of the reversed sequence
-    return causal_fft_conv(x, ema_kernel(forward, T)) + later
+    k_f, k_b = ema_kernel(forward, T), ema_kernel(backward, T)  # (D, T) each
+    # lags 0 .. T-1, then lag T (out of reach: 0), then lags -(T-1) .. -1 at 2T - m
+    two_sided = torch.cat([k_f[:, :1] + k_b[:, :1], k_f[:, 1:], torch.zeros_like(k_f[:, :1]), k_b[:, 1:].flip(-1)],
+                          dim=-1)  # (D, 2T)
+    return fft_conv(x, two_sided)

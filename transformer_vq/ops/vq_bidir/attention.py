@@ -5,7 +5,8 @@ a bias enters only through its code: per group and code, the count of such keys 
 (:mod:`transformer_vq.ops.vq_bidir.summary`). Without a bias that is every key of the sequence. With the local bias,
 the query block ``n`` scores the keys of blocks ``n - 1, n, n + 1`` exactly (``q . k_hat + bias``) and every other key
 through the summaries of the blocks before and after that window. :mod:`transformer_vq.ops.vq_bidir.scoring` combines
-the two parts by softmax or ``relu^2``. Packed documents (``doc_start``): each query attends only its document's keys,
+the two parts by softmax or ``relu^2``. A sequence of at most two blocks lies wholly inside every query's window: it
+is scored by the dense formula directly. Packed documents (``doc_start``): each query attends only its document's keys,
 on both sides (:mod:`transformer_vq.ops.vq_bidir.documents`). The contract is in docs/operator.md ("Non-causal VQ
 attention").
 
@@ -19,9 +20,11 @@ import torch
 import torch.nn.functional as F
 
 from transformer_vq.ops.documents import check_doc_start
+from transformer_vq.ops.full.naive import per_head
 from transformer_vq.ops.protocol import check_bias, check_qkv
 from transformer_vq.ops.vq.attention import check_codes
 from transformer_vq.ops.vq_bidir.documents import RowDocuments
+from transformer_vq.ops.vq_bidir.naive import dense_attention
 from transformer_vq.ops.vq_bidir.scoring import SCORINGS, combine
 from transformer_vq.ops.vq_bidir.summary import masked_summary, outside_window_summary
 
@@ -73,6 +76,9 @@ def vq_bidir_attention(
     # A sequence with no real key has only padding queries, whose outputs are zeroed: attending its keys as if they
     # were real keeps every score set non-empty, so neither the output nor a gradient turns NaN.
     keys_real = real | ~real.any(dim=-1, keepdim=True)
+    if bias is not None and doc_start is None and T <= 2 * block_len:
+        out = _attend_short(q, k_hat, v, bias, block_len, keys_real, scoring)
+        return out.masked_fill(~real[:, None, :, None], 0.0).to(q.dtype), None
     if code_scores is None:
         code_scores = codeword_scores(q, codebook)
     if bias is None and doc_start is None:
@@ -101,6 +107,18 @@ def _attend_codes(code_scores, z, v, real, n_code, scoring):
     out = combine(scoring, code_scores.view(B, G, H // G, T, S), [(count[:, :, None, None], mean[:, :, None])],
                   None, n_real)  # (B, G, R, T, Dv)
     return out.reshape(B, H, T, -1)
+
+
+def _attend_short(q, k_hat, v, bias, L, real, scoring):
+    """``T <= 2L``: the window of every query (blocks ``n - 1 .. n + 1``) covers the whole sequence, so no key is
+    seen through a summary and the dense formula is this same attention, outputs and gradients; at such lengths it
+    is also the cheaper one (one ``[T, T]`` product, no unfolded windows, codeword scores or summaries).
+    O(T^2 (Dk + Dv))."""
+    B, H, T, _ = q.shape
+    position = torch.arange(T, device=q.device)
+    column = position[None, :] - (position[:, None] // L - 1) * L  # (T, T): key p's window column for query t
+    scores = q @ per_head(k_hat, H).transpose(-1, -2) + bias.gather(-1, column.expand(B, H, T, T))  # (B, H, T, T)
+    return dense_attention(scores, v, None, block_len=L, mask=real, scoring=scoring)
 
 
 def _attend_window(q, k_hat, v, bias, L, z, code_scores, real, n_code, scoring, doc_start=None):

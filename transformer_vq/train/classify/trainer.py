@@ -108,6 +108,10 @@ class ClassifyTrainer(Trainer):
         data = self.data
         self.announce(f"{self.tc.arch} classifier", f"{data.name} ({len(data.split('train')):,} training examples, "
                       f"{data.n_classes} classes)", f"{self.tc.batch_size} examples on {self.device.type}", digits=3)
+        if self.cfg.recipe:
+            fields = {**self.cfg.recipe["model"], **self.cfg.recipe["train"]}
+            self.log(f"{data.name}'s recipe for {self.tc.arch} set " + ", ".join(f"{k} {v}" for k, v in fields.items())
+                     + " (flags override it; --preset starts without it)", flush=True)
 
     def validate(self) -> ClassifyEvalResult:
         """Score the validation split, log it, and save a new best to RUN/best/."""

@@ -1,0 +1,78 @@
+"""Per-dataset classifier recipes (transformer_vq.config.recipes): applied only where no preset is given, under the
+user's fields, to encoders only, recorded in the run config; and the command line's run records them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from transformer_vq.cli import main
+from transformer_vq.config import ClassifyConfig, LongVQConfig, classify_config
+from transformer_vq.config.recipes import CLASSIFY_RECIPES, find_recipe
+
+DIGITS = find_recipe("longvq", "digits")
+
+
+def build(**kwargs):
+    return classify_config(n_classes=10, vocab_size=17, **kwargs)
+
+
+def test_the_recipe_sets_its_fields_and_records_them():
+    cfg = build(train={"data": "digits"})
+    assert cfg.recipe == {"model": dict(DIGITS.model), "train": dict(DIGITS.train)}
+    assert (cfg.model.norm, cfg.model.dropout, cfg.train.lr, cfg.train.grad_clip) == ("batch", 0.0, 1e-2, 1.0)
+    assert cfg.model.causal is False and cfg.model.d_model == 64  # the small preset's size, as an encoder
+    assert ClassifyConfig.from_dict(json.loads(cfg.to_json())) == cfg
+
+
+def test_the_users_fields_win_and_are_not_recorded_as_the_recipes():
+    cfg = build(model={"norm": "scale"}, train={"data": "digits", "lr": 3e-3})
+    assert (cfg.model.norm, cfg.train.lr) == ("scale", 3e-3)
+    assert cfg.recipe == {"model": {"dropout": 0.0}, "train": {"grad_clip": 1.0}}
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"preset": "small", "train": {"data": "digits"}},  # a preset: the bare preset and the training defaults
+    {"train": {"data": "digits", "arch": "transformer"}},  # no recipe for this arch
+    {"train": {"data": "listops"}},  # nor for this dataset
+    {"model": {"causal": True}, "train": {"data": "digits"}},  # recipes are an encoder's (batch norm)
+], ids=["preset", "other-arch", "other-data", "causal"])
+def test_no_recipe(kwargs):
+    cfg = build(**kwargs)
+    plain = LongVQConfig.__dataclass_fields__
+    assert cfg.recipe == {}
+    assert (cfg.model.norm, cfg.train.lr, cfg.train.grad_clip) == (plain["norm"].default, 2e-3, 0.1)
+
+
+def test_a_resumed_config_keeps_its_recipe():
+    base = build(train={"data": "digits"})
+    resumed = build(base=base, train={"steps": 5})
+    assert resumed.recipe == base.recipe and resumed.model == base.model and resumed.train.lr == 1e-2
+
+
+def test_a_preset_over_a_resumed_config_keeps_its_training_fields_and_drops_the_recipe():
+    base = build(train={"data": "digits"})
+    restarted = build(base=base, preset="small")
+    assert restarted.recipe == {} and restarted.model.norm == "layer" and restarted.train == base.train
+
+
+def test_every_recipe_builds_a_valid_encoder():
+    for (arch, data), recipe in CLASSIFY_RECIPES.items():
+        cfg = build(train={"data": data, "arch": arch})
+        assert cfg.recipe["model"] == dict(recipe.model) and cfg.recipe["train"] == dict(recipe.train)
+        assert recipe.source.startswith("benchmarks/results/")
+
+
+def test_the_command_line_records_and_announces_the_recipe(tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    run = tmp_path / "run"
+    assert main(["classify", "train", "--data", "digits", "--run-dir", str(run), "--steps", "1", "--batch-size", "4",
+                 "--d-model", "16", "--d-v", "16", "--d-ffn", "16", "--lr", "5e-3", "--device", "cpu"]) == 0
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["recipe"] == {"model": {"norm": "batch", "dropout": 0.0}, "train": {"grad_clip": 1.0}}
+    assert (saved["model"]["norm"], saved["train"]["lr"], saved["model"]["d_model"]) == ("batch", 5e-3, 16)
+    assert "digits's recipe for longvq set norm batch, dropout 0.0, grad_clip 1.0" in capsys.readouterr().out
+    help_text = pytest.raises(SystemExit, main, ["classify", "train", "--help"])
+    assert help_text.value.code == 0
+    assert "longvq on digits: norm batch" in " ".join(capsys.readouterr().out.split())
