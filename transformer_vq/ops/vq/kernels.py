@@ -42,16 +42,28 @@ def softmax_combine(parts, *, in_place: bool = False):
     numerator = denominator = None
     for s, (_, values) in zip(scores, parts):
         weights = s.sub_(shift).exp_() if in_place else torch.exp(s - shift)
-        part = weights.to(values.dtype) @ values
         total = weights.sum(dim=-1, keepdim=True)
         if numerator is None:
-            numerator, denominator = part, total
+            numerator, denominator = weights.to(values.dtype) @ values, total
         else:
-            # into the first product, autograd or not: a product's backward needs its inputs, never its output
-            numerator = numerator.add_(part)
+            numerator = add_product(numerator, weights, values)
             denominator = denominator + total
     denominator = denominator.to(numerator.dtype)
     return numerator.div_(denominator) if in_place else Normalize.apply(numerator, denominator)
+
+
+def add_product(total: torch.Tensor, weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``total + weights @ values``, accumulated into ``total`` by one batched ``baddbmm_``: no ``[..., t, Dv]``
+    product is made beside it. ``total [..., t, Dv]`` is a fresh product (autograd or not, in place is safe: a
+    product's backward needs its inputs, never its output); ``values [..., m, Dv]`` broadcasts over the batch
+    dimensions of ``weights [..., t, m]`` as in ``@``. Where the product's dtype is not ``total``'s (mixed parts under
+    autocast) it is made and added."""
+    if values.dtype != total.dtype:
+        return total.add_(weights.to(values.dtype) @ values)
+    batch, (t, m), Dv = weights.shape[:-2], weights.shape[-2:], values.shape[-1]
+    values = values.expand(*batch, m, Dv).reshape(-1, m, Dv)  # a view where nothing is broadcast (one head a group)
+    total.view(-1, t, Dv).baddbmm_(weights.to(total.dtype).reshape(-1, t, m), values)
+    return total
 
 
 class Normalize(torch.autograd.Function):
