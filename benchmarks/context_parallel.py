@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from transformer_vq.bench.load import OthersLoad, load_text
+from transformer_vq.hostmem import meminfo_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2 ** 20
@@ -140,11 +141,9 @@ def train_steps(rank, ranks, length, args):
 
 
 def available_mib() -> float:
-    """Memory the kernel could give a new process now (``MemAvailable``), in MiB."""
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) / 1024
-    return float("inf")
+    """Memory the kernel could give a new process now (``MemAvailable``), in MiB (infinite where unknown)."""
+    available = meminfo_bytes("MemAvailable")
+    return float("inf") if available is None else available / 2**20
 
 
 def timing_table(args, save) -> dict:
@@ -158,11 +157,12 @@ def timing_table(args, save) -> dict:
             if done:
                 longest = max(r["tokens"] for r in done)
                 need = sum(r["peak_rss_mib"] for r in done if r["tokens"] == longest) * length / longest
-                if need > available_mib():
+                available = available_mib()  # read once: the row and the message give the same figure
+                if need > available:
                     rows.append({"tokens": length, "processes": ranks, "status": "skipped",
-                                 "estimated_peak_rss_mib_all_ranks": round(need), "available_mib": round(available_mib())})
+                                 "estimated_peak_rss_mib_all_ranks": round(need), "available_mib": round(available)})
                     print(f"T={length:>7} processes={ranks}: skipped, about {need:,.0f} MiB over all ranks needed, "
-                          f"{available_mib():,.0f} MiB available")
+                          f"{available:,.0f} MiB available")
                     save({"rows": rows})
                     continue
             per_rank, load = spawn_watched(train_steps, ranks, length, args)

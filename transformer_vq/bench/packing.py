@@ -7,9 +7,9 @@ length, at equal tokens. The cases are timed in turn, each leading one round in 
 machine hits them alike, and the others' load is sampled while each case runs (:mod:`transformer_vq.bench.load`:
 runnable threads of other processes). Each case's peak memory is measured apart, in a fresh process per case that
 runs two steps (:func:`transformer_vq.bench.isolate.run_cell`: the peak resident set size above the imports on the
-CPU, the peak allocation on a GPU), so the timed cases do not share one high-water mark. It prints a table (median step time,
-tokens/s, packed over unpacked, peak memory, others' load) after the machine, the commit and the versions, and writes
-them as JSON with ``--out``.
+CPU, the peak allocation on a GPU), so the timed cases do not share one high-water mark. It prints a table (median
+step time, tokens/s, packed over unpacked, peak memory, others' load) after the machine, the commit and the
+versions, and writes them as JSON with ``--out``.
 """
 
 from __future__ import annotations
@@ -64,16 +64,14 @@ def training_step(preset: str, block_len: int, device: str, precision: str, seed
 
 def peak_memory(preset: str, block_len: int, device: str, precision: str, seed: int, batch_size: int, length: int,
                 mean_doc: int | None) -> dict:
-    """A benchmark cell (run in its own process): two training steps of one case; on a GPU its peak allocation
-    (on the CPU the caller's :func:`run_cell` reads the process's peak resident set size)."""
+    """A benchmark cell (run in its own process by :func:`run_cell`, which measures its peak memory): two training
+    steps of one case."""
     step = training_step(preset, block_len, device, precision, seed)
     ids = torch.randint(0, 256, (batch_size, length + 1)).to(device)
     positions = None if mean_doc is None else document_positions(batch_size, length, mean_doc, seed).to(device)
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
     for _ in range(2):  # the second step holds the optimizer's moments too
         step(ids, positions)
-    return {"cuda_peak_bytes": torch.cuda.max_memory_allocated()} if device.startswith("cuda") else {}
+    return {}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -94,15 +92,16 @@ def run(args: argparse.Namespace) -> dict:
                 rows[name].append(median_seconds(lambda: step(ids, positions), repeats=args.repeats, warmup=0,
                                                  device=args.device)[0])
             loads[name].extend(load.samples)
-    memory = {name: run_cell("transformer_vq.bench.packing:peak_memory", dict(
-        preset=args.preset, block_len=args.block_len, device=args.device, precision=args.precision, seed=args.seed,
-        batch_size=args.batch_size, length=args.length, mean_doc=m)) for name, m in mean_docs.items()}
+    cell = dict(preset=args.preset, block_len=args.block_len, device=args.device, precision=args.precision,
+                seed=args.seed, batch_size=args.batch_size, length=args.length)
+    memory = {name: run_cell("transformer_vq.bench.packing:peak_memory", {**cell, "mean_doc": m}, device=args.device)
+              for name, m in mean_docs.items()}
     tokens = args.batch_size * args.length
     medians = {name: statistics.median(samples) for name, samples in rows.items()}
     result = {"machine": machine_info(), "settings": vars(args), "rows": [
         {"case": name, "step_s": medians[name], "step_s_rounds": rows[name], "tokens_per_s": tokens / medians[name],
          "relative": medians["unpacked"] / medians[name],
-         "peak_bytes": memory[name].get("cuda_peak_bytes", memory[name].get("peak_rss_bytes")),
+         "peak_bytes": memory[name].get("cuda_peak_bytes", memory[name].get("peak_rss_rise_bytes")),
          **load_summary(loads[name])} for name in rows]}
     return result
 
@@ -120,8 +119,8 @@ def table(result: dict) -> str:
         peak = "n/a" if row["peak_bytes"] is None else f"{row['peak_bytes'] / 2**20:,.0f}"
         lines.append(f"{row['case']:<32} {row['step_s']:>10.4f} {row['tokens_per_s']:>12,.0f} {row['relative']:>12.3f}"
                      f" {peak:>10} {others:>18}")
-    lines.append("step s: median over the rounds; peak MiB: two steps of the case alone in a fresh process (the resident "
-                 "set above the imports on the CPU, the peak allocation on a GPU); others: runnable threads of other "
+    lines.append("step s: median over the rounds; peak MiB: two steps of the case alone in a fresh process (the "
+                 "resident set above the imports on the CPU, the peak allocation on a GPU); others: runnable threads of other "
                  "processes while the case ran (the CPU may be shared)")
     return "\n".join(lines)
 
