@@ -37,6 +37,7 @@ from torch import nn
 
 from transformer_vq.config import TransformerVQConfig
 from transformer_vq.nn.attend import attend, shifted_codebook
+from transformer_vq.nn.held import HeldValue
 from transformer_vq.nn.norm import rms_norm
 from transformer_vq.nn.position import sinusoids
 from transformer_vq.nn.quantizer import VectorQuantizer
@@ -89,8 +90,9 @@ class GatedAttentionUnit(nn.Module):
         if cfg.quantize_queries:
             self.query_quantizer = VectorQuantizer(H, cfg.n_code, Dk, ema_rate=cfg.ema_rate,
                                                    dead_code_restart=cfg.dead_code_restart, init_scale=Dk ** -0.25)
-        self._table_cache: tuple | None = None
-        self._code_table: tuple | None = None
+        # derived from the weights alone, held outside training between calls (decoding calls once per token)
+        self._held_relative_table = HeldValue()
+        self._held_code_pairs = HeldValue()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -160,13 +162,14 @@ class GatedAttentionUnit(nn.Module):
         ``H x S x S x Dk`` table each time would cost more than the token's attention."""
         if queries is None or self.training or torch.is_grad_enabled():
             return None
-        key = tuple((t._version, t.data_ptr()) for t in (self.quantizer.ema_sum, self.quantizer.ema_count,
-                                                         self.query_quantizer.ema_sum, self.query_quantizer.ema_count,
-                                                         self.u))
-        if self._code_table is None or self._code_table[0] != key:
+        quantizers = (self.quantizer, self.query_quantizer)
+
+        def build():
             codebook_q = shifted_codebook(queries, shift)
-            self._code_table = (key, code_pair_table(codebook_q, self.quantizer.codebook.to(codebook_q.dtype)))
-        return self._code_table[1]
+            return code_pair_table(codebook_q, self.quantizer.codebook.to(codebook_q.dtype))
+
+        sources = [t for quantizer in quantizers for t in (quantizer.ema_sum, quantizer.ema_count)] + [self.u]
+        return self._held_code_pairs.get(sources, key=queries.codebook.dtype, build=build)
 
     def _span(self) -> int:
         """The largest distance the position bias covers: ``2L - 1`` for ``bias_span`` "window" (every key of the
@@ -184,21 +187,20 @@ class GatedAttentionUnit(nn.Module):
     def _relative_table(self, dtype: torch.dtype) -> torch.Tensor:
         """``[H, P, Dk]``: ``R_d`` for the ``P`` distances of :meth:`_distances`, scaled by ``Dk^-1/4``.
 
-        Outside training (no sinusoid dropout) the table is cached until the projection changes, so
-        decoding does not re-project it at every token.
+        Outside training (no sinusoid dropout) the table is held while ``W_r`` holds the same values
+        (:class:`~transformer_vq.nn.held.HeldValue`), so decoding does not re-project it at every token.
         """
         H, Dk = self.n_head, self.d_k
-        key = (self.w_r.weight._version, self.w_r.weight.data_ptr(), dtype)
-        cacheable = not self.training and not torch.is_grad_enabled()
-        if cacheable and self._table_cache is not None and self._table_cache[0] == key:
-            return self._table_cache[1]
-        distances = self._distances()
-        table = sinusoids(distances, self.cfg.d_model, self.cfg.max_wavelength, self.w_r.weight.dtype)
-        table = F.dropout(table, p=self.cfg.dropsin, training=self.training)
-        rel = (self.w_r(table).view(len(distances), H, Dk).transpose(0, 1) * Dk ** -0.25).to(dtype)  # (H, P, Dk)
-        if cacheable:
-            self._table_cache = (key, rel)
-        return rel
+
+        def build():
+            distances = self._distances()
+            table = sinusoids(distances, self.cfg.d_model, self.cfg.max_wavelength, self.w_r.weight.dtype)
+            table = F.dropout(table, p=self.cfg.dropsin, training=self.training)
+            return (self.w_r(table).view(len(distances), H, Dk).transpose(0, 1) * Dk ** -0.25).to(dtype)  # (H, P, Dk)
+
+        if self.training or torch.is_grad_enabled():
+            return build()
+        return self._held_relative_table.get([self.w_r.weight], key=dtype, build=build)
 
     def _window_bias(self, q: torch.Tensor, offset: int) -> torch.Tensor:
         """``[B, H, T, W]``: bias of query t (absolute position offset + t) to window column j.
