@@ -29,7 +29,11 @@ from pathlib import Path
 # mallopt parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
-_NEVER_TRIM = 2**31 - 1  # mallopt takes an int: the largest threshold it can express
+# mallopt takes an int, which glibc stores as a size_t: -1 is the largest threshold, never reached. The largest positive
+# int, 2 GiB, was used before and trimmed the heap whenever its free top exceeded 2 GiB: a 131k-token step of the
+# benchmark's model (11 GiB peak) gave 6 GiB back to the kernel and page-faulted it in again in the next step
+# (docs/benchmarks.md, "Training memory at scale").
+_NEVER_TRIM = -1
 
 _retained = False
 
