@@ -41,7 +41,7 @@ def matmul_flops(op: str, shapes: list) -> float | None:
     if op == "aten::bmm":
         (b, m, k), (_, _, n) = shapes[0], shapes[1]
         return 2.0 * b * m * k * n
-    if op == "aten::baddbmm":
+    if op in ("aten::baddbmm", "aten::baddbmm_"):
         (b, m, k), (_, _, n) = shapes[1], shapes[2]
         return 2.0 * b * m * k * n
     return None
@@ -114,7 +114,13 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument("--backward", action="store_true")
     parser.add_argument("--out", help="write the result (with machine info) to this JSON file")
+    parser.add_argument("--retain-host-memory", action="store_true",
+                        help="keep freed memory for reuse, as tvq bench and tvq train do (default: glibc's)")
     args = parser.parse_args()
+    if args.retain_host_memory:
+        from transformer_vq.hostmem import retain_freed_memory
+
+        retain_freed_memory()
     result = profile_op(args.method, args.length, args.backward, OpBenchConfig())
     print(f"{result['method']} T={result['T']} {'fwd+bwd' if args.backward else 'fwd'}: {result['total_s']:.3f} s "
           f"profiled, matmul ops {result['matmul_s']:.3f} s ({100 * result['matmul_share']:.0f}%), running at "
@@ -131,7 +137,8 @@ def main() -> None:
               f"{100 * row['share']:.1f}%{rate}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"profile": result, "machine": machine_info(measure_peak=False)}, f, indent=1)
+            json.dump({"profile": result, "retain_host_memory": args.retain_host_memory,
+                       "machine": machine_info(measure_peak=False)}, f, indent=1)
 
 
 if __name__ == "__main__":
