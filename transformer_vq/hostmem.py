@@ -10,7 +10,8 @@ run 2-4 times slower per token than at 8k, where the tensors stay in the heap. M
 retained, and 131k / 8k from 0.57 to 0.84.
 
 :func:`retain_freed_memory` turns glibc's large-block mappings and heap trimming off for this process: every block
-comes from the heap and a freed one stays there for reuse. The price is memory: the process keeps its peak heap until
+comes from the heap and a freed one stays there for reuse, however large the free top of the heap grows (a trim
+threshold of 2 GiB, the largest positive ``int``, still gave a 131k-token step's 6 GiB back after every step). The price is memory: the process keeps its peak heap until
 it exits, and glibc lets the heap grow by a few blocks before it reuses freed ones (a 64-byte-aligned request is a
 little larger than the block that was freed). At 32k tokens a training step of the benchmark's model peaked at
 3.2 GiB instead of 2.3 GiB, for 1.67x the tokens per second. Elsewhere than glibc (macOS, musl) it changes nothing.
@@ -29,7 +30,11 @@ from pathlib import Path
 # mallopt parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
-_NEVER_TRIM = 2**31 - 1  # mallopt takes an int: the largest threshold it can express
+# mallopt takes an int, which glibc stores as a size_t: -1 is the largest threshold, never reached. The largest positive
+# int, 2 GiB, was used before and trimmed the heap whenever its free top exceeded 2 GiB: a 131k-token step of the
+# benchmark's model (11 GiB peak) gave 6 GiB back to the kernel and page-faulted it in again in the next step
+# (docs/benchmarks.md, "Training memory at scale").
+_NEVER_TRIM = -1
 
 _retained = False
 

@@ -17,8 +17,9 @@ from transformer_vq.bench.config import (LONGVQ_BENCH_PRESETS, DecodeBenchConfig
 from transformer_vq.bench.decode import run_decode_bench
 from transformer_vq.bench.longvq import run_longvq_bench
 from transformer_vq.bench.op import forward_flops, run_op_bench
+from transformer_vq.bench.op_methods import make_inputs, method_fn, vq_matmuls
 from transformer_vq.bench.report import table, write_report
-from transformer_vq.bench.train import run_train_bench
+from transformer_vq.bench.train import run_train_bench, scaling
 from transformer_vq.cli import main
 from transformer_vq.config import PRESETS
 
@@ -48,6 +49,9 @@ def test_op_bench_figures(tmp_path):
     paired = {p["method"]: p for p in result["paired"]}
     assert set(paired) == {"vq-serial", "vq-matmul", "sdpa", "full", "flash"}
     assert paired["vq-serial"]["speedup"]["sdpa"] > 0 and len(paired["sdpa"]["samples"]) == 1
+    # the VQ methods against their own matmuls' rate too; every method with the others' load during its calls
+    assert paired["vq-serial"]["fraction_of_vq_matmuls"] > 0 and "fraction_of_vq_matmuls" not in paired["sdpa"]
+    assert all(p["others_load"]["samples"] >= 0 for p in paired.values())
     paths = write_report(result, tmp_path, "op")
     assert json.loads(paths["json"].read_text())["rows"] == result["rows"]
     assert paths["png"].read_bytes()[:4] == b"\x89PNG"
@@ -82,6 +86,23 @@ def test_op_bench_skips_cells_over_budget_and_isolates():
     assert "| sdpa | 64 | skipped (est." in table(result)
 
 
+@pytest.mark.parametrize("heads", [dict(n_head=1, head_type="shga"), dict(n_head=4, head_type="mqa")])
+def test_the_vq_matmul_yardstick_runs_the_operators_products(heads):
+    """The fair yardstick of ``--paired`` multiplies what the operator multiplies: the same products, counted by torch's
+    FLOP counter (which does not count the in-place ``baddbmm_`` of the window values in either)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = OpBenchConfig(**{**TINY_OP, "model": TINY_OP["model"].replace(**heads)}, batch_size=2)
+    counts = []
+    for fn in (vq_matmuls(cfg, 64), method_fn("vq-serial", cfg, make_inputs(cfg, 64))):
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            fn()
+        counts.append(counter.get_total_flops())
+    m = cfg.model
+    window_values = 2 * cfg.batch_size * m.n_head * 64 * 2 * m.block_len * m.d_v
+    assert counts[0] == counts[1] == forward_flops("vq-serial", cfg, 64) - window_values
+
+
 def test_flop_formulas():
     cfg = OpBenchConfig()  # the paper's enwik8 GAU: Dk 128, Dv 1536, S 512, L 512
     assert forward_flops("vq-serial", cfg, 8192) == 2 * 8192 * (512 + 1024) * 1664
@@ -112,6 +133,27 @@ def test_train_bench_interleaved():
     for row in rows:
         assert row["status"] == "ok" and len(row["step_samples"]) == 2 and row["tokens_per_s"] > 0, row
         assert row["peak_rss_bytes"] > 0  # each (model, T)'s own steps
+        assert row["others_load"]["samples"] >= 0
+
+
+def test_train_bench_scaling_fits_peak_memory_against_length():
+    """A peak exactly linear in T gives its slope per 1,024 tokens and no residual; one cell off the line shows up."""
+    rows = [{"model": "vq/shga", "T": t, "status": "ok", "peak_rss_bytes": int((0.5 + 0.1 * t / 1024) * 2**30),
+             "peak_rss_rise_bytes": 0, "tokens_per_s": speed} for t, speed in ((1024, 1000.0), (4096, 900.0),
+                                                                                 (8192, 800.0))]
+    fit = scaling(rows + [{"model": "full/shga", "T": 1024, "status": "oom"}], "vq/shga")
+    assert fit["gib_per_1k_tokens"] == pytest.approx(0.1) and fit["intercept_gib"] == pytest.approx(0.5)
+    assert fit["max_residual_gib"] < 1e-6 and fit["tokens_per_s_max_over_min"] == pytest.approx(1.25)
+    assert scaling(rows, "full/shga") is None  # no length measured
+    rows[1]["peak_rss_bytes"] += 2**30
+    assert scaling(rows, "vq/shga")["max_residual_gib"] > 0.5
+    result = {"benchmark": "train", "config": {"precision": "float32", "lengths": [1024, 4096, 8192], "batch_size": 1,
+                                               "model": PRESETS["tiny"].to_dict()},
+              "models": ["vq/shga"], "rows": rows, "scaling": [scaling(rows, "vq/shga")],
+              "machine": {"cpu": "x", "logical_cpus": 2, "torch_threads": 2, "memory_gib": 1, "cpu_flags": [],
+                          "load_average_start": [0, 0, 0], "torch": "t", "numpy": "n", "python": "p", "commit": "c",
+                          "date_utc": "d"}}
+    assert "GiB per 1k tokens" in table(result) and "| 4096 | 900 |" in table(result)
 
 
 def test_decode_bench_figures():
@@ -122,6 +164,7 @@ def test_decode_bench_figures():
         assert row["status"] == "ok", row
         assert row["per_token_s"] > 0 and row["state_bytes"] > 0 and row["latency_vs_shortest"] > 0
         assert row["token_peak_rss_bytes"] > 0 and row["token_peak_rss_rise_bytes"] >= 0
+        assert row["token_rss_first_bytes"] > 0 and row["token_rss_last_bytes"] > 0
     assert "| peak RSS (rise) per token |" in table(result)
     # The VQ state has a fixed size; the key/value cache holds every position read (context + new tokens).
     assert rows["vq", 16]["state_bytes"] == rows["vq", 48]["state_bytes"]

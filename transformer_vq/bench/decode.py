@@ -6,7 +6,8 @@ generated exactly as ``TransformerVQ.generate`` does (one ``model(token, state)`
 per token), one token from each context per round; the median time of one such step is the per-token latency. The state's size (``state.nbytes()``) is reported with it: constant for VQ, ``O(C)`` for the
 key/value cache of ``full``. So is the peak memory of generating one token from each context
 (:mod:`transformer_vq.bench.memory`): the process's peak RSS over that context's tokens and the most one token's step
-raised it (constant per token for VQ).
+raised it (constant per token for VQ), and the RSS after its first and after its last token (``token_rss_first_bytes``,
+``token_rss_last_bytes``): memory that grew with the tokens generated would show between the two.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from transformer_vq.bench.config import DecodeBenchConfig
 from transformer_vq.bench.isolate import host_options, run_cell
 from transformer_vq.bench.machine import machine_info, synchronizer
-from transformer_vq.bench.memory import PeakMemory
+from transformer_vq.bench.memory import PeakMemory, rss_bytes
 from transformer_vq.bench.report import memory_text, progress_note
 from transformer_vq.config import TransformerVQConfig
 
@@ -70,6 +71,7 @@ def decode_cell(model: str, config: dict) -> dict:
         outs[context] = out
         rows[context] = {"status": "ok", "prompt_s": prompt_s, "step_samples": []}
     peaks = {context: PeakMemory(cfg.device) for context in outs}  # each context's peak over its own tokens
+    rss = {context: [] for context in outs}  # the process's RSS after each of the context's tokens
     for _ in range(cfg.new_tokens):
         for context, last in outs.items():
             with peaks[context]:
@@ -80,10 +82,12 @@ def decode_cell(model: str, config: dict) -> dict:
                 sync()
                 seconds = time.perf_counter() - begin  # the peak's reading is not part of the token's time
             rows[context]["step_samples"].append(seconds)
+            rss[context].append(rss_bytes())
     for context, last in outs.items():
         rows[context].update(per_token_s=statistics.median(rows[context]["step_samples"]),
                              state_bytes=last.state.nbytes(), state_type=type(last.state.layers[0]).__name__,
-                             **peaks[context].figures("token_"))
+                             **peaks[context].figures("token_"), token_rss_first_bytes=rss[context][0],
+                             token_rss_last_bytes=rss[context][-1])
     return {"status": "ok", "contexts": {str(c): r for c, r in rows.items()}}
 
 

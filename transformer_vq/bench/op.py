@@ -25,9 +25,11 @@ import torch
 
 from transformer_vq.bench.config import OpBenchConfig
 from transformer_vq.bench.isolate import budget_plan, host_options, run_cell
+from transformer_vq.bench.load import OthersLoad, load_summary, load_text
 from transformer_vq.bench.machine import machine_info, matmul_gflops, median_seconds
 from transformer_vq.bench.memory import PeakMemory
-from transformer_vq.bench.op_methods import DTYPES, baselines_of, forward_flops, is_vq, make_inputs, method_fn
+from transformer_vq.bench.op_methods import (CAUSAL_VQ, DTYPES, baselines_of, forward_flops, is_vq, make_inputs,
+                                             method_fn, vq_matmuls)
 from transformer_vq.bench.report import memory_text, progress_note
 
 
@@ -71,7 +73,10 @@ COMPILED = "+compile"
 
 def paired_cell(methods: list[str], length: int, config: dict, rounds: int, warmup: bool) -> dict:
     """Forward times of several methods on the same inputs, interleaved: one call of each method per round, and
-    the matmul rate once per round (the yardstick each round's fraction of peak is taken against).
+    the matmul rate once per round (the yardstick each round's fraction of peak is taken against). With a causal VQ
+    method among them, each round also times the VQ operator's matmuls alone at their own shapes
+    (:func:`~transformer_vq.bench.op_methods.vq_matmuls`, ``vq_matmuls_gflops``): the fair yardstick of the
+    operator, whose fraction says how much of its time runs at its matmuls' rate.
 
     Every round sees (nearly) the same load for every method, so the per-round time ratios are robust to a shared
     machine whose load drifts; their median is the paired speedup. With ``torch_compile`` every method runs twice
@@ -85,18 +90,32 @@ def paired_cell(methods: list[str], length: int, config: dict, rounds: int, warm
         fns.update({m + COMPILED: method_fn(m, cfg, x) for m in methods})
     samples = {m: [] for m in fns}
     samples["matmul_gflops"] = []
+    shaped = vq_matmuls(cfg, length) if any(m in CAUSAL_VQ for m in methods) and length % cfg.model.block_len == 0 \
+        else None
+    if shaped is not None:
+        samples["vq_matmuls_gflops"] = []
     peaks = {m: PeakMemory(cfg.device) for m in fns}
+    loads = {m: [] for m in samples}  # the others' load during each method's calls (and the yardstick's)
     with torch.no_grad():
         if warmup or cfg.torch_compile:  # compilation is never timed
             for fn in fns.values():
                 fn()
         for _ in range(rounds):
-            samples["matmul_gflops"].append(matmul_gflops(DTYPES[cfg.precision], device=cfg.device))
+            with OthersLoad(interval=0.2) as load:
+                samples["matmul_gflops"].append(matmul_gflops(DTYPES[cfg.precision], device=cfg.device))
+            loads["matmul_gflops"].extend(load.samples)
+            if shaped is not None:
+                with OthersLoad(interval=0.2) as load:
+                    seconds, _ = median_seconds(shaped, repeats=1, warmup=1, device=cfg.device)
+                samples["vq_matmuls_gflops"].append(forward_flops("vq-serial", cfg, length) / seconds / 1e9)
+                loads["vq_matmuls_gflops"].extend(load.samples)
             for method, fn in fns.items():
-                with peaks[method]:
+                with OthersLoad(interval=0.2) as load, peaks[method]:
                     seconds, _ = median_seconds(fn, repeats=1, warmup=0, device=cfg.device)
                 samples[method].append(seconds)
-    return {"status": "ok", "samples": samples, "peaks": {m: p.figures() for m, p in peaks.items()}}
+                loads[method].extend(load.samples)
+    return {"status": "ok", "samples": samples, "peaks": {m: p.figures() for m, p in peaks.items()},
+            "others_load": {m: load_summary(v) for m, v in loads.items()}}
 
 
 def run_paired(cfg: OpBenchConfig, log=print) -> list[dict]:
@@ -114,15 +133,24 @@ def run_paired(cfg: OpBenchConfig, log=print) -> list[dict]:
             out.append({"T": length, **result})
             log(f"paired T={length}: {result.get('status')}: {result.get('error', '')}")
             continue
-        samples, peaks = result["samples"], result["peaks"]
-        rates = samples.pop("matmul_gflops")
+        samples, peaks, loads = result["samples"], result["peaks"], result["others_load"]
+        rates, shaped = samples.pop("matmul_gflops"), samples.pop("vq_matmuls_gflops", None)
+        log(f"paired T={length}: matmul yardstick median {statistics.median(rates):.0f} GFLOP/s over {len(rates)} "
+            f"rounds, {load_text(loads['matmul_gflops'])}")
+        if shaped:
+            log(f"paired T={length}: the VQ operator's matmuls alone, at its shapes: median "
+                f"{statistics.median(shaped):.0f} GFLOP/s, {load_text(loads['vq_matmuls_gflops'])}")
         for method, times in samples.items():
             base = method.removesuffix(COMPILED)
             flops = forward_flops(base, cfg, length)
             entry = {"T": length, "method": method, "forward_s": statistics.median(times), "samples": times,
                      "matmul_gflops": statistics.median(rates),
                      "fraction_of_peak": statistics.median(flops / t / 1e9 / r for t, r in zip(times, rates)),
-                     "load_average_1min": result.get("load_average_1min"), "speedup": {}, **peaks[method]}
+                     "load_average_1min": result.get("load_average_1min"), "others_load": loads[method],
+                     "speedup": {}, **peaks[method]}
+            if shaped and base in CAUSAL_VQ and base != "vq-qk":
+                entry["vq_matmuls_gflops"] = statistics.median(shaped)
+                entry["fraction_of_vq_matmuls"] = statistics.median(flops / t / 1e9 / r for t, r in zip(times, shaped))
             if is_vq(base):
                 for other in baselines_of(base):
                     if other in samples:
@@ -134,7 +162,11 @@ def run_paired(cfg: OpBenchConfig, log=print) -> list[dict]:
             if "compile_speedup" in entry:
                 speed += f"  {entry['compile_speedup']:.2f}x vs eager"
             log(f"paired {method:>10} T={length:>7}  fwd {entry['forward_s']:.3f} s  "
-                f"{100 * entry['fraction_of_peak']:.0f}% of matmul  {speed}  peak {memory_text(entry)}")
+                f"{100 * entry['fraction_of_peak']:.0f}% of matmul"
+                + (f" ({100 * entry['fraction_of_vq_matmuls']:.0f}% of its own matmuls' rate)"
+                   if "fraction_of_vq_matmuls" in entry else "")
+                + f"  {speed}  peak {memory_text(entry)}  "
+                f"{load_text(entry['others_load'])}")
     return out
 
 

@@ -87,6 +87,41 @@ def forward_flops(method: str, cfg: OpBenchConfig, length: int) -> float:
     raise ValueError(method)
 
 
+def vq_matmuls(cfg: OpBenchConfig, length: int):
+    """A closure running only the matmuls of the VQ operator's forward at ``T = length``, at their shapes, into
+    buffers made once: per group of ``R`` heads, the window scores ``(N, R L, Dk) x (N, Dk, 2L)``, the codeword scores
+    ``(R T, Dk) x (Dk, S)``, the cache values ``(N, R L, S) x (N, S, Dv)`` and the window values
+    ``(N, R L, 2L) x (N, 2L, Dv)``: :func:`forward_flops` of ``vq-serial`` exactly.
+
+    The fair yardstick of the operator's matmul rate: the same dtype, threads and shapes (a square product of side
+    2048 is the best case of the CPU's GEMM; products with an inner dimension of ``Dk = 128`` run slower), so the
+    operator's time over this one is the share of its time spent at its own matmuls' rate.
+    """
+    m = cfg.model
+    L, S, Dk, Dv = m.block_len, m.n_code, m.d_k, m.d_v
+    N, R, batch = length // L, m.n_head // m.n_kv_head, cfg.batch_size * m.n_kv_head
+    if length % L:
+        raise ValueError(f"the matmul yardstick needs whole blocks: T={length} is not a multiple of L={L}")
+    gen = torch.Generator().manual_seed(cfg.seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(cfg.device, DTYPES[cfg.precision])
+
+    q, k_window, codebook = rand(batch, N, R * L, Dk), rand(batch, N, Dk, 2 * L), rand(batch, Dk, S)
+    w_window, w_cache = rand(batch, N, R * L, 2 * L), rand(batch, N, R * L, S)
+    v_window, cache_mean = rand(batch, N, 2 * L, Dv), rand(batch, N, S, Dv)
+    s_window, s_cache, out = rand(batch, N, R * L, 2 * L), rand(batch, N * R * L, S), rand(batch, N, R * L, Dv)
+
+    def call():
+        torch.matmul(q, k_window, out=s_window)
+        torch.matmul(q.view(batch, N * R * L, Dk), codebook, out=s_cache)
+        torch.matmul(w_cache, cache_mean, out=out)
+        out.view(-1, R * L, Dv).baddbmm_(w_window.view(-1, R * L, 2 * L), v_window.view(-1, 2 * L, Dv))
+        return out
+
+    return call
+
+
 def make_inputs(cfg: OpBenchConfig, length: int) -> dict:
     """Inputs as the layer makes them: RMS-normalized codewords scaled by ``Dk^-1/4`` (queries and keys), SiLU values,
     a small bias."""

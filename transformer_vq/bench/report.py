@@ -61,6 +61,19 @@ def memory_text(row: dict, prefix: str = "") -> str:
     return f"{peak / 2**30:.2f} GiB" + ("" if rise is None else f" (+{rise / 2**30:.2f})")
 
 
+def _others(load: dict | None) -> str:
+    """A cell's others' load (:func:`transformer_vq.bench.load.load_summary`) as ``mean / max``; ``-`` where none."""
+    if not load or not load.get("samples"):
+        return "-"
+    return f"{load['others_runnable_mean']} / {load['others_runnable_max']}"
+
+
+def peak_gib(row: dict) -> float | None:
+    """A cell's peak memory in GiB: the CUDA allocator's on a GPU, else the process's peak RSS; None where none."""
+    peak = row.get("cuda_peak_bytes", row.get("peak_rss_bytes"))
+    return None if peak is None else peak / 2**30
+
+
 def machine_lines(result: dict) -> list[str]:
     """The report's provenance bullets: machine, the matmul rate when the run measured one, load, versions, commit."""
     m = result["machine"]
@@ -112,16 +125,21 @@ def op_table(result: dict) -> str:
     paired = [p for p in result.get("paired", []) if "method" in p]
     if paired:
         lines += ["", "Paired forward times (all methods on the same inputs in one process, interleaved round by round; "
-                  "speedup = median of the per-round ratios):", "",
-                  "| method | T | forward | % of matmul | speedup vs sdpa | speedup vs full | speedup vs sdpa-bidir "
-                  "| compiled vs eager | peak RSS (rise) | load |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "speedup = median of the per-round ratios; % of matmul: of a square fp32 product of side up to 2048, "
+                  "% of its own matmuls: of the VQ operator's forward matmuls alone at their shapes, both measured "
+                  "every round, GFLOP/s after 'of'):", "",
+                  "| method | T | forward | % of matmul | % of its own matmuls | speedup vs sdpa | speedup vs full "
+                  "| speedup vs sdpa-bidir | compiled vs eager | peak RSS (rise) | load | others' load (mean / max) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for p in paired:
             sp = [f"{p['speedup'][b]:.1f}x" if b in p["speedup"] else "-" for b in ("sdpa", "full", "sdpa-bidir")]
             peak = f"{100 * p['fraction_of_peak']:.0f}% of {p['matmul_gflops']:.0f}" if "fraction_of_peak" in p else "-"
             comp = f"{p['compile_speedup']:.2f}x" if "compile_speedup" in p else "-"
-            lines.append(f"| {p['method']} | {p['T']} | {_seconds(p['forward_s'])} | {peak} | {sp[0]} | {sp[1]} "
-                         f"| {sp[2]} | {comp} | {memory_text(p)} | {p.get('load_average_1min', '-')} |")
+            own = (f"{100 * p['fraction_of_vq_matmuls']:.0f}% of {p['vq_matmuls_gflops']:.0f}"
+                   if "fraction_of_vq_matmuls" in p else "-")
+            lines.append(f"| {p['method']} | {p['T']} | {_seconds(p['forward_s'])} | {peak} | {own} | {sp[0]} | {sp[1]} "
+                         f"| {sp[2]} | {comp} | {memory_text(p)} | {p.get('load_average_1min', '-')} "
+                         f"| {_others(p.get('others_load'))} |")
     return "\n".join(lines + [""] + machine_lines(result))
 
 
@@ -145,6 +163,21 @@ def train_table(result: dict) -> str:
     lines += matrix(lambda r: f"{r['tokens_per_s']:.0f}")
     lines += ["", "Peak memory of a step: the process's peak RSS (in brackets its rise over the step; on a GPU the "
               "CUDA allocator's peak):", "", lines[2], lines[3], *matrix(memory_text)]
+    for fit in result.get("scaling", []):
+        lines += ["", f"Scaling of {fit['model']} (peak memory against T by least squares; others' load: runnable "
+                      "threads of other processes during the cell's steps, mean / max):", "",
+                  "| T | tokens/s | peak GiB | rise GiB | peak - fit GiB | others' load |", "|---:|---:|---:|---:|---:|---:|"]
+        per_k, at_zero = fit["gib_per_1k_tokens"], fit["intercept_gib"]
+        for r in result["rows"]:
+            if r["model"] != fit["model"] or r.get("status") != "ok":
+                continue
+            peak = peak_gib(r)
+            rise = r.get("peak_rss_rise_bytes")
+            lines.append(f"| {r['T']} | {r['tokens_per_s']:,.0f} | {peak:.2f} | "
+                         f"{'-' if rise is None else f'{rise / 2**30:.2f}'} | {peak - at_zero - per_k * r['T'] / 1024:+.2f} "
+                         f"| {_others(r.get('others_load'))} |")
+        lines += ["", f"{per_k:.4f} GiB per 1k tokens (1,024) + {at_zero:.2f} GiB, largest residual "
+                      f"{fit['max_residual_gib']:.2f} GiB; tokens/s fastest / slowest {fit['tokens_per_s_max_over_min']:.2f}"]
     return "\n".join(lines + [""] + machine_lines(result))
 
 
@@ -155,8 +188,9 @@ def decode_table(result: dict) -> str:
         f"d_model={m['d_model']} n_layers={m['n_layers']} S={m['n_code']} L={m['block_len']}, "
         f"median of {cfg['new_tokens']} tokens",
         "",
-        "| model | context | ms / token | vs shortest context | state size | peak RSS (rise) per token |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| model | context | ms / token | vs shortest context | state size | peak RSS (rise) per token "
+        f"| RSS after token {cfg['new_tokens']} - after token 1 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["rows"]:
         status = _cell_status(row)
@@ -164,8 +198,10 @@ def decode_table(result: dict) -> str:
         if status:
             lines.append(f"{head} {status} | | | |")
             continue
+        first, last = row.get("token_rss_first_bytes"), row.get("token_rss_last_bytes")
+        growth = "-" if first is None or last is None else f"{(last - first) / 2**20:+.1f} MiB"
         lines.append(f"{head} {row['per_token_s'] * 1e3:.2f} | {row['latency_vs_shortest']:.2f}x "
-                     f"| {row['state_bytes'] / 2**20:.2f} MiB | {memory_text(row, 'token_')} |")
+                     f"| {row['state_bytes'] / 2**20:.2f} MiB | {memory_text(row, 'token_')} | {growth} |")
     return "\n".join(lines + ["", "Peak RSS per token: the process's peak while generating one token from that "
                                    "context (every context's state is held at once), in brackets its rise over the "
                                    "token's step."] + [""] + machine_lines(result))
@@ -216,8 +252,11 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
     kind = result["benchmark"]
+    if kind == "train":  # beside tokens/s, the peak memory of a step: linear in T is the promise
+        fig, (ax, mem) = plt.subplots(1, 2, figsize=(11, 4.5))
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
     if kind == "op":
         series, x_key, y_label = "method", "T", "forward tokens/s (one attention layer)"
         value = lambda r: r["T"] / r["forward_s"]  # noqa: E731
@@ -235,6 +274,11 @@ def plot(result: dict, path: Path) -> None:
         points = [(r[x_key], value(r)) for r in result["rows"] if r[series] == name and r.get("status") == "ok"]
         if points:
             ax.plot(*zip(*points), marker="o", label=name)
+        if kind == "train":
+            peaks = [(r["T"], peak_gib(r)) for r in result["rows"]
+                     if r[series] == name and r.get("status") == "ok" and peak_gib(r) is not None]
+            if peaks:
+                mem.plot(*zip(*peaks), marker="o", label=name)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("context length (tokens)" if kind == "decode" else "sequence length T")
@@ -243,6 +287,13 @@ def plot(result: dict, path: Path) -> None:
     ax.set_title(f"tvq bench {kind} - {m['cpu']}, {m['torch_threads']} threads, torch {m['torch']}", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
+    if kind == "train":  # on a linear axis from 0, flat tokens/s looks flat (a log axis magnifies a 9% range)
+        ax.set_yscale("linear")
+        ax.set_ylim(bottom=0)
+        mem.set_xlabel("sequence length T")
+        mem.set_ylabel("peak memory of a step (GiB)")
+        mem.grid(True, alpha=0.3)
+        mem.legend(fontsize=8)
     fig.tight_layout()
     fileio.save_png(fig, path, dpi=110)
     plt.close(fig)

@@ -7,7 +7,15 @@ at the previous length (linearly for ``vq`` and ``flash``, quadratically for ``f
 budget is reported as skipped with its estimate.
 
 Each cell reports its peak memory (:mod:`transformer_vq.bench.memory`): the process's peak RSS over its steps and
-how far a step raised it; in the interleaved mode each (model, T)'s peak is taken over its own steps only.
+how far a step raised it; in the interleaved mode each (model, T)'s peak is taken over its own steps only. Each also
+reports the others' load while its steps ran (:mod:`transformer_vq.bench.load`). A model measured at two lengths or more
+gets its scaling (:func:`scaling`): the least-squares slope of peak memory against T (GiB per 1,024 tokens) with the
+largest residual, and the fastest over the slowest tokens/s; linear training memory and flat tokens/s are what the
+linear operator promises.
+
+A step reads the whole sequence of T tokens in one call, with backpropagation through all of it: the memory of a step
+is the memory of training on a T-token sequence (``tvq train`` instead splits a sequence into windows of
+``--update-len`` with the state carried, which bounds its memory by the window).
 
 Defaults are a small model so that the whole benchmark takes minutes on a CPU; pass the paper's sizes to compare with
 Table 6.
@@ -16,15 +24,17 @@ Table 6.
 from __future__ import annotations
 
 import statistics
+from collections import defaultdict
 from dataclasses import asdict
 
 import torch
 
 from transformer_vq.bench.config import TrainBenchConfig
 from transformer_vq.bench.isolate import host_options, run_cell
+from transformer_vq.bench.load import OthersLoad, load_summary, load_text
 from transformer_vq.bench.machine import machine_info, median_seconds
 from transformer_vq.bench.memory import PeakMemory
-from transformer_vq.bench.report import memory_text, progress_note
+from transformer_vq.bench.report import memory_text, peak_gib, progress_note
 from transformer_vq.config import TransformerVQConfig
 
 QUADRATIC = ("full", "flash_quad")
@@ -71,10 +81,10 @@ def train_cell(model: str, length: int, config: dict, repeats: int, warmup: int)
     cfg = _config(config)
     step, n_params = _training_step(cfg, model)
     ids = _tokens(cfg, length)
-    with PeakMemory(cfg.device) as peak:
+    with OthersLoad() as load, PeakMemory(cfg.device) as peak:
         seconds, samples = median_seconds(lambda: step(ids), repeats=repeats, warmup=warmup, device=cfg.device)
     return {"status": "ok", "step_s": seconds, "step_samples": samples, "tokens_per_s": cfg.batch_size * length / seconds,
-            "parameters": n_params, **peak.figures()}
+            "parameters": n_params, **peak.figures(), "others_load": load.summary()}
 
 
 def interleaved_cell(config: dict) -> dict:
@@ -107,16 +117,18 @@ def interleaved_cell(config: dict) -> dict:
             cells[key] = {"status": "ok", "step_samples": [], "parameters": steps[model][1]}
     running = [key for key, cell in cells.items() if cell["status"] == "ok"]
     peaks = {key: PeakMemory(cfg.device) for key in running}  # each (model, T)'s peak over its own steps
+    loads = defaultdict(list)  # each (model, T)'s samples of the others' load, over its own steps
     for _ in range(cfg.repeats):
         for key in running:
             model, length = key.split("@")
-            with peaks[key]:
+            with OthersLoad() as load, peaks[key]:
                 seconds, _ = median_seconds(lambda: steps[model][0](ids[int(length)]), repeats=1, warmup=0,
                                             device=cfg.device)
+            loads[key].extend(load.samples)
             cells[key]["step_samples"].append(seconds)
     for key in running:
         cell = cells[key]
-        cell.update(peaks[key].figures())
+        cell.update(peaks[key].figures(), others_load=load_summary(loads[key]))
         cell["step_s"] = statistics.median(cell["step_samples"])
         cell["tokens_per_s"] = cfg.batch_size * int(key.split("@")[1]) / cell["step_s"]
     return {"status": "ok", "cells": cells}
@@ -125,10 +137,14 @@ def interleaved_cell(config: dict) -> dict:
 def run_train_bench(cfg: TrainBenchConfig, log=print) -> dict:
     """Run every (model, length) cell; return the JSON-ready result."""
     machine = machine_info()
-    if cfg.interleaved:
-        rows = _run_interleaved(cfg, log)
-        return {"benchmark": "train", "config": asdict(cfg), "models": list(cfg.models), "machine": machine,
-                "rows": rows, "load_average_end": machine_info(measure_peak=False)["load_average_start"]}
+    rows = _run_interleaved(cfg, log) if cfg.interleaved else _run_cells(cfg, log)
+    return {"benchmark": "train", "config": asdict(cfg), "models": list(cfg.models), "machine": machine,
+            "rows": rows, "scaling": [s for s in (scaling(rows, model) for model in cfg.models) if s],
+            "load_average_end": machine_info(measure_peak=False)["load_average_start"]}
+
+
+def _run_cells(cfg: TrainBenchConfig, log) -> list[dict]:
+    """One process per (model, T) cell."""
     rows = []
     for model in cfg.models:
         last = None  # (length, step_s) of the last cell that ran
@@ -141,18 +157,34 @@ def run_train_bench(cfg: TrainBenchConfig, log=print) -> dict:
             if est is not None and est > cfg.budget_s:
                 row.update(status="skipped", estimated_s=round(est, 1))
             else:
-                repeats, warmup = (1, 0) if est is not None and est > 10 else (cfg.repeats, 1)
+                # a long cell times one step, but still after a warm-up step: the first step of a process
+                # page-faults its whole heap in, which is neither its speed nor (retained) its steady memory
+                repeats = 1 if est is not None and est > 10 else cfg.repeats
                 row.update(run_cell("transformer_vq.bench.train:train_cell",
                                     {"model": model, "length": length, "config": asdict(cfg), "repeats": repeats,
-                                     "warmup": warmup},
-                                    isolate=cfg.isolate, timeout_s=max(600.0, 5 * (est or 0) * (repeats + warmup)),
+                                     "warmup": 1},
+                                    isolate=cfg.isolate, timeout_s=max(600.0, 5 * (est or 0) * (repeats + 1)),
                                     **host_options(cfg)))
                 if row.get("status") == "ok":
                     last = (length, row["step_s"])
             rows.append(row)
             log(_line(row))
-    return {"benchmark": "train", "config": asdict(cfg), "models": list(cfg.models), "machine": machine,
-            "rows": rows, "load_average_end": machine_info(measure_peak=False)["load_average_start"]}
+    return rows
+
+
+def scaling(rows: list[dict], model: str) -> dict | None:
+    """How ``model``'s step scales with T over its measured lengths (None below two): the least-squares line of peak
+    memory against T (``gib_per_1k_tokens`` per 1,024 tokens, ``intercept_gib`` at T = 0, ``max_residual_gib`` the
+    farthest a measured peak lies from it) and ``tokens_per_s_max_over_min`` (1.0 is perfectly flat)."""
+    ok = [r for r in rows if r["model"] == model and r.get("status") == "ok" and peak_gib(r) is not None]
+    if len({r["T"] for r in ok}) < 2:
+        return None
+    lengths, peaks = [r["T"] for r in ok], [peak_gib(r) for r in ok]
+    slope, intercept = statistics.linear_regression(lengths, peaks)
+    speeds = [r["tokens_per_s"] for r in ok]
+    return {"model": model, "lengths": lengths, "gib_per_1k_tokens": slope * 1024, "intercept_gib": intercept,
+            "max_residual_gib": max(abs(p - (intercept + slope * t)) for t, p in zip(lengths, peaks)),
+            "tokens_per_s_max_over_min": max(speeds) / min(speeds)}
 
 
 def _run_interleaved(cfg: TrainBenchConfig, log) -> list[dict]:
@@ -173,4 +205,5 @@ def _line(row: dict) -> str:
     note = progress_note(row, "est. {estimated_s:.0f} s per step")
     if note:
         return f"{head}  {note}"
-    return f"{head}  {row['tokens_per_s']:.0f} tokens/s  ({row['step_s']:.2f} s per step)  peak RSS {memory_text(row)}"
+    return (f"{head}  {row['tokens_per_s']:.0f} tokens/s  ({row['step_s']:.2f} s per step)  peak RSS {memory_text(row)}"
+            f"  {load_text(row['others_load'])}")
