@@ -9,12 +9,13 @@ run 2-4 times slower per token than at 8k, where the tensors stay in the heap. M
 ``tvq bench train`` (docs/benchmarks.md): tokens per second at 32k / 8k went from 0.65 to 1.13 with the memory
 retained, and 131k / 8k from 0.57 to 0.84.
 
-:func:`retain_freed_memory` turns glibc's large-block mappings and heap trimming off for this process: every block
-comes from the heap and a freed one stays there for reuse, however large the free top of the heap grows (a trim
-threshold of 2 GiB, the largest positive ``int``, still gave a 131k-token step's 6 GiB back after every step). The price is memory: the process keeps its peak heap until
-it exits, and glibc lets the heap grow by a few blocks before it reuses freed ones (a 64-byte-aligned request is a
-little larger than the block that was freed). At 32k tokens a training step of the benchmark's model peaked at
-3.2 GiB instead of 2.3 GiB, for 1.67x the tokens per second. Elsewhere than glibc (macOS, musl) it changes nothing.
+:func:`retain_freed_memory` turns glibc's large-block mappings and heap trimming off for this process: every block comes
+from the heap and a freed one stays there for reuse, however large the free top of the heap grows (a trim threshold of 2
+GiB, the largest positive ``int``, still gave a 131k-token step's 6 GiB back after every step). The price is memory: the
+process keeps its peak heap until it exits, and glibc lets the heap grow by a few blocks before it reuses freed ones (a
+64-byte-aligned request is a little larger than the block that was freed). At 32k tokens a training step of the
+benchmark's model peaked at 3.2 GiB instead of 2.3 GiB, for 1.67x the tokens per second. Elsewhere than glibc (macOS,
+musl) it changes nothing.
 
 :func:`meminfo_bytes` reads the machine's memory (total, available) for the benchmark reports and for the refusal of a
 model too large to build (:func:`transformer_vq.train.models.check_fits`).
