@@ -1,5 +1,5 @@
 """`tvq eval`: loss and bits per byte (and word-level perplexity on PG-19) of a checkpoint on a split, the state
-carried across the split; on the recall probe (``--data recall``) also the answer accuracy by distance. The flags are
+carried within each sequence of the run's seq_len (``--carry-tokens 0``: across whole streams); on the recall probe (``--data recall``) also the answer accuracy by distance. The flags are
 the fields of ``transformer_vq.config.EvalConfig``."""
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def run(args) -> int:
         print(f"{result.split}: loss {result.loss:.4f} nats/token, {result.bits_per_byte:.3f} {result.unit} "
               f"over {result.tokens:,} tokens ({result.tokens_per_s:,.0f} tokens/s)"
               + (f", word-level perplexity {result.word_perplexity:.2f}" if result.word_perplexity is not None
-                 else ""))
+                 else "")
+              + (f"; state reset every {result.carry_tokens:,} tokens" if result.carry_tokens else ""))
         if result.recall is not None:
             from transformer_vq.train.lm.recall import recall_table
 

@@ -29,7 +29,7 @@ DEVICE_HELP = "'auto' (cuda when available), 'cpu' or 'cuda'."
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Evaluate a checkpoint on a split of its corpus, the state carried across the split."""
+    """Evaluate a checkpoint on a split of its corpus, the state carried within each of its sequences."""
 
     ckpt: str = option("runs/default", CKPT_HELP)
     split: str = option("validation", "Split to evaluate.", choices=SPLITS)
@@ -41,9 +41,10 @@ class EvalConfig:
     max_tokens: int = option(0, "Evaluate only the first N tokens (0 = all).", min=0)
     window_len: int | None = option(None, "Tokens per forward call (none: the run's update_len); memory only, "
                                           "the carried state makes the result independent of it.", min=1)
-    carry_tokens: int = option(0, "Reset the attention state every this many tokens of a stream (a multiple of "
-                                  "window_len; 0 = carry it across the whole stream). The run's seq_len evaluates "
-                                  "with the context the model was trained with.", min=0)
+    carry_tokens: int | None = option(None, "Reset the attention state every this many tokens of a stream (a "
+                                             "multiple of window_len; none: the run's seq_len, the history the model "
+                                             "was trained with, as training's validation and the authors' evaluation "
+                                             "do; 0: carry it across the whole stream).", min=0)
     device: str = option("auto", DEVICE_HELP, choices=DEVICES)
 
     def __post_init__(self):

@@ -3,6 +3,8 @@ position in block and by history, with the compressive cache on and off."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -73,3 +75,31 @@ def test_without_history_beyond_the_window_the_cache_changes_nothing(trained_run
     assert [(r["cache"], r["carry_tokens"]) for r in rows] == [(True, 2 * L), (True, 0), (False, 2 * L), (False, 0)]
     assert rows[0]["bpb"] == pytest.approx(rows[2]["bpb"], rel=1e-6)  # float32 rounding only
     assert abs(rows[1]["bpb"] - rows[3]["bpb"]) > 1e-4  # with the whole history the cache takes part
+
+
+def test_evaluation_resets_at_the_trained_history_by_default(trained_run):
+    """Training's validation and `tvq eval` reset the state every ``seq_len`` tokens, the history the model trained
+    with (the authors' eval_op scans each sequence from a fresh state); ``--carry-tokens 0`` carries it across whole
+    streams, and gives another figure once a stream is longer than ``seq_len``."""
+    from transformer_vq.train import evaluate
+
+    _, run_cfg, _ = model_from_checkpoint(str(trained_run), device="cpu")
+    seq_len = run_cfg.train.seq_len  # 32 in the tiny runs
+    default = evaluate(str(trained_run), max_tokens=512, streams=2)
+    assert default.carry_tokens == seq_len
+    assert default.loss == evaluate(str(trained_run), max_tokens=512, streams=2, carry_tokens=seq_len).loss
+    whole = evaluate(str(trained_run), max_tokens=512, streams=2, carry_tokens=0)
+    assert whole.carry_tokens == 0 and whole.loss != default.loss
+    # the run's own final validation (eval_tokens 512, eval_streams 2, windows of seq_len) is the same figure
+    logged = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines()
+              if '"eval"' in line][-1]
+    assert logged["carry_tokens"] == seq_len
+    assert logged["loss"] == pytest.approx(default.loss, rel=1e-6)  # windows of seq_len vs update_len: rounding
+
+
+def test_a_window_that_does_not_divide_seq_len_names_both_ways_out(trained_run):
+    from transformer_vq.train import evaluate
+
+    with pytest.raises(ValueError, match=r"--window-len 24 does not divide the run's seq_len 32.*--carry-tokens"):
+        evaluate(str(trained_run), max_tokens=512, window_len=24)
+    assert evaluate(str(trained_run), max_tokens=512, window_len=24, carry_tokens=0).carry_tokens == 0

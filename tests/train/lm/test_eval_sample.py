@@ -72,7 +72,7 @@ def test_eval_cli_json_matches_the_library(trained_run, capsys):
     result = evaluate(str(trained_run), max_tokens=500, streams=1)
     assert printed["bits_per_byte"] == result.bits_per_byte and printed["tokens"] == 499
     assert set(printed) == {"ckpt", "split", "loss", "bits_per_byte", "tokens", "seconds", "tokens_per_s",
-                            "word_perplexity", "objective"}
+                            "word_perplexity", "objective", "carry_tokens"}
     assert printed["word_perplexity"] is None  # byte-level text counts no words
     assert main(["eval", "--ckpt", str(trained_run), "--split", "test", "--max-tokens", "300"]) == 0
     assert capsys.readouterr().out.startswith("test: loss ")

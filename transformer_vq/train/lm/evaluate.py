@@ -62,6 +62,9 @@ class EvalResult:
     """Word-level perplexity, for corpora that count the words of their original text (PG-19); else None."""
     objective: str = "next-token"
     """What was predicted: 'next-token' (causal models) or 'masked-token' (encoders)."""
+    carry_tokens: int = 0
+    """The state was reset every this many tokens of a stream (0: carried across each whole stream; an encoder reads
+    independent windows and carries none)."""
     recall: dict | None = None
     """On the recall probe (``--data recall``): answer accuracy by distance, a
     :meth:`~transformer_vq.train.recall.RecallResult.to_dict`; else None."""
@@ -120,7 +123,8 @@ def evaluate_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: i
     return EvalResult(split=split, loss=loss, bits_per_byte=bits_per_byte(loss, tokens_per_byte), tokens=n_pred,
                       seconds=seconds, tokens_per_s=n_pred / max(seconds, 1e-9),
                       word_perplexity=None if tokens_per_word is None else word_perplexity(loss, tokens_per_word),
-                      objective="masked-token" if encoder else "next-token")
+                      objective="masked-token" if encoder else "next-token",
+                      carry_tokens=0 if encoder else carry_tokens)
 
 
 def stream_rows(tokens: np.ndarray, n_pred: int, streams: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -212,6 +216,19 @@ def _masked_nll(model: torch.nn.Module, tokens: np.ndarray, window_len: int, str
     return total_nll.item(), n_masked
 
 
+def trained_history(seq_len: int, window_len: int) -> int:
+    """The default reset of evaluation: every ``seq_len`` tokens, the history a model was trained with (its state is
+    reset at the start of every training sequence), as the authors' evaluation does (``eval_op`` scans one sequence
+    of ``sequence_len`` from a fresh state). Carried further, a model meets caches larger than any training showed:
+    docs/quality.md, "Why the cache hurt"."""
+    if seq_len % window_len:
+        raise ValueError(f"--window-len {window_len} does not divide the run's seq_len {seq_len}, where evaluation "
+                         f"resets the state by default (the history the model was trained with): give a --window-len "
+                         f"that divides {seq_len}, or --carry-tokens (a multiple of {window_len}; 0 = the whole "
+                         f"stream)")
+    return seq_len
+
+
 def evaluate(ckpt: str | EvalConfig, **options) -> EvalResult:
     """Evaluate a checkpoint (a run directory or a checkpoint directory) on a split of its corpus.
 
@@ -229,10 +246,11 @@ def evaluate(ckpt: str | EvalConfig, **options) -> EvalResult:
     tokens = corpus.split(split)
     check_vocab(tokens, run_cfg.model.vocab_size, split)
     window_len, streams = cfg.window_len or run_cfg.train.update_len, cfg.streams or run_cfg.train.eval_streams
+    carry_tokens = trained_history(run_cfg.train.seq_len, window_len) if cfg.carry_tokens is None else cfg.carry_tokens
     result = evaluate_tokens(
         model, tokens, window_len=window_len, tokens_per_byte=corpus_tokens_per_byte(corpus, split),
         tokens_per_word=corpus_tokens_per_word(corpus, split), streams=streams, max_tokens=cfg.max_tokens,
-        precision=run_cfg.train.precision, split=split, carry_tokens=cfg.carry_tokens,
+        precision=run_cfg.train.precision, split=split, carry_tokens=carry_tokens,
     )
     if spec_of(corpus) is not None:  # the memory probe: its answers, episode by episode, by distance
         max_episodes = -(-cfg.max_tokens // spec_of(corpus).seq_len) if cfg.max_tokens else 0

@@ -188,6 +188,7 @@ class LMTrainer(Trainer):
             tokens_per_byte=corpus_tokens_per_byte(self.corpus, "validation"),
             tokens_per_word=corpus_tokens_per_word(self.corpus, "validation"), streams=self.tc.eval_streams,
             max_tokens=self.tc.eval_tokens, precision=self.tc.precision, progress=False,
+            carry_tokens=self.tc.seq_len,  # the history the model trains with (tvq eval's default too)
         )
         self.log_eval(result.to_dict())
         return result
