@@ -10,7 +10,7 @@ import torch
 from transformer_vq.config import ConfigError, LongVQConfig, longvq_preset
 from transformer_vq.models.baselines.classifiers import (TransformerClassifier, TransformerVQEncoderClassifier,
                                                         key_masked_attention)
-from transformer_vq.models.longvq.layer import SequenceNorm
+from transformer_vq.models.longvq.layer import LongVQLayer, SequenceNorm
 from transformer_vq.models.longvq.model import LongVQClassifier, LongVQLM
 from transformer_vq.nn.pooling import masked_mean
 from transformer_vq.ops.full.bidir import full_bidir_attention
@@ -51,6 +51,30 @@ def test_classifier_linear_equals_dense(scoring, norm, length):
     model = classifier(scoring=scoring, norm=norm)
     ids = ids_of((2, length), 1)
     torch.testing.assert_close(model(ids).logits, model(ids, attention="quadratic").logits, **TOL)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("offset", [0, 5])
+def test_window_bias_is_the_learned_bias_of_each_query_key_distance(causal, offset):
+    """Entry [t, j] is the bias of the distance from the query at offset + t to its window column j (0 where the
+    causal window has no key), position by position; and so is its gradient."""
+    L, T = 4, 13
+    torch.manual_seed(0)
+    layer = LongVQLayer(longvq_preset("tiny", block_len=L, causal=causal, n_classes=0 if causal else 3)).double()
+    with torch.no_grad():
+        layer.local_bias.normal_()
+    bias = layer.window_bias(T, offset)
+    weight = torch.randn(bias.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    expected = torch.zeros_like(bias)
+    for t in range(T):
+        for j in range(bias.shape[1]):
+            distance = (offset + t) % L + L - j  # query tau = offset + t, key (tau // L - 1) L + j
+            if distance >= layer.first_distance:
+                expected[t, j] = layer.local_bias[distance - layer.first_distance]
+    torch.testing.assert_close(bias, expected, rtol=0, atol=0)
+    got, = torch.autograd.grad((bias * weight).sum(), layer.local_bias)
+    want, = torch.autograd.grad((expected * weight).sum(), layer.local_bias)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("length", [5, 37])

@@ -102,6 +102,28 @@ def test_outside_window_summary_counts_from_scratch():
             torch.testing.assert_close(mean[:, :, n, s], want_mean, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("n_blocks", [1, 2, 3, 7])
+def test_outside_window_summary_gradient_equals_the_from_scratch_one(n_blocks):
+    """The gradient of the values through the running sums (their own backward) equals that of the summaries built
+    key by key, float64 to 1e-12."""
+    B, G, L, S, Dv = 2, 2, 3, 4, 5
+    gen = torch.Generator().manual_seed(4)
+    z = torch.randint(0, S, (B, G, n_blocks * L), generator=gen)
+    v = torch.randn(B, G, n_blocks * L, Dv, generator=gen, dtype=torch.float64, requires_grad=True)
+    real = torch.rand(B, n_blocks * L, generator=gen) < 0.7
+    weight = torch.randn(B, G, n_blocks, S, Dv, generator=gen, dtype=torch.float64)
+    _, mean = outside_window_summary(z, v, real, S, L)
+    got, = torch.autograd.grad((mean * weight).sum(), v)
+    block = torch.arange(n_blocks * L) // L
+    means = []
+    for n in range(n_blocks):
+        outside = ((block < n - 1) | (block > n + 1))[None, None, :] & real[:, None, :]  # (B, 1, T)
+        chosen = (outside[..., None] & (z[..., None] == torch.arange(S))).to(v.dtype)  # (B, G, T, S)
+        means.append((chosen.transpose(-1, -2) @ v) / chosen.sum(-2).clamp(min=1).unsqueeze(-1))
+    want, = torch.autograd.grad((torch.stack(means, dim=2) * weight).sum(), v)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("window", WINDOWS)
 def test_linear_scaling_of_work_and_memory(window):
     """4x the tokens: 4x the FLOPs, and no tensor saved for backward grows like T x T."""
