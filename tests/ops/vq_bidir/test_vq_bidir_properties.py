@@ -11,7 +11,7 @@ from opsutil import make_vq_inputs
 from torch.utils.flop_counter import FlopCounterMode
 
 from transformer_vq.ops.vq_bidir import SCORINGS, vq_bidir_attention
-from transformer_vq.ops.vq_bidir.summary import outside_window_summary
+from transformer_vq.ops.vq_bidir.summary import outside_blocks, outside_window_summary, running_sum
 
 WINDOWS = ["nobias", "window"]
 
@@ -100,6 +100,19 @@ def test_outside_window_summary_counts_from_scratch():
             want_mean = (chosen.unsqueeze(-1) * v).sum(-2) / want_count.clamp(min=1).unsqueeze(-1)
             assert torch.equal(count[:, :, n, s], want_count.float())
             torch.testing.assert_close(mean[:, :, n, s], want_mean, rtol=1e-12, atol=1e-12)
+
+
+def test_running_sums_and_outside_blocks_equal_their_definitions():
+    """Every block count up to 40 (whole and partial groups of the two-level sum), float64."""
+    for n_blocks in range(1, 41):
+        x = torch.randn(2, 1, n_blocks, 3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(n_blocks))
+        torch.testing.assert_close(running_sum(x.clone()), x.cumsum(2), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(running_sum(x.clone(), reverse=True), x.flip(2).cumsum(2).flip(2), rtol=1e-12,
+                                   atol=1e-12)
+        block = torch.arange(n_blocks)
+        apart = ((block[:, None] - block[None, :]).abs() >= 2).to(x.dtype)  # [n, i]: block i outside n's window
+        torch.testing.assert_close(outside_blocks(x), torch.einsum("ni,bgi...->bgn...", apart, x), rtol=1e-12,
+                                   atol=1e-12)
 
 
 @pytest.mark.parametrize("n_blocks", [1, 2, 3, 7])

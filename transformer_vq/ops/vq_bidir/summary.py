@@ -16,6 +16,8 @@ Letters: B batch, G key/value groups, T positions, N blocks, L block length, S c
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from transformer_vq.ops.vq.cache import summarize, summed
@@ -57,20 +59,38 @@ def outside_window_summary(z: torch.Tensor, v: torch.Tensor, real: torch.Tensor,
 def outside_blocks(per_block: torch.Tensor) -> torch.Tensor:
     """``out[:, :, n] = sum of per_block[:, :, i]`` over the blocks ``i < n - 1`` and ``i > n + 1`` (``[B, G, N, ...]``).
 
-    A running sum from the front plus one from the back, each one in-place addition per block into a buffer of one
-    block's size: only additions, so no cancellation (never the whole sequence minus the window), and no merge,
-    gather or flip of ``[N, S, Dv]`` summaries (``cumsum`` along a middle axis is several times slower on a CPU).
+    A running sum from the front plus one from the back (:func:`running_sum`): only additions, so no cancellation
+    (never the whole sequence minus the window), and no merge, gather or flip of ``[N, S, Dv]`` summaries.
     """
     N = per_block.shape[2]
     out = torch.empty_like(per_block)
     out[:, :, :2].zero_()
-    running = torch.zeros_like(per_block[:, :, 0])
-    for n in range(2, N):  # blocks 0 .. n-2
-        out[:, :, n].copy_(running.add_(per_block[:, :, n - 2]))
-    running.zero_()
-    for n in range(N - 3, -1, -1):  # blocks n+2 .. N-1
-        out[:, :, n].add_(running.add_(per_block[:, :, n + 2]))
+    if N > 2:
+        running_sum(out[:, :, 2:].copy_(per_block[:, :, :N - 2]))  # blocks 0 .. n-2
+        out[:, :, :N - 2].add_(running_sum(per_block[:, :, 2:].clone(), reverse=True))  # blocks n+2 .. N-1
     return out
+
+
+def running_sum(x: torch.Tensor, *, reverse: bool = False) -> torch.Tensor:
+    """``x[:, :, i] <- sum of x[:, :, j]`` for ``j <= i`` (``j >= i`` when ``reverse``), in place; returns ``x``.
+
+    In two levels over groups of ``g ~ sqrt(N)`` blocks: a running sum inside every group at once (``g`` additions,
+    each over all groups), then each group adds the total before it (``N / g`` additions). About ``2 sqrt(N)``
+    operations, not ``N``: on a shared CPU every operation can wait a time slice for its other thread, and
+    ``cumsum`` along a middle axis is several times slower than these additions.
+    """
+    N = x.shape[2]
+    g = max(1, math.isqrt(N))
+    steps = range(g - 2, -1, -1) if reverse else range(1, g)
+    for j in steps:  # inside the groups: position j of every group takes its neighbour's running sum
+        target, source = x[:, :, j::g], x[:, :, j + 1::g] if reverse else x[:, :, j - 1::g]
+        n = min(target.shape[2], source.shape[2])
+        target[:, :, :n].add_(source[:, :, :n])
+    starts = range(-(-N // g) - 2, -1, -1) if reverse else range(1, -(-N // g))
+    for i in starts:  # across the groups: the running total of the groups before (after) this one
+        edge = (i + 1) * g if reverse else i * g - 1
+        x[:, :, i * g:(i + 1) * g].add_(x[:, :, edge:edge + 1])
+    return x
 
 
 class OutsideBlocks(torch.autograd.Function):
