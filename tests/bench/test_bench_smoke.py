@@ -279,17 +279,18 @@ def test_cli_longvq_nests_a_longvq_config():
     assert cfg.model == LONGVQ_BENCH_PRESETS["tiny"].replace(d_model=64, scoring="relu2")
     assert (cfg.model.n_layers, cfg.model.causal, cfg.layers, cfg.lengths) == (1, False, ("longvq",), (4096,))
     default = LongVQBenchConfig()
-    assert (default.model.d_model, default.model.d_qk, default.model.d_v, default.lengths) == (
-        512, 128, 1024, (1024, 2048, 4096, 8192))
+    assert default.model == LONGVQ_BENCH_PRESETS["lra-text"]  # Mega's LRA Text widths, the paper's codebook size
+    assert (default.model.d_model, default.model.d_qk, default.model.d_v, default.model.n_code, default.lengths) == (
+        128, 64, 256, 512, (4096, 8192, 16384))
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--preset", "small"], "error: --preset: must be one of enwik8, tiny, got 'small'"),
+    (["--preset", "small"], "error: --preset: must be one of enwik8, tiny, lra-text, got 'small'"),
     (["--layers", "mega"], "error: --layers: must be one of longvq, longvq-relu2, transformer, got 'mega'"),
     (["--causal"], "error: invalid LongVQBenchConfig: the LongVQ block must be an encoder (--no-causal), as the transformer block it is "
                    "compared with"),
     (["--d-qk", "96"], "error: invalid LongVQBenchConfig: the transformer block splits d_model into heads of width "
-                       "d_qk: d_model must be divisible by d_qk, got d_model=512, d_qk=96"),
+                       "d_qk: d_model must be divisible by d_qk, got d_model=128, d_qk=96"),
 ])
 def test_cli_longvq_rejects_bad_input(tmp_path, capsys, args, message):
     assert exit_code(["bench", "longvq", *args, "--no-isolate", "--out", str(tmp_path)]) == 2

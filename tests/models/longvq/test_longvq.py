@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from transformer_vq.config import ConfigError, LongVQConfig, longvq_preset
-from transformer_vq.models.baselines.classifiers import TransformerClassifier, TransformerVQEncoderClassifier
-from transformer_vq.models.longvq.layer import SequenceNorm
+from transformer_vq.models.baselines.classifiers import (TransformerClassifier, TransformerVQEncoderClassifier,
+                                                        key_masked_attention)
+from transformer_vq.models.longvq.layer import LongVQLayer, SequenceNorm
 from transformer_vq.models.longvq.model import LongVQClassifier, LongVQLM
 from transformer_vq.nn.pooling import masked_mean
+from transformer_vq.ops.full.bidir import full_bidir_attention
 
 TOL = dict(rtol=1e-10, atol=1e-10)  # float64: the linear-time forms are exact rewritings
 CLASSIFIER = dict(n_classes=3, causal=False, block_len=4, n_code=6)
@@ -49,6 +51,30 @@ def test_classifier_linear_equals_dense(scoring, norm, length):
     model = classifier(scoring=scoring, norm=norm)
     ids = ids_of((2, length), 1)
     torch.testing.assert_close(model(ids).logits, model(ids, attention="quadratic").logits, **TOL)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("offset", [0, 5])
+def test_window_bias_is_the_learned_bias_of_each_query_key_distance(causal, offset):
+    """Entry [t, j] is the bias of the distance from the query at offset + t to its window column j (0 where the
+    causal window has no key), position by position; and so is its gradient."""
+    L, T = 4, 13
+    torch.manual_seed(0)
+    layer = LongVQLayer(longvq_preset("tiny", block_len=L, causal=causal, n_classes=0 if causal else 3)).double()
+    with torch.no_grad():
+        layer.local_bias.normal_()
+    bias = layer.window_bias(T, offset)
+    weight = torch.randn(bias.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    expected = torch.zeros_like(bias)
+    for t in range(T):
+        for j in range(bias.shape[1]):
+            distance = (offset + t) % L + L - j  # query tau = offset + t, key (tau // L - 1) L + j
+            if distance >= layer.first_distance:
+                expected[t, j] = layer.local_bias[distance - layer.first_distance]
+    torch.testing.assert_close(bias, expected, rtol=0, atol=0)
+    got, = torch.autograd.grad((bias * weight).sum(), layer.local_bias)
+    want, = torch.autograd.grad((expected * weight).sum(), layer.local_bias)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("length", [5, 37])
@@ -224,6 +250,24 @@ def test_classifiers_share_the_codebook_interface():
               (LongVQClassifier, TransformerClassifier, TransformerVQEncoderClassifier)}
     # 4 statistics per quantizer: one per LongVQ block, one per gated attention unit, none for the Transformer
     assert counts == {"LongVQClassifier": 8, "TransformerClassifier": 0, "TransformerVQEncoderClassifier": 16}
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_transformer_baseline_attention_equals_its_oracle(padded):
+    """The baseline's fused kernel (SDPA) is full softmax attention over the real keys: outputs and gradients."""
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(3, 2, 11, 4, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.ones(3, 11, dtype=torch.bool)
+    if padded:  # trailing padding, interior padding, and a sequence of padding only
+        mask[0, 7:], mask[1, 2:5], mask[2] = False, False, False
+    fused = key_masked_attention(q, k, v, mask)
+    oracle, _ = full_bidir_attention(q * 4 ** -0.5, k, v, block_len=4, mask=mask)
+    torch.testing.assert_close(fused, oracle, rtol=1e-12, atol=1e-12)
+    cotangent = torch.randn(fused.shape, generator=gen, dtype=torch.float64)
+    grads = torch.autograd.grad((fused * cotangent).sum(), (q, k, v))
+    expected = torch.autograd.grad((oracle * cotangent).sum(), (q, k, v))
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_transformer_vq_encoder_pools_the_library_encoder():

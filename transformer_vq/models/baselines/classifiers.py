@@ -2,7 +2,8 @@
 ``d_model``, depth ``n_layers``, classes, pooling head): docs/longvq.md, "Classifiers".
 
 * :class:`TransformerClassifier`: a pre-norm Transformer encoder with full softmax attention over every real token
-  (:func:`~transformer_vq.ops.full.bidir.full_bidir_attention`, quadratic), heads of width ``d_qk``, a GELU FFN of
+  (PyTorch's fused ``scaled_dot_product_attention``, quadratic in time, the fair baseline a user would write; its
+  oracle is :func:`~transformer_vq.ops.full.bidir.full_bidir_attention`), heads of width ``d_qk``, a GELU FFN of
   width ``d_ffn`` and sinusoid absolute positions (LRA's Transformer).
 * :class:`TransformerVQEncoderClassifier`: the library's :class:`~transformer_vq.models.tvq.model.TransformerVQ` with
   ``causal=False`` (``n_layers`` layers of two gated attention units, ``d_k = d_qk``, ``d_v``, the same codebook
@@ -22,7 +23,19 @@ from transformer_vq.models.tvq.model import TransformerVQ
 from transformer_vq.nn.codebooks import Codebooks
 from transformer_vq.nn.pooling import ClassifierOutput, PoolingHead, check_inputs
 from transformer_vq.nn.position import sinusoids
-from transformer_vq.ops.full.bidir import full_bidir_attention
+
+
+def key_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``[B, H, T, Dh]``: softmax attention of every query over every real key (``mask [B, T]``, True: real), zero at
+    padding queries, by PyTorch's fused kernel (no ``[T, T]`` scores kept where the kernel can avoid them).
+
+    Its oracle is :func:`~transformer_vq.ops.full.bidir.full_bidir_attention` (tested in float64, outputs and gradients,
+    a sequence of padding only included: the kernel gives its all-hidden rows zero, and they are zeroed anyway).
+    """
+    if mask is None or bool(mask.all()):  # nothing to hide: the kernel's unmasked path
+        return F.scaled_dot_product_attention(q, k, v)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])  # keys: (B, 1, 1, T)
+    return out.masked_fill(~mask[:, None, :, None], 0.0)
 
 
 class TransformerEncoderLayer(nn.Module):
@@ -41,7 +54,7 @@ class TransformerEncoderLayer(nn.Module):
         B, T, D = x.shape
         H, p = self.n_head, self.cfg.dropout
         q, k, v = (t.view(B, T, H, D // H).transpose(1, 2) for t in self.w_qkv(self.norm_attn(x)).chunk(3, dim=-1))
-        out, _ = full_bidir_attention(q * (D // H) ** -0.5, k, v, block_len=self.cfg.block_len, mask=mask)
+        out = key_masked_attention(q, k, v, mask)
         x = x + F.dropout(self.w_o(out.transpose(1, 2).reshape(B, T, D)), p=p, training=self.training)
         hidden = F.dropout(F.gelu(self.ffn_in(self.norm_ffn(x))), p=p, training=self.training)
         return x + F.dropout(self.ffn_out(hidden), p=p, training=self.training)

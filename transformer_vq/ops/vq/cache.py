@@ -43,6 +43,14 @@ def summarize(z: torch.Tensor, v: torch.Tensor, n_code: int, acc_dtype: torch.dt
     Returns:
         ``count [..., S]`` (float32) and ``mean [..., S, Dv]`` (``acc_dtype``; 0 for unused codes).
     """
+    count, sums = summed(z, v, n_code, acc_dtype, weight)
+    return count, sums / count.clamp(min=1.0).unsqueeze(-1).to(acc_dtype)
+
+
+def summed(z: torch.Tensor, v: torch.Tensor, n_code: int, acc_dtype: torch.dtype,
+           weight: torch.Tensor | None = None):
+    """Count and sum of values per code over the second-to-last axis: :func:`summarize` before its division
+    (``count [..., S]`` float32, ``sums [..., S, Dv]`` in ``acc_dtype``)."""
     ones = torch.ones(z.shape, dtype=torch.float32, device=z.device)
     if weight is not None:
         ones = ones * weight.to(torch.float32)
@@ -52,7 +60,7 @@ def summarize(z: torch.Tensor, v: torch.Tensor, n_code: int, acc_dtype: torch.dt
     # In place into fresh zeros: the out-of-place scatter_add would first copy them.
     sums = torch.zeros(*v.shape[:-2], n_code, v.shape[-1], dtype=acc_dtype, device=v.device)
     sums.scatter_add_(-2, z.unsqueeze(-1).expand(*z.shape, v.shape[-1]), v.to(acc_dtype))
-    return count, sums / count.clamp(min=1.0).unsqueeze(-1).to(acc_dtype)
+    return count, sums
 
 
 def restart(count, mean, keep):
