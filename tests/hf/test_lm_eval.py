@@ -98,8 +98,9 @@ def test_bits_per_byte_is_tvq_evals(trained_run, runs, tmp_path, capsys):
     filler = (b"the king shall speak to thee of love and war, my lord; good night.\n" * 600)[:18 * len(text)]
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(filler + text + filler[:len(text)])
+    # lm-eval scores the whole document in one call: tvq eval with the state carried across the whole stream
     assert main(["eval", "--ckpt", str(trained_run), "--data-path", str(corpus), "--split", "validation",
-                 "--streams", "1", "--json"]) == 0
+                 "--streams", "1", "--carry-tokens", "0", "--json"]) == 0
     tvq = json.loads(capsys.readouterr().out)
     assert tvq["tokens"] == len(text) - 1  # every byte after the first
     results, _ = runs[1]

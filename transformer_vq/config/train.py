@@ -64,9 +64,10 @@ class TrainConfig:
                                 "for pg19); repeatable KEY=VALUE.", flag="data-option", defines_data=True)
     seed: int = option(0, "Seeds the initialization, dropout and the data order.", min=0, defines_data=True)
     batch_size: int = option(8, "Global batch size in sequences (summed over data-parallel workers).", min=1)
-    # 2,048, not 256: validation carries the state across the whole split, and a VQ model trained with caches of at
-    # most two blocks is hurt by the far larger cache it meets there (docs/quality.md, "Why the cache hurt"). A
-    # longer sequence costs VQ nothing per step (one window of update_len each).
+    # 2,048, not 256: validation resets the state every seq_len tokens (the trained history), so seq_len is also the
+    # longest history the model is judged on; a VQ model trained with caches of at most two blocks was hurt by the far
+    # larger cache of a whole-stream evaluation (docs/quality.md, "Why the cache hurt"). A longer sequence costs VQ
+    # nothing per step (one window of update_len each).
     seq_len: int = option(2048, "Tokens per sequence; the operator state is reset at the start of every batch "
                                 "of sequences.", min=1, defines_data=True)
     update_len: int = option(128, "Backprop window W: one optimizer step per window of this many tokens (a "
