@@ -44,7 +44,13 @@ def summarize(z: torch.Tensor, v: torch.Tensor, n_code: int, acc_dtype: torch.dt
         ``count [..., S]`` (float32) and ``mean [..., S, Dv]`` (``acc_dtype``; 0 for unused codes).
     """
     count, sums = summed(z, v, n_code, acc_dtype, weight)
-    return count, sums / count.clamp(min=1.0).unsqueeze(-1).to(acc_dtype)
+    return count, per_code_mean(count, sums)
+
+
+def per_code_mean(count: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
+    """``sums [..., S, Dv]`` divided by ``count [..., S]``, in place (0 for unused codes); returns ``sums``. In place:
+    the sums of :func:`summed` are a fresh tensor, and the division's backward needs only the count."""
+    return sums.div_(count.clamp(min=1.0).unsqueeze(-1).to(sums.dtype))
 
 
 def summed(z: torch.Tensor, v: torch.Tensor, n_code: int, acc_dtype: torch.dtype,

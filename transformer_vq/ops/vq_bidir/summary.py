@@ -9,7 +9,7 @@ cancellation; a sum over one sequence stays within what float32 holds (the causa
 any length, merges means instead: ``transformer_vq.ops.vq.cache``).
 
 Padding keys (``real`` False) are counted under one extra code ``S`` that is dropped afterwards: they take no part in
-any count or mean, and ``summarize`` is reused unchanged.
+any count or mean, and ``summed`` (the causal cache's per-code sums) is reused unchanged.
 
 Letters: B batch, G key/value groups, T positions, N blocks, L block length, S codewords, Dv value width.
 """
@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from transformer_vq.ops.vq.cache import summarize, summed
+from transformer_vq.ops.vq.cache import per_code_mean, summed
 
 
 def masked_summary(z: torch.Tensor, v: torch.Tensor, real: torch.Tensor, n_code: int):
@@ -32,9 +32,15 @@ def masked_summary(z: torch.Tensor, v: torch.Tensor, real: torch.Tensor, n_code:
     Returns:
         ``count [B, G, ..., S]`` (float32) and ``mean [B, G, ..., S, Dv]`` (at least float32; 0 for unused codes).
     """
+    count, sums = masked_sums(z, v, real, n_code)
+    return count, per_code_mean(count, sums)
+
+
+def masked_sums(z: torch.Tensor, v: torch.Tensor, real: torch.Tensor, n_code: int):
+    """:func:`masked_summary` before its division: the count and the sum of the values of real keys per code."""
     codes = torch.where(real.unsqueeze(1), z, n_code)  # padding keys go to the extra code S
-    count, mean = summarize(codes, v, n_code + 1, torch.promote_types(v.dtype, torch.float32))
-    return count[..., :n_code], mean[..., :n_code, :]
+    count, sums = summed(codes, v, n_code + 1, torch.promote_types(v.dtype, torch.float32))
+    return count[..., :n_code], sums[..., :n_code, :]
 
 
 def outside_window_summary(z: torch.Tensor, v: torch.Tensor, real: torch.Tensor, n_code: int, block_len: int):
@@ -49,11 +55,9 @@ def outside_window_summary(z: torch.Tensor, v: torch.Tensor, real: torch.Tensor,
     B, G, T = z.shape
     L, Dv = block_len, v.shape[-1]
     N = T // L
-    codes = torch.where(real.view(B, 1, N, L), z.view(B, G, N, L), n_code)  # padding keys go to the extra code S
-    counts, sums = summed(codes, v.view(B, G, N, L, Dv), n_code + 1, torch.promote_types(v.dtype, torch.float32))
-    count, total = OutsideBlocks.apply(counts[..., :n_code]), OutsideBlocks.apply(sums[..., :n_code, :])
-    # in place: the sum is a fresh tensor that nothing saved for the backward
-    return count, total.div_(count.clamp(min=1.0).unsqueeze(-1).to(total.dtype))
+    counts, sums = masked_sums(z.view(B, G, N, L), v.view(B, G, N, L, Dv), real.view(B, N, L), n_code)
+    count = OutsideBlocks.apply(counts)
+    return count, per_code_mean(count, OutsideBlocks.apply(sums))
 
 
 def outside_blocks(per_block: torch.Tensor) -> torch.Tensor:
