@@ -352,3 +352,41 @@ def test_cli_exits_non_zero_naming_every_failed_cell(tmp_path, capsys, monkeypat
     skipping = [*DECODE_ARGS, "--models", "vq", "--contexts", "16", "4k", "--budget-s", "1e-6", "--out", str(tmp_path)]
     assert main(skipping) == 0
     assert "| vq | 4096 | skipped" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bench, argv, first", [
+    ("op", ["--methods", "vq-serial", "sdpa", "--lengths", "32", "--d-k", "8", "--d-v", "16",
+            "--n-code", "8", "--block-len", "16", "--repeats", "1"], {"method": "vq-serial", "T": 32}),
+    ("train", ["--models", "vq/shga", "full/shga", "--lengths", "32", "--repeats", "1", "--d-model", "16",
+               "--d-k", "8", "--d-v", "16", "--n-code", "4", "--block-len", "8"], {"model": "vq/shga", "T": 32}),
+    ("decode", ["--contexts", "16", "--models", "vq", "full", "--new-tokens", "1", "--d-model", "16", "--d-k", "8",
+                "--d-v", "16", "--n-code", "4", "--block-len", "8"], {"model": "vq", "context": 16}),
+    ("longvq", ["--lengths", "32", "--layers", "longvq", "transformer", "--repeats", "1", "--d-model", "16",
+                "--d-qk", "8", "--d-v", "16", "--d-ffn", "16", "--ema-dim", "2", "--n-code", "4",
+                "--block-len", "8"], {"layer": "longvq", "T": 32}),
+])
+def test_a_run_stopped_after_its_first_cell_keeps_that_cell_marked_partial(tmp_path, capsys, monkeypatch, bench,
+                                                                           argv, first):
+    """The files are written after every row: a timeout or a lease ending mid-run loses only the running cell."""
+    import transformer_vq.bench.isolate as isolate
+
+    real, calls = isolate.run_cell, []
+
+    def stop_at_the_second_cell(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # what a timeout's signal does to the parent
+        return real(*args, **kwargs)
+
+    for module in ("op", "train", "decode", "longvq"):
+        monkeypatch.setattr(f"transformer_vq.bench.{module}.run_cell", stop_at_the_second_cell)
+    assert main(["bench", bench, *argv, "--no-isolate", "--out", str(tmp_path), "--name", "b"]) == 130
+    saved = json.loads((tmp_path / "b.json").read_text())
+    assert saved["complete"] is False and saved["rows"], saved
+    assert all(saved["rows"][0][k] == v for k, v in first.items()) and saved["rows"][0]["status"] == "ok"
+    assert (tmp_path / "b.md").read_text().startswith(f"**Partial result: the run stopped after {len(saved['rows'])}")
+    # a complete run says so and has no partial note
+    capsys.readouterr()
+    assert main(["bench", bench, *argv, "--no-isolate", "--out", str(tmp_path), "--name", "c"]) == 0
+    done = json.loads((tmp_path / "c.json").read_text())
+    assert done["complete"] is True and not (tmp_path / "c.md").read_text().startswith("**Partial")

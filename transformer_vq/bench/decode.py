@@ -91,26 +91,29 @@ def decode_cell(model: str, config: dict) -> dict:
     return {"status": "ok", "contexts": {str(c): r for c, r in rows.items()}}
 
 
-def run_decode_bench(cfg: DecodeBenchConfig, log=print) -> dict:
-    """One cell per model (all its contexts); return the JSON-ready result with latency ratios to the shortest context."""
-    machine = machine_info()
-    rows = []
+def run_decode_bench(cfg: DecodeBenchConfig, log=print, progress=None) -> dict:
+    """One cell per model (all its contexts); return the JSON-ready result with latency ratios to the shortest context.
+    ``progress(result)``, if given, receives the result so far (``complete`` False) after each model's cell."""
+    progress = progress or (lambda result: None)
+    result = {"benchmark": "decode", "config": asdict(cfg), "machine": machine_info(), "rows": [], "complete": False}
+    rows = result["rows"]
     for model in cfg.models:
-        result = run_cell("transformer_vq.bench.decode:decode_cell", {"model": model, "config": asdict(cfg)},
-                          isolate=cfg.isolate, timeout_s=max(900.0, 10 * cfg.budget_s),
-                          **host_options(cfg))
-        cell = result.pop("contexts", None)
+        cell = run_cell("transformer_vq.bench.decode:decode_cell", {"model": model, "config": asdict(cfg)},
+                        isolate=cfg.isolate, timeout_s=max(900.0, 10 * cfg.budget_s),
+                        **host_options(cfg))
+        contexts = cell.pop("contexts", None)
         for context in cfg.contexts:
-            row = {"model": model, "context": context, **result}
-            if cell is not None:
-                row.update(cell[str(context)])
+            row = {"model": model, "context": context, **cell}
+            if contexts is not None:
+                row.update(contexts[str(context)])
             rows.append(row)
             log(_line(row))
         done = [r for r in rows if r["model"] == model and r.get("status") == "ok"]
         for r in done:
             r["latency_vs_shortest"] = r["per_token_s"] / done[0]["per_token_s"]
-    return {"benchmark": "decode", "config": asdict(cfg), "machine": machine, "rows": rows,
-            "load_average_end": machine_info(measure_peak=False)["load_average_start"]}
+        progress(result)
+    result.update(load_average_end=machine_info(measure_peak=False)["load_average_start"], complete=True)
+    return result
 
 
 def _line(row: dict) -> str:

@@ -88,8 +88,9 @@ def _estimate(kind: str, last: tuple | None, length: int) -> tuple[float | None,
     return fwd, (last[2] * scale if last[2] is not None else 3 * fwd)
 
 
-def _run_kind(kind: str, cfg: LongVQBenchConfig, log) -> list[dict]:
-    rows, last = [], None  # last: (length, forward_s, fwd_bwd_s) of the last cell that ran
+def _run_kind(kind: str, cfg: LongVQBenchConfig, log, rows: list[dict], saved) -> None:
+    """Every length of one block kind, each cell appended to ``rows`` and ``saved()`` as it finishes."""
+    last = None  # (length, forward_s, fwd_bwd_s) of the last cell that ran
     for length in cfg.lengths:
         row = {"layer": kind, "T": length}
         est_fwd, est_bwd = _estimate(kind, last, length)
@@ -97,6 +98,7 @@ def _run_kind(kind: str, cfg: LongVQBenchConfig, log) -> list[dict]:
         if backward is None:
             rows.append(row)
             log(_line(row))
+            saved()
             continue
         repeats, warmup = (1, 0) if est_fwd is not None and est_fwd > 5 else (cfg.repeats, 1)
         expected = ((est_fwd or 0) + (est_bwd or 0 if backward else 0)) * (repeats + warmup)
@@ -113,7 +115,7 @@ def _run_kind(kind: str, cfg: LongVQBenchConfig, log) -> list[dict]:
             last = (length, row["forward_s"], row.get("fwd_bwd_s"))
         rows.append(row)
         log(_line(row))
-    return rows
+        saved()
 
 
 def ratios(rows: list[dict]) -> list[dict]:
@@ -136,12 +138,16 @@ def ratios(rows: list[dict]) -> list[dict]:
     return out
 
 
-def run_longvq_bench(cfg: LongVQBenchConfig, log=print) -> dict:
-    """Run every (block kind, length) cell of ``cfg``; return the JSON-ready result with machine info and ratios."""
-    machine = machine_info()
-    rows = [row for kind in cfg.layers for row in _run_kind(kind, cfg, log)]
-    return {"benchmark": "longvq", "config": asdict(cfg), "machine": machine, "rows": rows, "ratios": ratios(rows),
-            "load_average_end": machine_info(measure_peak=False)["load_average_start"]}
+def run_longvq_bench(cfg: LongVQBenchConfig, log=print, progress=None) -> dict:
+    """Run every (block kind, length) cell of ``cfg``; return the JSON-ready result with machine info and ratios.
+    ``progress(result)``, if given, receives the result so far (``complete`` False) after each cell."""
+    progress = progress or (lambda result: None)
+    result = {"benchmark": "longvq", "config": asdict(cfg), "machine": machine_info(), "rows": [], "complete": False}
+    for kind in cfg.layers:
+        _run_kind(kind, cfg, log, result["rows"], lambda: progress(result))
+    result.update(ratios=ratios(result["rows"]), load_average_end=machine_info(measure_peak=False)["load_average_start"],
+                  complete=True)
+    return result
 
 
 def _line(row: dict) -> str:

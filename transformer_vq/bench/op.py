@@ -175,10 +175,14 @@ def _paired_ratio(slower: list[float], faster: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(slower, faster))
 
 
-def run_op_bench(cfg: OpBenchConfig, log=print) -> dict:
-    """Run every (method, length) cell of ``cfg``; return the JSON-ready result with machine info and speedups."""
-    machine = machine_info()
-    rows = []
+def run_op_bench(cfg: OpBenchConfig, log=print, progress=None) -> dict:
+    """Run every (method, length) cell of ``cfg``; return the JSON-ready result with machine info and speedups.
+
+    ``progress(result)``, if given, receives the result so far (``complete`` False) after each row, so that a run
+    stopped part way keeps what it measured."""
+    progress = progress or (lambda result: None)
+    result = {"benchmark": "op", "config": asdict(cfg), "machine": machine_info(), "rows": [], "complete": False}
+    rows = result["rows"]
     for method in cfg.methods:
         last = None  # (length, forward_s, fwd_bwd_s) of the last cell that ran, for estimates
         for length in cfg.lengths:
@@ -193,27 +197,31 @@ def run_op_bench(cfg: OpBenchConfig, log=print) -> dict:
             if backward is None:
                 rows.append(row)
                 log(_line(row))
+                progress(result)
                 continue
             slow = est_fwd is not None and est_fwd > 5
             repeats, warmup = (1, 0) if slow else (cfg.repeats, 1)
             expected = (est_fwd or 0) * (repeats + warmup) + ((est_bwd or 0) * (repeats + warmup) if backward else 0)
-            result = run_cell("transformer_vq.bench.op:op_cell",
-                              {"method": method, "length": length, "config": asdict(cfg), "repeats": repeats,
-                               "warmup": warmup, "backward": backward},
-                              isolate=cfg.isolate, timeout_s=max(600.0, 3 * expected),
-                              **host_options(cfg))
-            row.update(result)
-            if result.get("status") == "ok":
-                row["forward_gflops"] = flops / result["forward_s"] / 1e9
-                row["forward_fraction_of_peak"] = row["forward_gflops"] / result["matmul_gflops"]
-                if "fwd_bwd_s" in result:
+            cell = run_cell("transformer_vq.bench.op:op_cell",
+                            {"method": method, "length": length, "config": asdict(cfg), "repeats": repeats,
+                             "warmup": warmup, "backward": backward},
+                            isolate=cfg.isolate, timeout_s=max(600.0, 3 * expected),
+                            **host_options(cfg))
+            row.update(cell)
+            if cell.get("status") == "ok":
+                row["forward_gflops"] = flops / cell["forward_s"] / 1e9
+                row["forward_fraction_of_peak"] = row["forward_gflops"] / cell["matmul_gflops"]
+                if "fwd_bwd_s" in cell:
                     # Backward executes two matmuls per forward matmul: 3x the forward FLOPs in all.
-                    row["fwd_bwd_gflops"] = 3 * flops / result["fwd_bwd_s"] / 1e9
-                last = (length, result["forward_s"], result.get("fwd_bwd_s"))
+                    row["fwd_bwd_gflops"] = 3 * flops / cell["fwd_bwd_s"] / 1e9
+                last = (length, cell["forward_s"], cell.get("fwd_bwd_s"))
             rows.append(row)
             log(_line(row))
-    return {"benchmark": "op", "config": asdict(cfg), "machine": machine, "rows": rows, "speedups": speedups(rows),
-            "paired": run_paired(cfg, log), "load_average_end": machine_info(measure_peak=False)["load_average_start"]}
+            progress(result)
+    result["speedups"] = speedups(rows)
+    result["paired"] = run_paired(cfg, log)
+    result.update(load_average_end=machine_info(measure_peak=False)["load_average_start"], complete=True)
+    return result
 
 
 def speedups(rows: list[dict]) -> list[dict]:

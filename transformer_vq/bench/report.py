@@ -104,7 +104,7 @@ def op_table(result: dict) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     # a causal method against causal SDPA, a non-causal one against non-causal SDPA
-    speed = {(s["method"], s["T"]): s for s in result["speedups"] if s["baseline"] in ("sdpa", "sdpa-bidir")}
+    speed = {(s["method"], s["T"]): s for s in result.get("speedups", []) if s["baseline"] in ("sdpa", "sdpa-bidir")}
     for row in result["rows"]:
         status = _cell_status(row)
         head = f"| {row['method']} | {row['T']} |"
@@ -156,8 +156,10 @@ def train_table(result: dict) -> str:
     def matrix(cell) -> list[str]:
         out = []
         for model in result["models"]:
-            rows = [next(r for r in result["rows"] if r["model"] == model and r["T"] == t) for t in cfg["lengths"]]
-            out.append(f"| {model} | " + " | ".join(_cell_status(r) or cell(r) for r in rows) + " |")
+            rows = [next((r for r in result["rows"] if r["model"] == model and r["T"] == t), None)
+                    for t in cfg["lengths"]]  # None: a cell a stopped run never reached
+            out.append(f"| {model} | " + " | ".join("not run" if r is None else _cell_status(r) or cell(r)
+                                                    for r in rows) + " |")
         return out
 
     lines += matrix(lambda r: f"{r['tokens_per_s']:.0f}")
@@ -218,7 +220,7 @@ def longvq_table(result: dict) -> str:
         "| fwd+bwd speedup vs transformer | memory vs transformer | parameters | load |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    ratio = {(r["layer"], r["T"]): r for r in result["ratios"]}
+    ratio = {(r["layer"], r["T"]): r for r in result.get("ratios", [])}
     for row in result["rows"]:
         status = _cell_status(row)
         head = f"| {row['layer']} | {row['T']} |"
@@ -241,8 +243,13 @@ TABLES = {"op": op_table, "train": train_table, "decode": decode_table, "longvq"
 
 
 def table(result: dict) -> str:
-    """The markdown table of any benchmark result (what the command line prints)."""
-    return TABLES[result["benchmark"]](result)
+    """The markdown table of any benchmark result (what the command line prints); a result saved part way (every
+    ``run_*_bench`` hands its ``progress`` callback the result after each row) says so above the table."""
+    text = TABLES[result["benchmark"]](result)
+    if result.get("complete", True):
+        return text
+    return (f"**Partial result: the run stopped after {len(result['rows'])} rows** (killed, timed out or still "
+            "running; the ratios computed at the end are missing).\n\n" + text)
 
 
 def plot(result: dict, path: Path) -> None:

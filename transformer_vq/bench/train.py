@@ -134,18 +134,24 @@ def interleaved_cell(config: dict) -> dict:
     return {"status": "ok", "cells": cells}
 
 
-def run_train_bench(cfg: TrainBenchConfig, log=print) -> dict:
-    """Run every (model, length) cell; return the JSON-ready result."""
-    machine = machine_info()
-    rows = _run_interleaved(cfg, log) if cfg.interleaved else _run_cells(cfg, log)
-    return {"benchmark": "train", "config": asdict(cfg), "models": list(cfg.models), "machine": machine,
-            "rows": rows, "scaling": [s for s in (scaling(rows, model) for model in cfg.models) if s],
-            "load_average_end": machine_info(measure_peak=False)["load_average_start"]}
+def run_train_bench(cfg: TrainBenchConfig, log=print, progress=None) -> dict:
+    """Run every (model, length) cell; return the JSON-ready result. ``progress(result)``, if given, receives the
+    result so far (``complete`` False) after each cell, so that a run stopped part way keeps what it measured."""
+    progress = progress or (lambda result: None)
+    result = {"benchmark": "train", "config": asdict(cfg), "models": list(cfg.models), "machine": machine_info(),
+              "rows": [], "complete": False}
+    rows = result["rows"]
+    if cfg.interleaved:
+        rows += _run_interleaved(cfg, log)
+    else:
+        _run_cells(cfg, log, rows, lambda: progress(result))
+    result.update(scaling=[s for s in (scaling(rows, model) for model in cfg.models) if s],
+                  load_average_end=machine_info(measure_peak=False)["load_average_start"], complete=True)
+    return result
 
 
-def _run_cells(cfg: TrainBenchConfig, log) -> list[dict]:
-    """One process per (model, T) cell."""
-    rows = []
+def _run_cells(cfg: TrainBenchConfig, log, rows: list[dict], saved) -> None:
+    """One process per (model, T) cell, each appended to ``rows`` and ``saved()`` as it finishes."""
     for model in cfg.models:
         last = None  # (length, step_s) of the last cell that ran
         for length in cfg.lengths:
@@ -169,7 +175,7 @@ def _run_cells(cfg: TrainBenchConfig, log) -> list[dict]:
                     last = (length, row["step_s"])
             rows.append(row)
             log(_line(row))
-    return rows
+            saved()
 
 
 def scaling(rows: list[dict], model: str) -> dict | None:

@@ -4,7 +4,8 @@ against a full-attention block; write table, JSON and plot.
 Each benchmark's flags are the fields of its config dataclass (``transformer_vq.bench.config``) and of the model it
 nests (``--preset`` plus model fields such as ``--block-len``; the model class is the type of the config's ``model``
 field: a Transformer-VQ config, or a LongVQ config with the LongVQ presets). Every run prints a markdown table and writes
-``NAME.json`` (machine, commit, versions and every figure), ``NAME.md`` and ``NAME.png`` to ``--out``. Lengths
+``NAME.json`` (machine, commit, versions and every figure), ``NAME.md`` and ``NAME.png`` to ``--out``, after every
+row, so that a run stopped part way keeps its finished rows (marked partial). Lengths
 accept a ``k`` suffix (``8k`` = 8192). See docs/benchmarks.md for how to read the results.
 """
 
@@ -73,7 +74,10 @@ def run(args) -> int:
     cfg = bench_config(args)
     check_device(getattr(cfg, "device", "cpu"))  # before any cell starts
     module_name, function_name = BENCHES[args.bench][1].split(":")
-    result = getattr(importlib.import_module(module_name), function_name)(cfg, log=print)
+    # the files are rewritten after every row: a run stopped part way (a timeout, a lent GPU's lease ending, Ctrl-C)
+    # leaves what it measured, marked partial
+    result = getattr(importlib.import_module(module_name), function_name)(
+        cfg, log=print, progress=lambda partial: write_report(partial, args.out, args.name))
     print()
     print(table(result))
     paths = write_report(result, args.out, args.name)
