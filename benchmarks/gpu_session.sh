@@ -1,41 +1,83 @@
 #!/usr/bin/env bash
-# The GPU issue's checks and tables, in three calls of the device tool (each well under its 10-minute limit).
+# The GPU checks and tables, sized for a lent GPU: one call of the device tool (at most 10 minutes a command, 15
+# minutes of device time a session, at most 8 files back) runs every stage, each under its own time limit:
 #
-#   bash benchmarks/gpu_session.sh verify   # every `gpu` test: the CUDA path, the Triton kernels in bf16, nccl
-#   bash benchmarks/gpu_session.sh op       # tvq bench op, bf16: vq-triton vs vq-serial vs SDPA, 2k..131k
+#   bash benchmarks/gpu_session.sh all      # verify, op, model in one call (about 9 minutes at most), then one tarball
+#   bash benchmarks/gpu_session.sh verify   # the `gpu` tests not marked slow, and the Triton kernel tests compiled
+#   bash benchmarks/gpu_session.sh op       # tvq bench op, bf16: vq-triton vs vq-serial vs SDPA, 2k..128k
 #   bash benchmarks/gpu_session.sh model    # tvq bench train (enwik8 preset, seq 8k), tvq bench decode (1k..64k) and
 #                                           # the packing benchmark (packed vs unpacked training steps, 8k rows)
 #
 # A lent GPU machine has PyTorch, Triton and pytest in its image and nothing can be installed there, so the
 # repository runs from its working tree (PYTHONPATH), with the image's python3 (PYTHON overrides it). Results and
-# logs go to $OUT (what the device tool brings back) or, without it, to benchmarks/results. The versions of torch and
-# triton there are recorded by every benchmark's machine record; say which ones ran in the note.
-set -euo pipefail
-stage=${1:?usage: bash benchmarks/gpu_session.sh verify|op|model}
+# logs go to $OUT (what the device tool brings back) or, without it, to benchmarks/results. `all` packs them into one
+# file, gpu-session-DATE.tar, after every stage: the tool brings back at most 8 files, and a stage cut off by its
+# limit still leaves what it finished (the benchmarks rewrite their JSON and table after every cell; pytest's output is
+# unbuffered). The first session on a GPU (2026-11-26) lost its verify output and the op table to a run of separate
+# stages whose pytest output sat in a pipe's buffer when its limit struck; this layout is what it taught.
+# Limits in seconds: VERIFY_S, OP_S, MODEL_S (defaults 170, 190, 170).
+set -uo pipefail
+stage=${1:?usage: bash benchmarks/gpu_session.sh all|verify|op|model}
 out=${OUT:-benchmarks/results}
 mkdir -p "$out"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 day=$(date -u +%F)
 tvq() { "$py" -m transformer_vq "$@"; }
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu-$stage.txt"
-"$py" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/gpu-$stage.txt"
+machine() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  "$py" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+}
+
+verify() {
+  # every test gets a limit, so one slow test cannot eat the stage (pytest-timeout is in the GPU image)
+  local limit=()
+  "$py" -c "import pytest_timeout" 2>/dev/null && limit=(--timeout 60)
+  "$py" -m pytest -q -p no:cacheprovider -m "not slow" "${limit[@]}" -rfE --durations 15 \
+    tests/gpu tests/ops/vq/test_vq_triton.py tests/ops/vq/test_vq_triton_documents.py
+}
+
+op() {
+  tvq bench op --device cuda --precision bfloat16 --methods vq-triton vq-serial sdpa --lengths 2k 8k 32k 128k \
+    --paired 8k 32k --budget-s 30 --out "$out" --name "op-bf16-$day-gpu"
+}
+
+model() {
+  tvq bench train --device cuda --precision bfloat16 --preset enwik8 --models vq/shga full/shga \
+    --lengths 8k --out "$out" --name "train-enwik8-bf16-$day-gpu"
+  tvq bench decode --device cuda --precision bfloat16 --contexts 1k 8k 64k --out "$out" \
+    --name "decode-bf16-$day-gpu"
+  "$py" -m transformer_vq.bench.packing --device cuda --precision bfloat16 --length 8192 \
+    --out "$out/packing-bf16-$day-gpu.json"
+}
+
+# one stage under its limit, its output in $out/STAGE.log; prints the log's end and the stage's exit code
+# (124: the limit struck)
+timed() {
+  local name=$1 limit=$2 start=$SECONDS rc
+  { machine; "$name"; } > "$out/$name.log" 2>&1 &
+  local pid=$!
+  ( sleep "$limit"; kill -TERM -- -$pid 2>/dev/null || kill -TERM $pid 2>/dev/null ) &
+  local watchdog=$!
+  wait $pid; rc=$?
+  kill $watchdog 2>/dev/null; wait $watchdog 2>/dev/null
+  (( rc == 143 )) && rc=124
+  echo "== $name: exit $rc after $((SECONDS - start)) s (limit $limit s)" | tee -a "$out/stages.txt"
+  tail -n 30 "$out/$name.log"
+}
+
+pack() {  # everything but the tarball itself into one file
+  tar -cf "$out/gpu-session-$day.tar.tmp" -C "$out" --exclude "gpu-session-*.tar*" . \
+    && mv "$out/gpu-session-$day.tar.tmp" "$out/gpu-session-$day.tar"
+}
+
 case "$stage" in
-  verify)
-    # the gpu tests, and the Triton kernel tests now on the GPU (compiled, not interpreted)
-    "$py" -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/gpu tests/ops/vq/test_vq_triton.py \
-      tests/ops/vq/test_vq_triton_documents.py 2>&1 \
-      | tee "$out/gpu-tests.log" | tail -40 ;;
-  op)
-    tvq bench op --device cuda --precision bfloat16 --methods vq-triton vq-serial sdpa \
-      --lengths 2k 8k 32k 131k --paired 8k 32k --out "$out" --name "op-bf16-$day-gpu" ;;
-  model)
-    tvq bench train --device cuda --precision bfloat16 --preset enwik8 --models vq/shga full/shga \
-      --lengths 8k --out "$out" --name "train-enwik8-bf16-$day-gpu"
-    tvq bench decode --device cuda --precision bfloat16 --contexts 1k 8k 64k --out "$out" \
-      --name "decode-bf16-$day-gpu"
-    "$py" -m transformer_vq.bench.packing --device cuda --precision bfloat16 --length 8192 \
-      --out "$out/packing-bf16-$day-gpu.json" ;;
-  *) echo "unknown stage $stage: use verify, op or model" >&2; exit 2 ;;
+  all)
+    set -m  # each stage in its own process group, so its limit stops its children (benchmark cells) too
+    timed verify "${VERIFY_S:-170}"; pack
+    timed op "${OP_S:-190}"; pack
+    timed model "${MODEL_S:-170}"; pack ;;
+  verify|op|model) machine; "$stage" ;;
+  *) echo "unknown stage $stage: use all, verify, op or model" >&2; exit 2 ;;
 esac

@@ -20,7 +20,15 @@ TINY = ["--d-k", "16", "--d-v", "32", "--n-code", "16", "--block-len", "16", "--
 METHODS = ["vq-serial", "vq-matmul", "vq-assoc", "vq-triton", "vq-qk", "sdpa", "full", "flash"]
 
 
-@pytest.mark.parametrize("extra", [[], ["--torch-compile", "--no-isolate"]], ids=["eager-isolated", "compiled"])
+# Every method in its own process, and every method compiled, take minutes on a GPU machine (a fresh process per
+# cell imports torch and starts CUDA; inductor compiles each method): slow, so that the GPU checks of a lent
+# machine's short lease (benchmarks/gpu_session.sh verify) run the in-process eager case and the full set runs with
+# `pytest -m gpu`.
+@pytest.mark.parametrize("extra", [
+    ["--no-isolate"],
+    pytest.param([], marks=pytest.mark.slow, id="eager-isolated"),
+    pytest.param(["--torch-compile", "--no-isolate"], marks=pytest.mark.slow, id="compiled"),
+], ids=["eager-in-process", "eager-isolated", "compiled"])
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
 def test_bench_op_on_cuda(tmp_path, capsys, precision, extra):
     argv = ["bench", "op", "--device", "cuda", "--precision", precision, "--methods", *METHODS, *TINY, *extra,
@@ -34,7 +42,7 @@ def test_bench_op_on_cuda(tmp_path, capsys, precision, extra):
         # the yardstick ran on the GPU: any GPU multiplies faster than 1 TFLOP/s, no CPU core does
         assert row["matmul_gflops"] > 1000, row
         assert row["cuda_peak_bytes"] > 0 and row["forward_s"] > 0 and row["fwd_bwd_s"] > 0
-    twins = {m + "+compile" for m in METHODS} if extra else set()
+    twins = {m + "+compile" for m in METHODS} if "--torch-compile" in extra else set()
     assert {p["method"] for p in result["paired"]} == set(METHODS) | twins
 
 
@@ -42,9 +50,10 @@ def test_bench_op_on_cuda(tmp_path, capsys, precision, extra):
 def test_bench_train_and_decode_on_cuda(tmp_path, capsys, precision):
     sizes = ["--d-model", "32", "--d-k", "16", "--d-v", "32", "--n-code", "16", "--block-len", "16"]
     train = ["bench", "train", "--device", "cuda", "--precision", precision, "--models", "vq/shga", "full/shga",
-             "--lengths", "64", "128", "--repeats", "1", *sizes, "--out", str(tmp_path), "--name", "train"]
+             "--lengths", "64", "128", "--repeats", "1", *sizes, "--no-isolate", "--out", str(tmp_path),
+             "--name", "train"]  # in process: a fresh process per cell costs seconds of a lent GPU's lease each
     decode = ["bench", "decode", "--device", "cuda", "--precision", precision, "--contexts", "64", "256",
-              "--new-tokens", "2", *sizes, "--out", str(tmp_path), "--name", "decode"]
+              "--new-tokens", "2", *sizes, "--no-isolate", "--out", str(tmp_path), "--name", "decode"]
     assert main(train) == 0 and main(decode) == 0
     capsys.readouterr()
     trained = json.loads((tmp_path / "train.json").read_text())
