@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import textwrap
 from pathlib import Path
 
 from transformer_vq import fileio
@@ -72,7 +73,7 @@ def plot(result: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
     kinds = {}
     for (kind, n_code), rows in _groups(result).items():
         kinds.setdefault(kind, []).append((n_code, [r["bits_per_byte"] for r in rows]))
@@ -85,8 +86,8 @@ def plot(result: dict, path: Path) -> Path:
     sizes = sorted({n_code for points in kinds.values() for n_code, _ in points})
     ax.set_xticks(sizes, [str(n_code) for n_code in sizes])
     ax.set_xlabel("codebook size S")
-    ax.set_ylabel("validation bits per byte (mean of seeds; dots: seeds)")
-    ax.set_title(result["notes"].get("title", "bpb against codebook size"), fontsize=9)
+    ax.set_ylabel("validation bpb (line: mean; dots: seeds)")
+    ax.set_title(textwrap.fill(result["notes"].get("title", "bpb against codebook size"), 80), fontsize=7)
     ax.legend(fontsize=8)
     fig.tight_layout()
     written = fileio.save_png(fig, path, dpi=120)
