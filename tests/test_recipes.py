@@ -59,7 +59,8 @@ def test_a_preset_over_a_resumed_config_keeps_its_training_fields_and_drops_the_
 
 def test_listops_takes_its_recipe():
     cfg = build(train={"data": "listops"})
-    assert (cfg.model.norm, cfg.model.dropout, cfg.train.lr, cfg.train.grad_clip) == ("batch", 0.0, 5e-3, 1.0)
+    assert (cfg.model.norm, cfg.model.dropout, cfg.model.block_len, cfg.train.lr, cfg.train.grad_clip) == (
+        "batch", 0.0, 64, 5e-3, 1.0)
     assert cfg.recipe == {"model": dict(find_recipe("longvq", "listops").model),
                           "train": dict(find_recipe("longvq", "listops").train)}
     assert build(train={"data": "listops", "arch": "transformer"}).recipe == {}
