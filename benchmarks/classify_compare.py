@@ -5,7 +5,8 @@ transformer, tvq) and seed S, each in its own run directory and its own process,
 model fields, data, steps, batch and learning rate; then evaluates each run's best-validation
 checkpoint on the test split. A finished cell (its test result saved) is skipped when the script is
 run again, so a killed comparison continues where it stopped. Writes a JSON record, a markdown table
-(test accuracy per architecture: each seed, mean and spread) and a PNG.
+(test accuracy per architecture: each seed, mean and spread; then every cell's validation accuracy at each
+evaluation with the training steps' seconds up to it) and a PNG of those learning curves against steps and seconds.
 
 Example (the sequential Fashion-MNIST comparison of docs/longvq.md)::
 
