@@ -5,7 +5,8 @@ transformer, tvq) and seed S, each in its own run directory and its own process,
 model fields, data, steps, batch and learning rate; then evaluates each run's best-validation
 checkpoint on the test split. A finished cell (its test result saved) is skipped when the script is
 run again, so a killed comparison continues where it stopped. Writes a JSON record, a markdown table
-(test accuracy per architecture: each seed, mean and spread) and a PNG.
+(test accuracy per architecture: each seed, mean and spread; then every cell's validation accuracy at each
+evaluation with the training steps' seconds up to it) and a PNG of those learning curves against steps and seconds.
 
 Example (the sequential Fashion-MNIST comparison of docs/longvq.md)::
 
@@ -62,8 +63,18 @@ def run_cell(data: str, arch: str, seed: int, run_dir: Path, train_flags: list[s
 
 
 def _validation_curve(metrics: Path) -> list[dict]:
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    return [{"step": r["step"], "accuracy": r["accuracy"]} for r in rows if r.get("eval") == "validation"]
+    """Validation accuracy at each evaluation, with the training steps' own seconds up to it (no evaluations, data or
+    checkpoints: the wall-clock axis of a learning curve)."""
+    curve, seconds = [], 0.0
+    for line in metrics.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if row.get("eval") == "validation":
+            curve.append({"step": row["step"], "accuracy": row["accuracy"], "train_seconds": round(seconds, 2)})
+        elif "eval" not in row:
+            seconds += row.get("seconds", 0.0)
+    return curve
 
 
 def summarize(results: list[dict]) -> dict[str, dict]:
@@ -97,22 +108,35 @@ def markdown(data: str, table: dict[str, dict], train_flags: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def curve_markdown(results: list[dict]) -> str:
+    """Validation accuracy at every evaluation of every cell, with its training seconds: the learning curves."""
+    lines = ["| cell | " + " | ".join(f"step {c['step']}" for c in results[0]["validation"]) + " |",
+             "|---|" + "---:|" * len(results[0]["validation"])]
+    for r in results:
+        cells = [f"{c['accuracy']:.1%}" + (f" ({c['train_seconds']:.0f} s)" if "train_seconds" in c else "")
+                 for c in r["validation"]]
+        lines.append(f"| {r['arch']}, seed {r['seed']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(data: str, results: list[dict], path: Path) -> None:
     """Validation accuracy over steps, one line per cell, coloured by architecture."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     colours = dict(zip(ARCHS, ("tab:blue", "tab:orange", "tab:green")))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for r in results:
-        curve = r["validation"]
-        ax.plot([c["step"] for c in curve], [c["accuracy"] for c in curve], marker="o",
-                color=colours.get(r["arch"]), label=f"{r['arch']} (seed {r['seed']})")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("validation accuracy")
-    ax.set_title(f"{data}: LongVQ vs baselines, same budget")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    timed = all("train_seconds" in c for r in results for c in r["validation"])  # cells recorded before had no time
+    fig, axes = plt.subplots(1, 1 + timed, figsize=(6 + 5 * timed, 4), squeeze=False)
+    for ax, x, label in zip(axes[0], ("step", "train_seconds"), ("training step", "training seconds (steps only)")):
+        for r in results:
+            curve = r["validation"]
+            ax.plot([c[x] for c in curve], [c["accuracy"] for c in curve], marker="o",
+                    color=colours.get(r["arch"]), label=f"{r['arch']} (seed {r['seed']})")
+        ax.set_xlabel(label)
+        ax.set_ylabel("validation accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{data}: LongVQ vs baselines, same budget")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -141,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     record = {"machine": machine_info(measure_peak=False), "data": args.data, "train_flags": train_flags, "summary": table,
               "cells": results}
     out.with_suffix(".json").write_text(json.dumps(record, indent=1))
-    out.with_suffix(".md").write_text(markdown(args.data, table, train_flags))
+    out.with_suffix(".md").write_text(markdown(args.data, table, train_flags) + "\nValidation accuracy by step "
+                                      "(training seconds, steps only):\n\n" + curve_markdown(results))
     plot(args.data, results, out.with_suffix(".png"))
     print(markdown(args.data, table, train_flags))
     return 0

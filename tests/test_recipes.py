@@ -35,7 +35,7 @@ def test_the_users_fields_win_and_are_not_recorded_as_the_recipes():
 @pytest.mark.parametrize("kwargs", [
     {"preset": "small", "train": {"data": "digits"}},  # a preset: the bare preset and the training defaults
     {"train": {"data": "digits", "arch": "transformer"}},  # no recipe for this arch
-    {"train": {"data": "listops"}},  # nor for this dataset
+    {"train": {"data": "pathfinder"}},  # nor for this dataset
     {"model": {"causal": True}, "train": {"data": "digits"}},  # recipes are an encoder's (batch norm)
 ], ids=["preset", "other-arch", "other-data", "causal"])
 def test_no_recipe(kwargs):
@@ -55,6 +55,15 @@ def test_a_preset_over_a_resumed_config_keeps_its_training_fields_and_drops_the_
     base = build(train={"data": "digits"})
     restarted = build(base=base, preset="small")
     assert restarted.recipe == {} and restarted.model.norm == "layer" and restarted.train == base.train
+
+
+def test_listops_takes_its_recipe():
+    cfg = build(train={"data": "listops"})
+    assert (cfg.model.norm, cfg.model.dropout, cfg.model.block_len, cfg.train.lr, cfg.train.grad_clip) == (
+        "batch", 0.0, 64, 5e-3, 1.0)
+    assert cfg.recipe == {"model": dict(find_recipe("longvq", "listops").model),
+                          "train": dict(find_recipe("longvq", "listops").train)}
+    assert build(train={"data": "listops", "arch": "transformer"}).recipe == {}
 
 
 def test_every_recipe_builds_a_valid_encoder():
