@@ -29,7 +29,7 @@ from transformer_vq.train.checkpoint.rundir import hold_run_dir
 from transformer_vq.train.device import training_device
 from transformer_vq.train.lm.build import build_model, check_corpus_options, load_corpus_for, save_run_tokenizer
 from transformer_vq.train.lm.carry import from_plain, to_plain
-from transformer_vq.train.lm.evaluate import EvalResult, evaluate_tokens
+from transformer_vq.train.lm.evaluate import EvalResult, evaluate_tokens, trained_history
 from transformer_vq.train.lm.objective import masked_window
 from transformer_vq.train.lm.sample import stream_text
 from transformer_vq.train.parallel.distributed import Distributed, setup_distributed, teardown_distributed
@@ -184,11 +184,13 @@ class LMTrainer(Trainer):
 
     def validate(self) -> EvalResult:
         result = evaluate_tokens(
-            self.model, self.corpus.split("validation"), window_len=self.tc.seq_len,
+            # windows of update_len, as tvq eval reads them: the state makes the result independent of the window
+            # (to rounding), and a window of seq_len tokens on every stream at once held several times the memory
+            self.model, self.corpus.split("validation"), window_len=self.tc.update_len,
             tokens_per_byte=corpus_tokens_per_byte(self.corpus, "validation"),
             tokens_per_word=corpus_tokens_per_word(self.corpus, "validation"), streams=self.tc.eval_streams,
             max_tokens=self.tc.eval_tokens, precision=self.tc.precision, progress=False,
-            carry_tokens=self.tc.seq_len,  # the history the model trains with (tvq eval's default too)
+            carry_tokens=trained_history(self.tc.seq_len, self.tc.update_len),  # the history it trains with
         )
         self.log_eval(result.to_dict())
         return result
