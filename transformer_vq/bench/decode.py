@@ -22,7 +22,7 @@ from transformer_vq.bench.config import DecodeBenchConfig
 from transformer_vq.bench.isolate import host_options, run_cell
 from transformer_vq.bench.machine import machine_info, synchronizer
 from transformer_vq.bench.memory import PeakMemory, rss_bytes
-from transformer_vq.bench.report import memory_text, progress_note
+from transformer_vq.bench.report import memory_text, no_progress, progress_note
 from transformer_vq.config import TransformerVQConfig
 
 QUADRATIC = ("full", "flash_quad")
@@ -91,10 +91,9 @@ def decode_cell(model: str, config: dict) -> dict:
     return {"status": "ok", "contexts": {str(c): r for c, r in rows.items()}}
 
 
-def run_decode_bench(cfg: DecodeBenchConfig, log=print, progress=None) -> dict:
+def run_decode_bench(cfg: DecodeBenchConfig, log=print, progress=no_progress) -> dict:
     """One cell per model (all its contexts); return the JSON-ready result with latency ratios to the shortest context.
     ``progress(result)``, if given, receives the result so far (``complete`` False) after each model's cell."""
-    progress = progress or (lambda result: None)
     result = {"benchmark": "decode", "config": asdict(cfg), "machine": machine_info(), "rows": [], "complete": False}
     rows = result["rows"]
     for model in cfg.models:

@@ -25,7 +25,7 @@ import torch
 from transformer_vq.bench.config import LongVQBenchConfig
 from transformer_vq.bench.isolate import budget_plan, host_options, run_cell
 from transformer_vq.bench.machine import machine_info, median_seconds
-from transformer_vq.bench.report import memory_text, progress_note
+from transformer_vq.bench.report import memory_text, no_progress, progress_note
 # imported with this module, so that their import is part of a cell's baseline memory, not of its peak
 from transformer_vq.models.baselines.classifiers import TransformerEncoderLayer
 from transformer_vq.models.longvq.layer import LongVQBlock
@@ -138,10 +138,9 @@ def ratios(rows: list[dict]) -> list[dict]:
     return out
 
 
-def run_longvq_bench(cfg: LongVQBenchConfig, log=print, progress=None) -> dict:
+def run_longvq_bench(cfg: LongVQBenchConfig, log=print, progress=no_progress) -> dict:
     """Run every (block kind, length) cell of ``cfg``; return the JSON-ready result with machine info and ratios.
     ``progress(result)``, if given, receives the result so far (``complete`` False) after each cell."""
-    progress = progress or (lambda result: None)
     result = {"benchmark": "longvq", "config": asdict(cfg), "machine": machine_info(), "rows": [], "complete": False}
     for kind in cfg.layers:
         _run_kind(kind, cfg, log, result["rows"], lambda: progress(result))

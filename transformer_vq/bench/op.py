@@ -30,7 +30,7 @@ from transformer_vq.bench.machine import machine_info, matmul_gflops, median_sec
 from transformer_vq.bench.memory import PeakMemory
 from transformer_vq.bench.op_methods import (CAUSAL_VQ, DTYPES, baselines_of, forward_flops, is_vq, make_inputs,
                                              method_fn, vq_matmuls)
-from transformer_vq.bench.report import memory_text, progress_note
+from transformer_vq.bench.report import memory_text, no_progress, progress_note
 
 
 def op_cell(method: str, length: int, config: dict, repeats: int, warmup: int, backward: bool) -> dict:
@@ -175,12 +175,11 @@ def _paired_ratio(slower: list[float], faster: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(slower, faster))
 
 
-def run_op_bench(cfg: OpBenchConfig, log=print, progress=None) -> dict:
+def run_op_bench(cfg: OpBenchConfig, log=print, progress=no_progress) -> dict:
     """Run every (method, length) cell of ``cfg``; return the JSON-ready result with machine info and speedups.
 
     ``progress(result)``, if given, receives the result so far (``complete`` False) after each row, so that a run
     stopped part way keeps what it measured."""
-    progress = progress or (lambda result: None)
     result = {"benchmark": "op", "config": asdict(cfg), "machine": machine_info(), "rows": [], "complete": False}
     rows = result["rows"]
     for method in cfg.methods:

@@ -34,7 +34,7 @@ from transformer_vq.bench.isolate import host_options, run_cell
 from transformer_vq.bench.load import OthersLoad, load_summary, load_text
 from transformer_vq.bench.machine import machine_info, median_seconds
 from transformer_vq.bench.memory import PeakMemory
-from transformer_vq.bench.report import memory_text, peak_gib, progress_note
+from transformer_vq.bench.report import memory_text, peak_gib, no_progress, progress_note
 from transformer_vq.config import TransformerVQConfig
 
 QUADRATIC = ("full", "flash_quad")
@@ -134,10 +134,9 @@ def interleaved_cell(config: dict) -> dict:
     return {"status": "ok", "cells": cells}
 
 
-def run_train_bench(cfg: TrainBenchConfig, log=print, progress=None) -> dict:
+def run_train_bench(cfg: TrainBenchConfig, log=print, progress=no_progress) -> dict:
     """Run every (model, length) cell; return the JSON-ready result. ``progress(result)``, if given, receives the
     result so far (``complete`` False) after each cell, so that a run stopped part way keeps what it measured."""
-    progress = progress or (lambda result: None)
     result = {"benchmark": "train", "config": asdict(cfg), "models": list(cfg.models), "machine": machine_info(),
               "rows": [], "complete": False}
     rows = result["rows"]
