@@ -61,8 +61,22 @@ def test_byte_tokenizer_gives_the_library_ids_and_round_trips(exported):
         assert tokenizer.decode(ids) == text, repr(text)
     assert len(tokenizer) == 256 and tokenizer.eos_token_id == tokenizer.pad_token_id == 0
     assert tokenizer.decode(encode_bytes("caf") + [0xC3]) == decode_bytes(encode_bytes("caf") + [0xC3])  # a cut char
-    batch = tokenizer(["ab", "abcd"], padding=True)
-    assert batch["input_ids"] == [[97, 98, 0, 0], [97, 98, 99, 100]] and batch["attention_mask"][0] == [1, 1, 0, 0]
+    batch = tokenizer(["ab", "abcd"], padding=True)  # on the left, as batched generate needs
+    assert batch["input_ids"] == [[0, 0, 97, 98], [97, 98, 99, 100]] and batch["attention_mask"][0] == [0, 0, 1, 1]
+
+
+def test_prompts_the_exported_tokenizer_pads_generate_as_each_alone(trained_run, exported):
+    """The user's first batch: ``model.generate(**tokenizer(prompts, padding=True))`` with the directory's own
+    tokenizer, no padding side chosen, continues every prompt as it continues alone (the library's greedy tokens)."""
+    reference, _, _ = model_from_checkpoint(str(trained_run), device="cpu")
+    tokenizer, model = no_remote_code(exported), AutoModelForCausalLM.from_pretrained(exported, trust_remote_code=True)
+    prompts = ["To be", "or not to be, that is"]
+    batch = tokenizer(prompts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        got = model.generate(**batch, max_new_tokens=12, do_sample=False)[:, batch["input_ids"].shape[1]:]
+    for row, prompt in enumerate(prompts):
+        ids = torch.tensor([encode_bytes(prompt)])
+        assert torch.equal(got[row], reference.generate(ids, 12, temperature=0)[0, ids.shape[1]:]), prompt
 
 
 # The PG-19 test tree of tests/data/test_pg19.py, smaller: books with the characters that matter to SentencePiece.

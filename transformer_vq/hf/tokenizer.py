@@ -67,6 +67,9 @@ def write_tokenizer(directory: Path, tokenizer, special: dict[str, str]) -> list
         "model_max_length": MODEL_MAX_LENGTH,
         "clean_up_tokenization_spaces": False,  # decode returns the text, spaces before punctuation included
         "split_special_tokens": True,
+        # batched generate needs prompts padded on the left (transformers counts right padding into the positions
+        # it passes, which the model refuses); forward and scoring take either side, and lm-eval pads as it needs
+        "padding_side": "left",
         **special,
     }
     (directory / TOKENIZER_CONFIG_FILE).write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
