@@ -78,8 +78,8 @@ def test_full_disk_saves_nothing_unresumable(capsys, corpus, tmp_path, monkeypat
                                         "text file or directory"),
     (["--data", "text", "--data-path", "{fifo}"], "data path {fifo} is neither a regular file nor a directory; pass "
                                                   "a text file or directory"),
-    (["--data", "nope"], "unknown dataset 'nope'; choose one of: shakespeare, text, enwik8, pg19, imagenet64, gcide "
-                         "(e.g. --data shakespeare)"),
+    (["--data", "nope"], "unknown dataset 'nope'; choose one of: shakespeare, text, enwik8, pg19, imagenet64, gcide, "
+                         "or the probe recall (e.g. --data shakespeare)"),
     (["--data-option", "foo"], "--data-option: 'foo' must look like KEY=VALUE, e.g. --data-option "
                                "tokenizer=pg19.model"),
     (["--data-option", "foo=1"], "dataset 'text' has no option 'foo'; its options are: glob, fractions, lines"),

@@ -46,7 +46,8 @@ def list_probes() -> dict[str, str]:
 def loader(name: str):
     """The loader function of corpus or probe ``name`` (``DataError`` for an unknown name)."""
     if name not in CORPORA and name not in PROBES:
-        raise DataError(f"unknown dataset {name!r}; choose one of: {', '.join(CORPORA)} (e.g. --data shakespeare)")
+        raise DataError(f"unknown dataset {name!r}; choose one of: {', '.join(CORPORA)}, or the probe "
+                        f"{', '.join(PROBES)} (e.g. --data shakespeare)")
     module, function, _ = CORPORA[name] if name in CORPORA else PROBES[name]
     return getattr(importlib.import_module(module), function)
 
