@@ -16,6 +16,7 @@ from transformer_vq.config.arch import (ARCHS, CLASSIFY_ARCHS, DEFAULT_PRESET, f
                                         run_context)
 from transformer_vq.config.longvq import CLASSIFY_PRESETS, LongVQConfig
 from transformer_vq.config.recipes import find_recipe
+from transformer_vq.config.jobs import threads_option
 from transformer_vq.config.train import ADAMW, name_problem, retain_host_memory_option
 
 FROM_DATA = ("vocab_size", "n_classes")
@@ -57,7 +58,7 @@ class ClassifyTrainConfig:
     precision: str = option("float32", "'float32' or 'bfloat16' (autocast; parameters stay float32).",
                             choices=PRECISIONS)
     device: str = option("auto", "'auto' (cuda when available), 'cpu' or 'cuda'.", choices=DEVICES)
-    threads: int = option(0, "CPU threads for PyTorch (0 = PyTorch's default).", min=0)
+    threads: int = threads_option()
     retain_host_memory: bool = retain_host_memory_option()
     log_every: int = option(10, "Print a line every this many steps when not on a terminal.", min=1)
     eval_every: int = option(100, "Evaluate on the validation split every this many steps (0 = only at the end).",
@@ -171,3 +172,4 @@ class ClassifyEvalConfig:
     plot: str | None = option(None, "Where to write the confusion-matrix PNG (none: confusion_<split>.png in the "
                                     "run directory).")
     device: str = option("auto", "'auto' (cuda when available), 'cpu' or 'cuda'.", choices=DEVICES)
+    threads: int = threads_option()

@@ -27,6 +27,12 @@ RANDOM = {"temperature": Above(0)}
 DEVICE_HELP = "'auto' (cuda when available), 'cpu' or 'cuda'."
 
 
+def threads_option():
+    """The ``threads`` field of every job that computes (training, evaluation, sampling): PyTorch's CPU threads."""
+    return option(0, "CPU threads for PyTorch (0 = PyTorch's default, one per core); see docs/training.md on shared "
+                     "CPUs.", min=0)
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """Evaluate a checkpoint on a split of its corpus, the state carried within each of its sequences."""
@@ -46,6 +52,7 @@ class EvalConfig:
                                              "was trained with, as training's validation and the authors' evaluation "
                                              "do; 0: carry it across the whole stream).", min=0)
     device: str = option("auto", DEVICE_HELP, choices=DEVICES)
+    threads: int = threads_option()
 
     def __post_init__(self):
         check(self, [eval_tokens_problem("max_tokens", self.max_tokens)])
@@ -78,6 +85,7 @@ class SampleConfig:
                                    "RUN_DIR/samples).", applies=IMAGES)
     num_samples: int = option(4, "Image models: images to sample, as one batch.", min=1, applies=IMAGES)
     device: str = option("auto", DEVICE_HELP, choices=DEVICES)
+    threads: int = threads_option()
 
     def __post_init__(self):
         small = isinstance(self.temperature, (int, float)) and 0 < self.temperature < MIN_TEMPERATURE

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from transformer_vq.config.arch import DEFAULT_ARCH, arch_of, find_arch, run_arch
 from transformer_vq.config.choices import DEVICES, OPTIMIZERS, PARALLELS, PRECISIONS
-from transformer_vq.config.jobs import eval_tokens_problem
+from transformer_vq.config.jobs import eval_tokens_problem, threads_option
 from transformer_vq.config.applies import Above
 from transformer_vq.config.fields import ConfigError, build, check, option
 from transformer_vq.config.longvq import LongVQConfig
@@ -100,8 +100,7 @@ class TrainConfig:
     pack: bool = option(False, "Packed documents: a sequence holds the corpus's documents (Shakespeare's works, a "
                                "text directory's files, PG-19's books) one after another, and no token attends to "
                                "or is predicted from another document; see docs/training.md.")
-    threads: int = option(0, "CPU threads for PyTorch (0 = PyTorch's default, one per core); see "
-                             "docs/training.md on shared CPUs.", min=0)
+    threads: int = threads_option()
     retain_host_memory: bool = retain_host_memory_option()
     log_every: int = option(10, "Print a line every this many steps when not on a terminal (metrics.jsonl gets "
                                 "every step).", min=1)

@@ -16,12 +16,17 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def use_threads(threads: int) -> None:
+    """PyTorch's CPU threads for this process: ``threads``, or PyTorch's default (one per core) for 0."""
+    if threads:
+        torch.set_num_threads(threads)
+
+
 def training_device(cfg) -> torch.device:
     """Set up this process for a training run of ``cfg`` (a task's training config) and return its device:
     PyTorch's CPU threads (``threads``), the device, and on a CPU the host memory kept for reuse
     (``retain_host_memory``; :mod:`transformer_vq.hostmem`)."""
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    use_threads(cfg.threads)
     device = resolve_device(cfg.device)
     if device.type == "cpu" and cfg.retain_host_memory:
         retain_freed_memory()

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from transformer_vq.cli import main
 from transformer_vq.train.checkpoint import latest_checkpoint
@@ -133,3 +134,11 @@ def test_fresh_run_over_checkpoints_and_eval_of_nothing(capsys, trained, tmp_pat
     code, _, err = run_cli(capsys, ["classify", "eval", "--ckpt", str(tmp_path / "none")])
     assert (code, err) == (2, f"error: checkpoint path {tmp_path}/none does not exist; pass a run directory (e.g. "
                               f"runs/default) or one of its checkpoints/step_* directories\n")
+
+
+def test_eval_threads_are_applied(capsys, trained, monkeypatch):
+    """`tvq classify eval --threads N` sets PyTorch's CPU threads, as `tvq classify train --threads` does."""
+    asked = []
+    monkeypatch.setattr(torch, "set_num_threads", asked.append)
+    code, _, _ = run_cli(capsys, ["classify", "eval", "--ckpt", str(trained), "--threads", "1", "--device", "cpu"])
+    assert code == 0 and asked == [1]

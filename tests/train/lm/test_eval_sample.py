@@ -97,3 +97,15 @@ def test_text_stream_holds_back_incomplete_utf8():
     assert pieces == ["a", "", "é", "", "", "€"]
     stream = TextStream(decode)
     assert stream.push(0xE2) == "" and stream.flush() == "\ufffd"
+
+
+@pytest.mark.parametrize("command", [["eval", "--max-tokens", "300"], ["sample", "--max-new-tokens", "5"]])
+def test_threads_of_eval_and_sample_are_applied(trained_run, capsys, monkeypatch, command):
+    """`--threads N` sets PyTorch's CPU threads for the job (left out: PyTorch's default is untouched), as `tvq train
+    --threads` does: a shared CPU needs it for every job that computes, not for training alone."""
+    asked = []
+    monkeypatch.setattr(torch, "set_num_threads", asked.append)
+    assert main([command[0], "--ckpt", str(trained_run), *command[1:], "--threads", "1"]) == 0
+    assert main([command[0], "--ckpt", str(trained_run), *command[1:]]) == 0
+    capsys.readouterr()
+    assert asked == [1]

@@ -16,6 +16,7 @@ from transformer_vq.config import ClassifyEvalConfig
 from transformer_vq.config.jobs import job_config
 from transformer_vq.data.classify import Examples, ordered_batches
 from transformer_vq.train.checkpoint.store import run_dir_of
+from transformer_vq.train.device import use_threads
 from transformer_vq.train.classify.build import check_data_fits, classifier_from_checkpoint, load_classify_data
 
 
@@ -118,6 +119,7 @@ def classify_eval(cfg: ClassifyEvalConfig | str = "runs/classify", **options) ->
     other fields of :class:`ClassifyEvalConfig`) and write its confusion-matrix PNG; the Python form of
     ``tvq classify eval``. The result's ``plot`` is where the picture went."""
     cfg = job_config(ClassifyEvalConfig, cfg, **options)
+    use_threads(cfg.threads)
     model, run_cfg, ckpt = classifier_from_checkpoint(cfg.ckpt, device=cfg.device)
     data = load_classify_data(run_cfg.train, data_path=cfg.data_path)
     check_data_fits(run_cfg, data)

@@ -40,6 +40,7 @@ from transformer_vq.data.metrics import (bits_per_byte, bpb_unit, corpus_tokens_
                                          word_perplexity)
 from transformer_vq.data.recall import spec_of
 from transformer_vq.train.checkpoint.store import run_dir_of
+from transformer_vq.train.device import use_threads
 from transformer_vq.train.inference import evaluating
 from transformer_vq.train.lm.build import load_corpus_for, model_from_checkpoint
 from transformer_vq.train.lm.objective import mask_generator, mask_tokens
@@ -239,6 +240,7 @@ def evaluate(ckpt: str | EvalConfig, **options) -> EvalResult:
     (for data that moved) and ``data_options`` override saved loader options.
     """
     cfg = job_config(EvalConfig, ckpt, **options)
+    use_threads(cfg.threads)
     split = cfg.split
     model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device=cfg.device)
     corpus = load_corpus_for(run_cfg.train, data_path=cfg.data_path, run_dir=run_dir_of(checkpoint),

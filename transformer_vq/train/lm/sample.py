@@ -20,6 +20,7 @@ from transformer_vq.config.choices import IMAGE_CORPORA
 from transformer_vq.config.jobs import job_config
 from transformer_vq.data.codec import BYTE_VOCAB
 from transformer_vq.train.checkpoint.store import run_dir_of
+from transformer_vq.train.device import use_threads
 from transformer_vq.train.inference import evaluating
 from transformer_vq.train.lm.build import codec_for, model_from_checkpoint
 
@@ -98,6 +99,7 @@ def sample(ckpt: str | SampleConfig, prompt: str | None = None, **options) -> It
 def sampler_from_checkpoint(cfg: SampleConfig):
     """``(model, run config, checkpoint)`` of the run ``cfg.ckpt`` names, refused unless it can sample: a causal
     language model, with no option of ``cfg`` that its kind of sample ignores (a prompt for an image model)."""
+    use_threads(cfg.threads)
     model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device=cfg.device, command="sample")
     if not run_cfg.model.causal:
         raise ConfigError(f"--ckpt: {cfg.ckpt} holds an encoder (causal false), which predicts masked tokens from "
