@@ -1,4 +1,4 @@
-"""The README's main job, `tvq train` with no arguments, end to end (about 5 minutes on 2 CPU cores, timed at S = 64;
+"""The README's main job, `tvq train` with no arguments, end to end (about 5 minutes on 2 CPU cores;
 needs the network on first use to fetch the Shakespeare corpus). Run with `python -m pytest -m slow`."""
 
 from __future__ import annotations

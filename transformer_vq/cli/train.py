@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 EPILOG = """examples:
-  tvq train                                     # small model, Shakespeare, ~5 min on 2 CPU cores (timed at S = 64)
+  tvq train                                     # small model, Shakespeare, about 5 minutes on 2 CPU cores
   tvq train --data text --data-path notes/ --name notes --steps 2000
   tvq train --data pg19 --data-path pg19/ --data-option tokenizer=pg19-32k.model --preset pg19
   tvq train --resume auto                       # continue runs/default from its latest checkpoint
@@ -35,7 +35,7 @@ def add_parser(subparsers):
     from transformer_vq.config.flags import add_flags, add_preset_flag, not_empty
 
     parser = subparsers.add_parser(
-        "train", help="train a model (no arguments: small model on Shakespeare, ~5 min on CPU at S = 64)",
+        "train", help="train a model (no arguments: small model on Shakespeare, ~5 min on CPU)",
         description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     presets = {name: None for arch_presets in LM_PRESETS.values() for name in arch_presets}

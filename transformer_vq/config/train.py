@@ -49,8 +49,7 @@ class TrainConfig:
     """How to train: data, batches, optimizer, schedule, checkpoints, logging.
 
     The defaults train the ``small`` model on the Shakespeare corpus in about five minutes on a
-    2-core CPU (timed when the preset had S = 64 codes; a step at S = 256 costs about 1.2 times as much; see
-    docs/training.md).
+    2-core CPU (see docs/training.md).
     """
 
     name: str = option("default", "Run name; the run directory defaults to runs/<name>.",
