@@ -20,9 +20,10 @@ import torch
 
 from transformer_vq.bench.config import DecodeBenchConfig
 from transformer_vq.bench.isolate import host_options, run_cell
-from transformer_vq.bench.machine import machine_info, synchronizer
+from transformer_vq.bench.machine import synchronizer
 from transformer_vq.bench.memory import PeakMemory, rss_bytes
-from transformer_vq.bench.report import memory_text, no_progress, progress_note
+from transformer_vq.bench.report import memory_text, progress_note
+from transformer_vq.bench.result import finish_result, no_progress, start_result
 from transformer_vq.config import TransformerVQConfig
 
 QUADRATIC = ("full", "flash_quad")
@@ -94,7 +95,7 @@ def decode_cell(model: str, config: dict) -> dict:
 def run_decode_bench(cfg: DecodeBenchConfig, log=print, progress=no_progress) -> dict:
     """One cell per model (all its contexts); return the JSON-ready result with latency ratios to the shortest context.
     ``progress(result)``, if given, receives the result so far (``complete`` False) after each model's cell."""
-    result = {"benchmark": "decode", "config": asdict(cfg), "machine": machine_info(), "rows": [], "complete": False}
+    result = start_result("decode", cfg)
     rows = result["rows"]
     for model in cfg.models:
         cell = run_cell("transformer_vq.bench.decode:decode_cell", {"model": model, "config": asdict(cfg)},
@@ -111,8 +112,7 @@ def run_decode_bench(cfg: DecodeBenchConfig, log=print, progress=no_progress) ->
         for r in done:
             r["latency_vs_shortest"] = r["per_token_s"] / done[0]["per_token_s"]
         progress(result)
-    result.update(load_average_end=machine_info(measure_peak=False)["load_average_start"], complete=True)
-    return result
+    return finish_result(result)
 
 
 def _line(row: dict) -> str:

@@ -24,8 +24,9 @@ import torch
 
 from transformer_vq.bench.config import LongVQBenchConfig
 from transformer_vq.bench.isolate import budget_plan, host_options, run_cell
-from transformer_vq.bench.machine import machine_info, median_seconds
-from transformer_vq.bench.report import memory_text, no_progress, progress_note
+from transformer_vq.bench.machine import median_seconds
+from transformer_vq.bench.report import memory_text, progress_note
+from transformer_vq.bench.result import finish_result, no_progress, start_result
 # imported with this module, so that their import is part of a cell's baseline memory, not of its peak
 from transformer_vq.models.baselines.classifiers import TransformerEncoderLayer
 from transformer_vq.models.longvq.layer import LongVQBlock
@@ -141,12 +142,10 @@ def ratios(rows: list[dict]) -> list[dict]:
 def run_longvq_bench(cfg: LongVQBenchConfig, log=print, progress=no_progress) -> dict:
     """Run every (block kind, length) cell of ``cfg``; return the JSON-ready result with machine info and ratios.
     ``progress(result)``, if given, receives the result so far (``complete`` False) after each cell."""
-    result = {"benchmark": "longvq", "config": asdict(cfg), "machine": machine_info(), "rows": [], "complete": False}
+    result = start_result("longvq", cfg)
     for kind in cfg.layers:
         _run_kind(kind, cfg, log, result["rows"], lambda: progress(result))
-    result.update(ratios=ratios(result["rows"]), load_average_end=machine_info(measure_peak=False)["load_average_start"],
-                  complete=True)
-    return result
+    return finish_result(result, ratios=ratios(result["rows"]))
 
 
 def _line(row: dict) -> str:

@@ -26,11 +26,12 @@ import torch
 from transformer_vq.bench.config import OpBenchConfig
 from transformer_vq.bench.isolate import budget_plan, host_options, run_cell
 from transformer_vq.bench.load import OthersLoad, load_summary, load_text
-from transformer_vq.bench.machine import machine_info, matmul_gflops, median_seconds
+from transformer_vq.bench.machine import matmul_gflops, median_seconds
 from transformer_vq.bench.memory import PeakMemory
 from transformer_vq.bench.op_methods import (CAUSAL_VQ, DTYPES, baselines_of, forward_flops, is_vq, make_inputs,
                                              method_fn, vq_matmuls)
-from transformer_vq.bench.report import memory_text, no_progress, progress_note
+from transformer_vq.bench.report import memory_text, progress_note
+from transformer_vq.bench.result import finish_result, no_progress, start_result
 
 
 def op_cell(method: str, length: int, config: dict, repeats: int, warmup: int, backward: bool) -> dict:
@@ -180,7 +181,7 @@ def run_op_bench(cfg: OpBenchConfig, log=print, progress=no_progress) -> dict:
 
     ``progress(result)``, if given, receives the result so far (``complete`` False) after each row, so that a run
     stopped part way keeps what it measured."""
-    result = {"benchmark": "op", "config": asdict(cfg), "machine": machine_info(), "rows": [], "complete": False}
+    result = start_result("op", cfg)
     rows = result["rows"]
     for method in cfg.methods:
         last = None  # (length, forward_s, fwd_bwd_s) of the last cell that ran, for estimates
@@ -217,10 +218,7 @@ def run_op_bench(cfg: OpBenchConfig, log=print, progress=no_progress) -> dict:
             rows.append(row)
             log(_line(row))
             progress(result)
-    result["speedups"] = speedups(rows)
-    result["paired"] = run_paired(cfg, log)
-    result.update(load_average_end=machine_info(measure_peak=False)["load_average_start"], complete=True)
-    return result
+    return finish_result(result, speedups=speedups(rows), paired=run_paired(cfg, log))
 
 
 def speedups(rows: list[dict]) -> list[dict]:

@@ -39,10 +39,6 @@ def failed_cells(result: dict) -> list[tuple[str, str]]:
             for row in result["rows"] if row.get("status") not in ("ok", "skipped")]
 
 
-def no_progress(result: dict) -> None:
-    """The benchmarks' default ``progress``: a caller that does not save partial results (tests, Python use)."""
-
-
 def progress_note(row: dict, skipped: str) -> str | None:
     """The progress line's text for a cell that was not measured: ``skipped (...)`` with ``skipped`` formatted
     from the row (e.g. ``"est. forward {estimated_forward_s:.0f} s"``), or its failure; None for a measured cell."""

@@ -32,9 +32,10 @@ import torch
 from transformer_vq.bench.config import TrainBenchConfig
 from transformer_vq.bench.isolate import host_options, run_cell
 from transformer_vq.bench.load import OthersLoad, load_summary, load_text
-from transformer_vq.bench.machine import machine_info, median_seconds
+from transformer_vq.bench.machine import median_seconds
 from transformer_vq.bench.memory import PeakMemory
-from transformer_vq.bench.report import memory_text, peak_gib, no_progress, progress_note
+from transformer_vq.bench.report import memory_text, peak_gib, progress_note
+from transformer_vq.bench.result import finish_result, no_progress, start_result
 from transformer_vq.config import TransformerVQConfig
 
 QUADRATIC = ("full", "flash_quad")
@@ -137,16 +138,13 @@ def interleaved_cell(config: dict) -> dict:
 def run_train_bench(cfg: TrainBenchConfig, log=print, progress=no_progress) -> dict:
     """Run every (model, length) cell; return the JSON-ready result. ``progress(result)``, if given, receives the
     result so far (``complete`` False) after each cell, so that a run stopped part way keeps what it measured."""
-    result = {"benchmark": "train", "config": asdict(cfg), "models": list(cfg.models), "machine": machine_info(),
-              "rows": [], "complete": False}
+    result = start_result("train", cfg, models=list(cfg.models))
     rows = result["rows"]
     if cfg.interleaved:
         rows += _run_interleaved(cfg, log)
     else:
         _run_cells(cfg, log, rows, lambda: progress(result))
-    result.update(scaling=[s for s in (scaling(rows, model) for model in cfg.models) if s],
-                  load_average_end=machine_info(measure_peak=False)["load_average_start"], complete=True)
-    return result
+    return finish_result(result, scaling=[s for s in (scaling(rows, model) for model in cfg.models) if s])
 
 
 def _run_cells(cfg: TrainBenchConfig, log, rows: list[dict], saved) -> None:

@@ -1,7 +1,7 @@
 """`tvq export`: convert a training run's model into a Hugging Face ``transformers`` directory (``--format hf``,
 with its tokenizer and remote code: ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` and
-``AutoTokenizer.from_pretrained(DIR, trust_remote_code=False)`` load it anywhere the library is installed) or one consolidated
-model.safetensors with the library's config.json (``--format safetensors``). The flags are the fields of
+``AutoTokenizer.from_pretrained(DIR, trust_remote_code=False)`` load it anywhere the library is installed) or one
+consolidated model.safetensors with the library's config.json (``--format safetensors``). The flags are the fields of
 ``transformer_vq.config.jobs.ExportConfig``."""
 
 from __future__ import annotations
