@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from opsutil import assert_same_state, make_vq_inputs, vq_grid_id
+from opsutil import DOC_STARTS, assert_same_state, doc_start_mask, make_vq_inputs, vq_grid_id
 
 from transformer_vq.config import REDUCTIONS
-from transformer_vq.ops.vq import vq_attention, vq_attention_blockwise
+from transformer_vq.ops.vq import attention, vq_attention, vq_attention_blockwise
+from transformer_vq.ops.vq.kernels import attend_blocks
 
 
 def run_in_pieces(inputs, bounds, L, **options):
@@ -57,3 +58,27 @@ def test_state_detach_cuts_the_graph():
     detached = state.detach()
     assert not detached.cache_mean.requires_grad and detached.offset == state.offset
     assert detached.nbytes() == state.nbytes() > 0
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("documents", [False, True], ids=["one-document", "packed"])
+@pytest.mark.parametrize("rows", [1, 40])
+def test_no_grad_segments_equal_one_call(monkeypatch, reduction, documents, rows):
+    """Without autograd whole blocks go through the kernel a few blocks at a time (``SEGMENT_ROWS``), the state
+    carried; that is the same computation as one call under autograd, to the last bit of float64 that the reduction
+    allows, and the state after it is the same."""
+    B, H, G, T, L, S = 2, 2, 1, 75, 4, 5
+    q, k_hat, z, v, codebook, bias = make_vq_inputs(B, H, G, T, L, S)
+    doc_start = doc_start_mask(DOC_STARTS, T) if documents else None
+    options = dict(block_len=L, z=z, codebook=codebook, reduction=reduction, doc_start=doc_start)
+    monkeypatch.setattr(attention, "SEGMENT_ROWS", rows)  # 1 or 2 blocks a segment (B H L = 16 rows a block)
+    recording = v.clone().requires_grad_(True)
+    want, want_state = vq_attention(q, k_hat, recording, bias, **options)
+    calls = []
+    monkeypatch.setattr(attention, "attend_blocks", lambda *a: calls.append(a[0].shape[2]) or attend_blocks(*a))
+    with torch.no_grad():
+        got, state = vq_attention(q, k_hat, v, bias, **options)
+    per_segment, blocks = max(1, rows // (B * H * L)), T // L  # the last T % L queries: attend_within_block
+    assert calls == [per_segment * L] * (blocks // per_segment) + [blocks % per_segment * L] * (blocks % per_segment > 0)
+    torch.testing.assert_close(got, want.detach(), rtol=1e-12, atol=1e-12)
+    assert_same_state(state, want_state.detach(), 1e-12)

@@ -144,7 +144,9 @@ class GatedAttentionUnit(nn.Module):
                             keys=keys, queries=queries, query_shift=shift, table=self._held_code_table(queries, shift),
                             context_parallel=context_parallel, doc_start=doc_start)
 
-        # The gate is made after the attention, so that it is not held through the attention's peak.
+        # The gate is made after the attention, so that it is not held through the attention's peak, and the
+        # attention's inputs are let go first (without autograd nothing else holds them: 0.3 GiB at 32k tokens).
+        del q, k, v, bias, keys, queries
         gate = _silu(self.w_g(x_tilde))  # (B, T, Dv)
         out = out.transpose(1, 2).reshape(B, T, H * Dvh)  # (B, T, Dv)
         out = out * gate if gate.requires_grad or out.requires_grad else gate.mul_(out)
