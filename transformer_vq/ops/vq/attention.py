@@ -71,33 +71,44 @@ def vq_attention(
     state, doc_start = _starting_state(state, doc_start, q, v, codebook)
     blocks_kernel = _blocks_kernel(backend, q, code_scores, compressive_cache)
     codebook = codebook.detach()
-    recording = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_hat, v, bias, code_scores)
-                                                 if t is not None)
-    max_blocks = T // L if recording else max(1, SEGMENT_ROWS // (q.shape[0] * q.shape[1] * L))
-    outs, out_all, start = [], None, 0
-    while start < T:
-        in_block = state.offset % L
-        if in_block != 0 or T - start < L:
-            stop = start + min(L - in_block, T - start)
-            kernel = attend_within_block
+    # Under autograd one piece of whole blocks (the backward keeps every piece's tensors anyway); without it, pieces
+    # of SEGMENT_ROWS' worth of blocks, written into one output as they come.
+    recording = _recording(q, k_hat, v, bias, code_scores)
+    per_piece = T // L if recording else max(1, SEGMENT_ROWS // (q.shape[0] * q.shape[1] * L))
+    pieces, outs = _segments(state.offset, T, L, per_piece), []
+    out = None if recording or len(pieces) == 1 else q.new_empty(*q.shape[:3], v.shape[-1])
+    for piece, whole_blocks in pieces:
+        kernel = blocks_kernel if whole_blocks else attend_within_block
+        piece_out, state = kernel(q[:, :, piece], k_hat[:, :, piece], z[:, :, piece], v[:, :, piece], codebook,
+                                  bias[:, :, piece], L, state, reduction,
+                                  None if code_scores is None else code_scores[:, :, piece], compressive_cache,
+                                  None if doc_start is None else doc_start[:, piece])
+        if out is None:
+            outs.append(piece_out)
         else:
-            stop = start + min((T - start) // L, max_blocks) * L
-            kernel = blocks_kernel
-        piece = slice(start, stop)
-        out, state = kernel(q[:, :, piece], k_hat[:, :, piece], z[:, :, piece], v[:, :, piece], codebook,
-                            bias[:, :, piece], L, state, reduction,
-                            None if code_scores is None else code_scores[:, :, piece], compressive_cache,
-                            None if doc_start is None else doc_start[:, piece])
-        if recording or (start == 0 and stop == T):
-            outs.append(out)
-        else:  # written into one output as it comes: no list of pieces beside the concatenation
-            if out_all is None:
-                out_all = out.new_empty(*out.shape[:2], T, out.shape[-1])
-            out_all[:, :, piece] = out
+            out[:, :, piece] = piece_out
+    return (out if out is not None else outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), state
+
+
+def _recording(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd records an op on these tensors (``None`` entries skipped)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _segments(offset: int, T: int, L: int, max_blocks: int) -> list[tuple[slice, bool]]:
+    """The pieces of a call of ``T`` queries from position ``offset``, each with whether it is whole blocks (else it
+    lies inside one block): the head up to the first block boundary, runs of at most ``max_blocks`` whole blocks, and
+    a short tail."""
+    pieces, start = [], 0
+    while start < T:
+        in_block = (offset + start) % L
+        if in_block != 0 or T - start < L:
+            stop, whole_blocks = start + min(L - in_block, T - start), False
+        else:
+            stop, whole_blocks = start + min((T - start) // L, max_blocks) * L, True
+        pieces.append((slice(start, stop), whole_blocks))
         start = stop
-    if out_all is not None:
-        return out_all, state
-    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), state
+    return pieces
 
 
 SEGMENT_ROWS = 4096
