@@ -12,7 +12,9 @@ every mode's call goes to one side and then the other (the first side alternates
 state; the figure is the median. Each call also reports its worker's peak RSS (the high-water mark reset right before
 it; transformer_vq/bench/memory.py): the table gives each side's highest over its timed calls of a mode, and the
 others' load (runnable threads of other processes) sampled meanwhile. Prints a markdown table (seconds, speedup =
-authors' time / ours, peak RSS of both sides, growth from 8k to 32k) and writes ``NAME.json`` and ``NAME.md`` under ``--out`` with the machine, commits and versions.
+authors' time / ours, peak RSS of both sides, growth from 8k to 32k), a second one setting both sides against the
+fp32 matmul rate (the FLOPs of the layer's products per second, and the share of the rate that twice the authors'
+speed would need), and writes ``NAME.json`` and ``NAME.md`` under ``--out`` with the machine, commits and versions.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from authors_bridge import (add_authors_flags, authors_params, authors_source, g
                             require_authors)
 from transformer_vq import GatedAttentionUnit
 from transformer_vq.bench.load import OthersLoad, load_text
-from transformer_vq.bench.machine import load_average, machine_info
+from transformer_vq.bench.machine import load_average, machine_info, matmul_gflops
 from transformer_vq.config import PRESETS
 from transformer_vq.config.fields import parse_scalar
 from worker_protocol import MODES
@@ -106,12 +108,14 @@ def start_workers(args, work: Path) -> tuple[dict[str, Worker], dict]:
     return {"ours": ours, "authors": authors}, setup
 
 
-def interleave(workers: dict[str, Worker], length: int, repeats: int) -> dict:
+def interleave(workers: dict[str, Worker], length: int, repeats: int, count_with: str | None = None) -> dict:
     """Every worker's calls of length ``length``, interleaved call by call: each round runs every mode on every
     worker, the first worker rotating from round to round. Returns each worker's warm-up reply and, per (worker,
-    mode), the seconds and peaks of its timed calls, and the others' load meanwhile."""
+    mode), the seconds and peaks of its timed calls, and the others' load meanwhile; with ``count_with``, also the
+    FLOPs of each mode as that worker counts them (once, untimed, before the rounds)."""
     names = list(workers)
     warmup = {name: workers[name].ask(cmd="prepare", T=length) for name in names}
+    flops = workers[count_with].ask(cmd="flops", T=length)["flops"] if count_with else None
     samples = {(name, mode): [] for name in names for mode in MODES}
     peaks = {(name, mode): [] for name in names for mode in MODES}
     with OthersLoad() as load:
@@ -124,25 +128,35 @@ def interleave(workers: dict[str, Worker], length: int, repeats: int) -> dict:
                     peaks[name, mode].append(reply["peak"])
     for name in names:
         workers[name].ask(cmd="drop", T=length)
-    return {"warmup": warmup, "samples": samples, "peaks": peaks, "others_load": load.summary()}
+    return {"warmup": warmup, "samples": samples, "peaks": peaks, "others_load": load.summary(), "flops": flops}
 
 
 def measure(workers: dict[str, Worker], length: int, repeats: int, log) -> list[dict]:
-    """The rows of one length: each mode's samples on both sides, interleaved call by call."""
-    run = interleave(workers, length, repeats)
+    """The rows of one length: each mode's samples on both sides, interleaved call by call, and each side's share of
+    the fp32 matmul rate (measured right after the rounds), with what twice the authors' speed would need: the FLOPs
+    of our call (its matrix products, transformer_vq/bench/flops.py; the authors' layer computes the same function,
+    and its share is taken at our count) over half the authors' time."""
+    run = interleave(workers, length, repeats, count_with="ours")
     samples, peaks, warmup, load = run["samples"], run["peaks"], run["warmup"], run["others_load"]
+    rate = matmul_gflops(torch.float32) * 1e9
     rows = []
     for mode in MODES:
         ours, theirs = (statistics.median(samples[side, mode]) for side in SIDES)
+        flops = run["flops"][mode]
         # each side's peak RSS over its timed calls of this mode (the warm-up's is kept apart: it compiles)
         peak = {side: max(p["peak_rss_bytes"] for p in peaks[side, mode]) for side in SIDES}
         rows.append({"T": length, "mode": mode, "ours_s": ours, "authors_s": theirs, "speedup": theirs / ours,
                      "ours_peak_rss_bytes": peak["ours"], "authors_peak_rss_bytes": peak["authors"],
                      "memory_ratio": peak["ours"] / peak["authors"], "others_load": load,
+                     "flops": flops, "matmul_flops_per_s": rate, "ours_of_matmul": flops / ours / rate,
+                     "authors_of_matmul": flops / theirs / rate, "twice_authors_needs": 2 * flops / theirs / rate,
                      "ours_samples": samples["ours", mode], "authors_samples": samples["authors", mode],
                      "ours_peaks": peaks["ours", mode], "authors_peaks": peaks["authors", mode],
                      "warmup_s": {side: warmup[side]["warmup_s"][mode] for side in SIDES},
                      "warmup_peak": {side: warmup[side]["warmup_peak"][mode] for side in SIDES}})
+        log(f"T={length} {mode}: {flops / 1e9:.1f} GFLOP of products, matmul {rate / 1e9:.1f} GFLOP/s: ours at "
+            f"{flops / ours / rate:.0%} of it, authors at {flops / theirs / rate:.0%}; twice the authors' speed needs "
+            f"{2 * flops / theirs / rate:.0%}")
         log(f"T={length} {mode}: ours {ours:.3f} s, authors {theirs:.3f} s, speedup {theirs / ours:.2f}x; peak RSS "
             f"ours {peak['ours'] / 2**30:.2f} GiB, authors {peak['authors'] / 2**30:.2f} GiB; {load_text(load)}")
     return rows
@@ -170,6 +184,15 @@ def table(result: dict) -> str:
                      f"| {r['ours_peak_rss_bytes'] / 2**30:.2f} | {r['authors_peak_rss_bytes'] / 2**30:.2f} "
                      f"| {r['memory_ratio']:.2f}x | {load.get('others_runnable_mean')} / "
                      f"{load.get('others_runnable_max')} |")
+    lines += ["", "Against the fp32 matmul rate (measured after each length's rounds): the FLOPs of the layer's matrix "
+                  "products (counted on our side; the authors' layer computes the same function, and its column uses "
+                  "our count) per second of each side, and the share of the rate that twice the authors' speed would "
+                  "need (over 100%: out of reach on this machine, however little else the layer did).", "",
+              "| T | mode | GFLOP | matmul GFLOP/s | ours | authors' | 2x the authors' needs |",
+              "|---:|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['T']} | {r['mode']} | {r['flops'] / 1e9:.1f} | {r['matmul_flops_per_s'] / 1e9:.1f} "
+              f"| {r['ours_of_matmul']:.0%} | {r['authors_of_matmul']:.0%} | {r['twice_authors_needs']:.0%} |"
+              for r in result["rows"]]
     if result["growth"]:
         low, high = result["growth_lengths"]
         lines += ["", f"Growth of the time from T = {low} to T = {high} (linear: {high / low:g}x):", "",

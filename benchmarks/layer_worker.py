@@ -18,6 +18,7 @@ import numpy
 import torch
 
 from transformer_vq import GatedAttentionUnit
+from transformer_vq.bench.flops import count_flops
 from transformer_vq.config import TransformerVQConfig
 from transformer_vq.hostmem import retain_freed_memory
 from worker_protocol import serve
@@ -57,7 +58,7 @@ def main() -> None:
         return layer_calls(unit, torch.randn(args.batch, length, cfg.d_model, generator=torch.Generator().manual_seed(0)))
 
     serve(prepare, {"side": "ours-torch", "torch": torch.__version__, "numpy": numpy.__version__,
-                    "python": platform.python_version(), "torch_threads": torch.get_num_threads()})
+                    "python": platform.python_version(), "torch_threads": torch.get_num_threads()}, count=count_flops)
 
 
 if __name__ == "__main__":

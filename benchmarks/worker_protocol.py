@@ -13,6 +13,8 @@ A ``peak`` is the worker process's memory over that call (transformer_vq/bench/m
 standard library only): ``peak_rss_bytes`` (the RSS high-water mark, reset right before the call),
 ``peak_rss_rise_bytes`` (its rise over the RSS before the call) and ``peak_rss_source``. The peak is read after the
 timer stops, so it costs the timing nothing.
+- ``{"cmd": "flops", "T": T}``: the FLOPs of each mode's call (untimed); replies ``{"flops": {mode: n}}``, or an
+  error from a worker that does not count them.
 - ``{"cmd": "drop", "T": T}``: forget length ``T`` (its memory); ``{"cmd": "quit"}`` ends the worker.
 
 The first line a worker writes is its ``hello`` (versions, threads). Errors reply ``{"error": text}``.
@@ -53,8 +55,9 @@ def timed(fn: Callable[[], None]) -> tuple[float, dict]:
     return seconds, peak.figures()
 
 
-def serve(prepare: Callable[[int], dict], hello: dict) -> None:
-    """Answer requests until ``quit`` or end of input; ``prepare(T)`` gives ``{mode: fn}`` for the modes."""
+def serve(prepare: Callable[[int], dict], hello: dict, count: Callable[[Callable], int] | None = None) -> None:
+    """Answer requests until ``quit`` or end of input; ``prepare(T)`` gives ``{mode: fn}`` for the modes, ``count(fn)``
+    the FLOPs of one call of ``fn`` (``None``: this worker does not count)."""
     out, sys.stdout = sys.stdout, sys.stderr  # only replies go to the controller
 
     def reply(message: dict) -> None:
@@ -76,6 +79,10 @@ def serve(prepare: Callable[[int], dict], hello: dict) -> None:
             elif request["cmd"] == "run":
                 seconds, peak = timed(held[request["T"]][request["mode"]])
                 reply({"seconds": seconds, "peak": peak})
+            elif request["cmd"] == "flops":
+                if count is None:
+                    raise ValueError("this worker does not count FLOPs")
+                reply({"flops": {mode: count(fn) for mode, fn in held[request["T"]].items()}})
             elif request["cmd"] == "drop":
                 held.pop(request["T"], None)
                 reply({"dropped": request["T"]})
