@@ -58,14 +58,57 @@ def tvq_process(args: list[str], *, one_thread: bool = True) -> subprocess.Popen
                             stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
 
 
-def torchrun(args: list[str], nproc: int = 2) -> subprocess.CompletedProcess:
-    """`torchrun --nproc_per_node NPROC -m transformer_vq ARGS` on CPU (gloo), one thread per worker."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+def torchrun(args: list[str], nproc: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node NPROC -m transformer_vq ARGS` on CPU (gloo), one thread per worker.
+
+    A run still going after ``timeout`` seconds fails the test with every process's Python stack: the launcher and its
+    workers run with ``faulthandler`` on (``PYTHONFAULTHANDLER``), and each is sent SIGABRT (a hang once seen in CI,
+    one worker waiting in gloo after the other had exited, left nothing to go on)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
                "-m", "transformer_vq", *args]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          cwd=REPO) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            family = [*descendants(proc.pid), proc.pid]  # the workers first: torchrun starts them in sessions of their own
+            signal_all(family, signal.SIGABRT)  # each prints its threads' stacks, then dies
+            try:
+                stdout, stderr = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                signal_all(family, signal.SIGKILL)
+                stdout, stderr = proc.communicate()
+            raise AssertionError(f"torchrun {' '.join(args)} still running after {timeout:g} s; the stacks of its "
+                                 f"processes:\n{stderr[-12000:]}") from None
+    assert proc.returncode == 0, stderr[-3000:]
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (children, grandchildren, ...), from /proc (empty where there is none)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        except OSError:  # the process ended meanwhile
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
+def signal_all(pids: list[int], sig: int) -> None:
+    """Send ``sig`` to each of ``pids`` that still exists."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
