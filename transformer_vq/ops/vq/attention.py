@@ -71,12 +71,12 @@ def vq_attention(
     state, doc_start = _starting_state(state, doc_start, q, v, codebook)
     blocks_kernel = _blocks_kernel(backend, q, code_scores, compressive_cache)
     codebook = codebook.detach()
-    # Under autograd one piece of whole blocks (the backward keeps every piece's tensors anyway); without it, pieces
-    # of SEGMENT_ROWS' worth of blocks, written into one output as they come.
-    recording = _recording(q, k_hat, v, bias, code_scores)
-    per_piece = T // L if recording else max(1, SEGMENT_ROWS // (q.shape[0] * q.shape[1] * L))
+    # On a GPU, or under autograd (the backward keeps every piece's tensors anyway), one piece of whole blocks; on a
+    # CPU without autograd, pieces of SEGMENT_ROWS' worth of blocks, written into one output as they come.
+    one_piece = _recording(q, k_hat, v, bias, code_scores) or q.device.type != "cpu"
+    per_piece = T // L if one_piece else max(1, SEGMENT_ROWS // (q.shape[0] * q.shape[1] * L))
     pieces, outs = _segments(state.offset, T, L, per_piece), []
-    out = None if recording or len(pieces) == 1 else q.new_empty(*q.shape[:3], v.shape[-1])
+    out = None if one_piece or len(pieces) == 1 else q.new_empty(*q.shape[:3], v.shape[-1])
     for piece, whole_blocks in pieces:
         kernel = blocks_kernel if whole_blocks else attend_within_block
         piece_out, state = kernel(q[:, :, piece], k_hat[:, :, piece], z[:, :, piece], v[:, :, piece], codebook,
@@ -112,12 +112,13 @@ def _segments(offset: int, T: int, L: int, max_blocks: int) -> list[tuple[slice,
 
 
 SEGMENT_ROWS = 4096
-"""Without autograd, whole blocks are attended ``SEGMENT_ROWS // (B H L)`` blocks at a time (at least one), the state
-carried from segment to segment, which is the same computation (a call's state is its exact continuation). Every
-tensor the kernel makes (the scores, the per-block summaries of the values and their prefixes, the values with the
-previous block prepended) then scales with the segment, not with ``T``: at 32k tokens of the enwik8 layer they were
-1.0 GiB at the forward's peak, about 10 times the segment's. Under autograd nothing is gained (the backward keeps
-every segment's tensors), so the whole call is one segment."""
+"""On a CPU without autograd, whole blocks are attended ``SEGMENT_ROWS // (B H L)`` blocks at a time (at least one),
+the state carried from piece to piece, which is the same computation (a call's state is its exact continuation).
+Every tensor the kernel makes (the scores, the per-block summaries of the values and their prefixes, the values with
+the previous block prepended) then scales with the piece, not with ``T``: at 32k tokens of the enwik8 layer they
+were 1.0 GiB at the forward's peak, about 10 times a piece's, and fresh tensors that large are page-faulted in at
+every call. Under autograd nothing is gained (the backward keeps every piece's tensors; pieces measured slower), and a
+GPU wants the blocks of a call in parallel, so there a call is one piece."""
 
 
 def _starting_state(state, doc_start, q, v, codebook):
