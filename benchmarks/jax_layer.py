@@ -134,7 +134,7 @@ def interleave(workers: dict[str, Worker], length: int, repeats: int, count_with
 def measure(workers: dict[str, Worker], length: int, repeats: int, log) -> list[dict]:
     """The rows of one length: each mode's samples on both sides, interleaved call by call, and each side's share of
     the fp32 matmul rate (measured right after the rounds), with what twice the authors' speed would need: the FLOPs
-    of our call (its matrix products, transformer_vq/bench/flops.py; the authors' layer computes the same function,
+    of our call (its matrix products, benchmarks/flops.py; the authors' layer computes the same function,
     and its share is taken at our count) over half the authors' time."""
     run = interleave(workers, length, repeats, count_with="ours")
     samples, peaks, warmup, load = run["samples"], run["peaks"], run["warmup"], run["others_load"]

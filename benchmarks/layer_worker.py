@@ -16,9 +16,9 @@ import platform
 
 import numpy
 import torch
+from flops import count_flops
 
 from transformer_vq import GatedAttentionUnit
-from transformer_vq.bench.flops import count_flops
 from transformer_vq.config import TransformerVQConfig
 from transformer_vq.hostmem import retain_freed_memory
 from worker_protocol import serve

@@ -1,5 +1,5 @@
-"""FLOP counting for the benchmarks' matmul-rate columns (transformer_vq/bench/flops.py) and the workers' ``flops``
-request (benchmarks/worker_protocol.py)."""
+"""FLOP counting for the benchmarks' matmul-rate columns (benchmarks/flops.py) and the workers' ``flops`` request
+(benchmarks/worker_protocol.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from pathlib import Path
 
 import torch
 
-from transformer_vq.bench.flops import count_flops
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import worker_protocol  # noqa: E402
+from flops import count_flops  # noqa: E402
 
 
 def test_products_are_counted_the_in_place_baddbmm_too():

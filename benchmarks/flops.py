@@ -3,6 +3,9 @@
 ``torch.utils.flop_counter`` counts ``mm``, ``bmm``, ``addmm``, ``baddbmm`` and the attention kernels, but not the
 in-place ``baddbmm_`` by which the VQ operator accumulates its products (ops/vq/kernels.py ``add_product``): that
 one is added here. Elementwise work is not counted: a call's FLOPs over the matmul rate is the least time it can take.
+
+It lives beside the benchmarks, not in the package: benchmarks/layer_versions.py runs this folder's workers against
+older revisions of the package.
 """
 
 from __future__ import annotations
