@@ -147,3 +147,22 @@ def test_jobs_train_cells_at_once_in_their_own_processes(tmp_path):
     assert (runs / "S8-seed0" / "request.json").stat().st_mtime < (runs / "S4-seed0" / "metrics.jsonl").stat().st_mtime
     assert sorted(line.split("]")[0] for line in lines if line.endswith("done")) == ["[cell 1/2", "[cell 2/2"]
     assert "--jobs 2" in result["command"]
+
+
+def test_cells_picks_what_trains_and_a_later_run_finishes_the_matrix(tmp_path):
+    lines = []
+    first = run_ablation(tiny_settings(tmp_path, seeds=(0,), cells=("S8",)), matrix=TINY, isolate=False,
+                         log=lines.append)
+    assert [r["cell"] for r in first["cells"]] == ["S8"] and [r["cell"] for r in first["summary"]] == ["S8"]
+    assert "| S4 |" not in Path(first["paths"]["md"]).read_text()
+    lines.clear()
+    whole = run_ablation(tiny_settings(tmp_path, seeds=(0,)), matrix=TINY, isolate=False, log=lines.append)
+    assert "[2/2] S8-seed0: finished earlier, skipped" in lines  # S4 trained now, S8 kept from the first run
+    assert [r["cell"] for r in whole["cells"]] == ["S4", "S8"]
+    assert whole["cells"][1]["final_bpb"] == first["cells"][0]["final_bpb"]
+
+
+def test_unknown_cells_are_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(ConfigError, match=r"cells 'S16' are not in matrix 'tiny' \(S4, S8\)"):
+        run_ablation(tiny_settings(tmp_path, cells=("S8", "S16")), matrix=TINY, isolate=False, log=lambda *a: None)
+    assert not (tmp_path / "work").exists()

@@ -53,11 +53,12 @@ def run_ablation(cfg: AblateConfig, *, matrix: Matrix | None = None, isolate: bo
     """
     from transformer_vq.ablate.report import write_ablation_report
 
-    matrix = matrix or MATRICES[cfg.matrix]
+    whole = matrix or MATRICES[cfg.matrix]
+    matrix = cfg.chosen(whole)
     work = Path(cfg.resolved_work_dir())
     jobs = [(cell, seed) for cell in matrix.cells for seed in cfg.seeds]
     configs = {job: cell_config(cfg, matrix, *job, work) for job in jobs}
-    _hold_settings(work, cfg, matrix)
+    _hold_settings(work, cfg, whole)  # the whole matrix's: a run with other --cells continues the same one
     parallel = cfg.jobs > 1 and isolate
     progress = _Progress(len(jobs), cfg.steps, log, parallel=parallel)
     stop = threading.Event()
@@ -110,7 +111,8 @@ def _run_parallel(run_job, numbered: list[tuple], n_jobs: int, stop: threading.E
 def _hold_settings(work: Path, cfg: AblateConfig, matrix: Matrix) -> None:
     """Record the settings in a new work directory; refuse to continue one started with other settings."""
     settings = {"matrix": dataclasses.asdict(matrix), "settings": {k: v for k, v in cfg.to_dict().items()
-                                                                    if k not in ("out", "name", "threads", "jobs")}}
+                                                                    if k not in ("out", "name", "threads", "jobs",
+                                                                                 "cells")}}
     settings = json.loads(json.dumps(settings))  # tuples as the file holds them: lists
     path = work / "settings.json"
     if path.is_file():

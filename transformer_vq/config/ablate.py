@@ -13,7 +13,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from transformer_vq.config.fields import check, fields_of, flag_of, option
+from transformer_vq.config.fields import ConfigError, check, fields_of, flag_of, option
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,9 @@ class AblateConfig:
     matrix: str = option("attention", "The matrix to run.", choices=tuple(MATRICES))
     seeds: tuple[int, ...] = option((0, 1), "Seeds; every cell is trained once per seed (the spread over seeds is "
                                             "reported).", min=0)
+    cells: tuple[str, ...] = option((), "Cells to train and report, in this order (default: every cell of the "
+                                        "matrix). The work directory is the matrix's either way: a later run "
+                                        "with other cells, or none, continues it.", allow_empty=True)
     steps: int = option(600, "Optimizer steps per cell.", min=1)
     preset: str = option("small", "Model preset every cell starts from (before the matrix's overrides).")
     data: str = option("gcide", "Corpus (as tvq train --data).")
@@ -151,7 +154,7 @@ class AblateConfig:
             raise TypeError(f"AblateConfig got unknown field(s) {', '.join(unknown)}")
         for name, field in fields.items():
             object.__setattr__(self, name, values[name] if name in values else default_of(field))
-        check(self)
+        check(self)  # --cells is checked against the matrix that runs (chosen): a caller may bring its own
 
     @property
     def resolved_eval_every(self) -> int:
@@ -159,6 +162,14 @@ class AblateConfig:
 
     def resolved_work_dir(self) -> str:
         return self.work_dir or f"runs/ablate-{self.matrix}"
+
+    def chosen(self, matrix: Matrix) -> Matrix:
+        """``matrix`` with only the cells of ``--cells`` (all of them when none is named), in that order."""
+        unknown = [c for c in self.cells if c not in matrix.cells]
+        if unknown:
+            raise ConfigError(f"cells {', '.join(map(repr, unknown))} are not in matrix {matrix.name!r} "
+                              f"({', '.join(matrix.cells)})")
+        return dataclasses.replace(matrix, cells={c: matrix.cells[c] for c in self.cells or matrix.cells})
 
     def resolved_name(self) -> str:
         return self.name or f"ablate-{self.matrix}"
