@@ -17,6 +17,7 @@ Dv value width.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import torch
@@ -40,8 +41,10 @@ def vq_attention(
     compressive_cache: bool = True,
     backend: str = "eager",
     doc_start: torch.Tensor | None = None,
+    cache_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, VQAttentionState]:
-    """Causal softmax attention over all past keys, in time linear in the sequence length.
+    """Causal softmax attention over all past keys, in time linear in the sequence length: ``(out, state)``,
+    ``out [B, H, T, Dv]`` and the state that continues the sequences.
 
     Args:
         q: ``[B, H, T, Dk]`` queries.
@@ -62,21 +65,19 @@ def vq_attention(
         backend: whole blocks by ``"eager"`` torch ops or ``"triton"`` fused kernels (docs/operator.md).
         doc_start: ``[B, T]`` bool, True where a packed document begins (:mod:`transformer_vq.ops.documents`):
             a query attends only keys of its own document, those of earlier calls included.
-
-    Returns:
-        ``(out, state)``: ``out`` is ``[B, H, T, Dv]``; ``state`` continues the sequences.
+        cache_bias: ``[H]`` a logit per head on each key older than the window: an extension (docs/operator.md).
     """
     _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores)
     T, L = q.shape[2], block_len
     state, doc_start = _starting_state(state, doc_start, q, v, codebook)
-    blocks_kernel = _blocks_kernel(backend, q, code_scores, compressive_cache)
+    within_kernel, blocks_kernel = _kernels(backend, q, code_scores, compressive_cache, cache_bias)
     codebook = codebook.detach()
     outs, start = [], 0
     while start < T:
         in_block = state.offset % L
         if in_block != 0 or T - start < L:
             stop = start + min(L - in_block, T - start)
-            kernel = attend_within_block
+            kernel = within_kernel
         else:
             stop = start + (T - start) // L * L
             kernel = blocks_kernel
@@ -105,6 +106,16 @@ def _starting_state(state, doc_start, q, v, codebook):
     return state, doc_start
 
 
+def _kernels(backend: str, q: torch.Tensor, code_scores, compressive_cache: bool, cache_bias):
+    """The kernels of part-block pieces and of whole blocks, each given ``cache_bias`` when there is one (the eager
+    kernels only, which :func:`check_cache_bias` asks for)."""
+    check_cache_bias(cache_bias, q.shape[1], compressive_cache, backend)
+    kernels = attend_within_block, _blocks_kernel(backend, q, code_scores, compressive_cache)
+    if cache_bias is None:
+        return kernels
+    return tuple(functools.partial(kernel, cache_bias=cache_bias) for kernel in kernels)
+
+
 def _blocks_kernel(backend: str, q: torch.Tensor, code_scores, compressive_cache: bool):
     """The kernel of whole blocks of ``backend``; triton is imported only when asked for (an optional extra)."""
     if backend not in ATTN_BACKENDS:
@@ -128,6 +139,21 @@ def _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_
     if code_scores is not None and code_scores.shape != (*q.shape[:3], codebook.shape[1]):
         raise ValueError(f"code_scores must be [B, H, T, S] = {[*q.shape[:3], codebook.shape[1]]}, "
                          f"got {list(code_scores.shape)}")
+
+
+def check_cache_bias(cache_bias: torch.Tensor | None, n_head: int, compressive_cache: bool, backend: str) -> None:
+    """Raise ``ValueError`` unless ``cache_bias`` is ``None`` or an ``[H]`` tensor the call can add to its cache."""
+    if cache_bias is None:
+        return
+    if cache_bias.shape != (n_head,):
+        raise ValueError(f"cache_bias must be [H] = [{n_head}] (one logit per query head), "
+                         f"got {list(cache_bias.shape)}")
+    if not compressive_cache:
+        raise ValueError("cache_bias is added to the scores of the per-code cache: with compressive_cache=False "
+                         "there is none; pass cache_bias=None")
+    if backend != "eager":
+        raise ValueError(f"cache_bias is taken by backend='eager' only (the fused kernels' log-counts carry no "
+                         f"gradient), got backend={backend!r}")
 
 
 def check_codes(k_hat: torch.Tensor, z: torch.Tensor, codebook: torch.Tensor) -> None:
