@@ -68,7 +68,7 @@ def table(result: dict) -> str:
                      f"{mean[kind] / mean['full']:.4f} | {biases} |")
     notes = [f"- {key}: {text}" for key, text in result["notes"].items()]
     machine = result["machine"]
-    return "\n".join([f"# {result['benchmark']} (S = {result['S']})", "", *lines, "", *notes, "",
+    return "\n".join([f"# {result['name']} (S = {result['S']})", "", *lines, "", *notes, "",
                       f"Machine: {machine['cpu']}, {machine['logical_cpus']} logical CPUs, torch {machine['torch']}, "
                       f"commit {machine['commit']}; load average when written {machine['load_average_start']}. "
                       "None of the figures here is a timing.", ""])
@@ -88,7 +88,7 @@ def plot(result: dict, path: Path) -> Path:
         ax.scatter(values, [i] * len(values), color="tab:blue")
     ax.set_yticks(range(len(by_kind)), list(by_kind))
     ax.set_xlabel("validation bits per byte (state reset every 2,048 tokens); bar: mean of seeds")
-    ax.set_title(result["benchmark"], fontsize=9)
+    ax.set_title(result["name"], fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -103,7 +103,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--note", action="append", default=[], metavar="KEY=TEXT")
     args = parser.parse_args(argv)
-    result = collect(args.baseline, args.run, dict(n.split("=", 1) for n in args.note))
+    result = {"name": args.name, **collect(args.baseline, args.run, dict(n.split("=", 1) for n in args.note))}
     out = Path(args.out)
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
     (out / f"{args.name}.md").write_text(table(result))
