@@ -88,7 +88,8 @@ class TransformerVQConfig:
                                                  "two-block window (the per-code cache), initialized to this value "
                                                  "(e.g. -3: the cache starts with e^-3 of its weight); none: the "
                                                  "paper's model, no such logit (docs/quality.md, \"A learned bias on "
-                                                 "the cache\").", off=None,
+                                                 "the cache\"). Within +-50: beyond, the cache is all or nothing.",
+                                           off=None, min=-50.0, max=50.0,
                                            applies={**CACHED_VQ, "quantize_queries": (False,),
                                                     "attn_backend": ("eager",)})
     mask_rate: float = option(0.15, "Encoders (causal false): fraction of the tokens of a window masked and "
