@@ -89,3 +89,25 @@ def test_a_safetensors_directory_without_exactly_the_models_tensors_is_refused(t
     save_file(tensors, out / "model.safetensors")
     with pytest.raises(ValueError, match=r"missing: units.0.quantizer.ema_count; unexpected: units.7.extra\)"):
         load_safetensors(out)
+
+
+def test_a_learned_cache_bias_is_exported(tmp_path):
+    """A run with ``--cache-bias-init`` (an extension of the paper's model, docs/quality.md): its per-head logits
+    travel in both formats, and the loaded model gives the run's logits, which the bias changes (the cache is in
+    play: 37 tokens are several tiny blocks)."""
+    corpus = tmp_path / "plays.txt"
+    corpus.write_text("the king shall speak to thee of love and war, my lord; good night.\n" * 500)
+    run = tmp_path / "run"
+    assert main(["train", "--preset", "tiny", "--data", "text", "--data-path", str(corpus), "--run-dir", str(run),
+                 "--seq-len", "32", "--update-len", "16", "--batch-size", "4", "--steps", "2", "--sample-tokens", "0",
+                 "--eval-tokens", "0", "--log-every", "1000", "--cache-bias-init", "-3"]) == 0
+    reference, _, _ = model_from_checkpoint(str(run), device="cpu")
+    assert any(name.endswith("cache_bias") for name in reference.state_dict())
+    assert main(["export", "--format", "hf", "--ckpt", str(run), "--out", str(tmp_path / "hf")]) == 0
+    assert torch.equal(AutoModelForCausalLM.from_pretrained(tmp_path / "hf")(X).logits, reference(X).logits)
+    (tmp_path / "st").mkdir()
+    assert main(["export", "--format", "safetensors", "--ckpt", str(run), "--out", str(tmp_path / "st")]) == 0
+    assert torch.equal(load_safetensors(tmp_path / "st")(X).logits, reference(X).logits)
+    for unit in reference.units:
+        unit.cache_bias.data.zero_()
+    assert not torch.equal(reference(X).logits, load_safetensors(tmp_path / "st")(X).logits)

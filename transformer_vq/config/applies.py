@@ -15,8 +15,8 @@ Two checks read the declaration:
   ``--sample-tokens 0`` asks an encoder for nothing); the command line and the config builders call it on what was
   given.
 * :func:`switch_problems`: on a config however it was built (Python included), a *switch* (a boolean, a choice, or a
-  number whose default 0 means off) set away from its default where it does not apply is refused. Sizes and rates
-  that presets set (``n_code``, ``mask_rate``) are left to the first check: a preset's value is not the user's.
+  number whose default 0 or none means off) set away from its default where it does not apply is refused. Sizes and
+  rates that presets set (``n_code``, ``mask_rate``) are left to the first check: a preset's value is not the user's.
 
 Torch-free, like every config module.
 """
@@ -100,9 +100,10 @@ def given_problems(cls, given: Iterable[str], context: Mapping[str, object]) -> 
 
 
 def is_switch(cls, field: dataclasses.Field) -> bool:
-    """Whether ``field`` is a switch: a boolean, a choice, or a number whose default 0 means off."""
+    """Whether ``field`` is a switch: a boolean, a choice, or a number whose default 0 or none means off."""
     kind = kinds(cls)[field.name]
-    return kind.base is bool or "choices" in field.metadata or (kind.base in (int, float) and field.default == 0)
+    number_off = kind.base in (int, float) and field.default in (0, None)
+    return kind.base is bool or "choices" in field.metadata or number_off
 
 
 def switch_problems(obj, context: Mapping[str, object] | None = None, *,

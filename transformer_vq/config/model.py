@@ -84,6 +84,14 @@ class TransformerVQConfig:
                                            "keys through the per-code cache (Theorem 3.7). False: the window only, "
                                            "no cache (the paper's Table 2 ablation; causal attn_type 'vq' only).",
                                    applies={**VQ, "causal": (True,)})
+    cache_bias_init: float | None = option(None, "A learned logit per query head on every key older than the "
+                                                 "two-block window (the per-code cache), initialized to this value "
+                                                 "(e.g. -3: the cache starts with e^-3 of its weight); none: the "
+                                                 "paper's model, no such logit (docs/quality.md, \"A learned bias on "
+                                                 "the cache\"). Within +-50: beyond, the cache is all or nothing.",
+                                           off=None, min=-50.0, max=50.0,
+                                           applies={**CACHED_VQ, "quantize_queries": (False,),
+                                                    "attn_backend": ("eager",)})
     mask_rate: float = option(0.15, "Encoders (causal false): fraction of the tokens of a window masked and "
                                     "predicted in training.", min=0.0, max=1.0, min_open=True, max_open=True,
                               training_only=True, applies={"causal": (False,)})

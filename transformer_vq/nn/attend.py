@@ -38,7 +38,8 @@ ATTENTION_MODES = ("linear", "quadratic")
 def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *,
            state, mask: torch.Tensor | None, attention: str, keys: QuantizerOutput | None = None,
            queries: QuantizerOutput | None = None, query_shift: torch.Tensor | None = None,
-           table: torch.Tensor | None = None, context_parallel=None, doc_start: torch.Tensor | None = None):
+           table: torch.Tensor | None = None, context_parallel=None, doc_start: torch.Tensor | None = None,
+           cache_bias: torch.Tensor | None = None):
     """``(out [B, H, T, Dv], state)`` of the unit's attention.
 
     Args:
@@ -51,6 +52,7 @@ def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
         context_parallel: the process group over whose ranks the sequence is split along time (``None``: not split);
             ``state`` is then the state at the start of the whole sequence, and so is the one returned at its end.
         doc_start: ``[B, T]`` bool, where packed documents begin (:mod:`transformer_vq.ops.documents`).
+        cache_bias: ``[H]`` the unit's logit on keys older than the window (``cfg.cache_bias_init``), or ``None``.
     """
     check_call(cfg, attention, state, doc_start, context_parallel)
     L = cfg.block_len
@@ -60,7 +62,7 @@ def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
             raise ValueError(f"context parallelism {problem}")
         return vq_attention_context_parallel(q, k, v, bias, block_len=L, group=context_parallel, state=state,
                                              z=keys.z, codebook=keys.codebook, reduction=cfg.reduction,
-                                             backend=cfg.attn_backend)
+                                             backend=cfg.attn_backend, cache_bias=cache_bias)
     if not cfg.causal:
         if keys is None:  # the quadratic baseline is its own dense formula
             return full_bidir_attention(q, k, v, bias, block_len=L, state=state, mask=mask, doc_start=doc_start)
@@ -77,7 +79,7 @@ def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
         if keys is None:
             raise ValueError(f"attention='quadratic' applies to VQ attention only, not attn_type={cfg.attn_type!r}")
         return vq_attention_naive(q, k, v, bias, block_len=L, compressive_cache=cfg.compressive_cache,
-                                  doc_start=doc_start), None
+                                  doc_start=doc_start, cache_bias=cache_bias), None
     if queries is not None:
         return vq_qk_attention(q, k, v, bias, block_len=L, state=state, z_q=queries.z,
                                codebook_q=shifted_codebook(queries, query_shift), z=keys.z, codebook=keys.codebook,
@@ -90,7 +92,8 @@ def attend(cfg: TransformerVQConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
         bias = bias / flash_norm(cfg)
     if keys is not None:
         options = {"z": keys.z, "codebook": keys.codebook, "reduction": cfg.reduction,
-                   "compressive_cache": cfg.compressive_cache, "backend": cfg.attn_backend, "doc_start": doc_start}
+                   "compressive_cache": cfg.compressive_cache, "backend": cfg.attn_backend, "doc_start": doc_start,
+                   "cache_bias": cache_bias}
     return KERNELS[cfg.attn_type](q, k, v, bias, block_len=L, state=state, **options)
 
 

@@ -82,7 +82,10 @@ class GatedAttentionUnit(nn.Module):
         self.w_r = nn.Linear(Dm, H * Dk, bias=False)
         self.u = nn.Parameter(torch.zeros(H, Dk))
         self.v_r = nn.Parameter(torch.zeros(H, Dk))
-        self.quantizer = self.query_quantizer = None
+        self.quantizer = self.query_quantizer = self.cache_bias = None
+        if cfg.cache_bias_init is not None:
+            # one logit per head on the keys older than the window (docs/quality.md, "A learned bias on the cache")
+            self.cache_bias = nn.Parameter(torch.empty(H))
         if cfg.attn_type == "vq":
             # codewords start at the scale of the keys (and queries), whose entries are ~Dk^-1/4
             self.quantizer = VectorQuantizer(G, cfg.n_code, Dk, ema_rate=cfg.ema_rate,
@@ -96,11 +99,14 @@ class GatedAttentionUnit(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Normal(0, 1/fan_in) projections (App. C follows Chowdhery et al.); zero u, v_r."""
+        """Normal(0, 1/fan_in) projections (App. C follows Chowdhery et al.); zero u, v_r; the cache bias at
+        ``cache_bias_init``."""
         for linear in (self.w_q, self.w_k, self.w_v, self.w_g, self.w_o, self.w_r):
             nn.init.normal_(linear.weight, std=linear.in_features ** -0.5)
         nn.init.zeros_(self.u)
         nn.init.zeros_(self.v_r)
+        if self.cache_bias is not None:
+            nn.init.constant_(self.cache_bias, self.cfg.cache_bias_init)
 
     def forward(self, x: torch.Tensor, *, state=None, mask: torch.Tensor | None = None,
                 attention: str = "linear", context_parallel=None,
@@ -142,7 +148,7 @@ class GatedAttentionUnit(nn.Module):
         shift = self.u * scale  # (H, Dk) Transformer-XL's content bias
         out, state = attend(cfg, q + shift[None, :, None, :], k, v, bias, state=state, mask=mask, attention=attention,
                             keys=keys, queries=queries, query_shift=shift, table=self._held_code_table(queries, shift),
-                            context_parallel=context_parallel, doc_start=doc_start)
+                            context_parallel=context_parallel, doc_start=doc_start, cache_bias=self.cache_bias)
 
         # The gate is made after the attention, so that it is not held through the attention's peak, and the
         # attention's inputs are let go first (without autograd nothing else holds them: 0.3 GiB at 32k tokens).

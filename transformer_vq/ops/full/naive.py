@@ -40,14 +40,20 @@ def same_document(doc_start: torch.Tensor) -> torch.Tensor:
 
 def full_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *,
                          block_len: int, window_only: bool = False,
-                         doc_start: torch.Tensor | None = None) -> torch.Tensor:
+                         doc_start: torch.Tensor | None = None,
+                         older_bias: torch.Tensor | None = None) -> torch.Tensor:
     """``[B, H, T, Dv]`` from ``q [B, H, T, Dk]``, ``k [B, G, T, Dk]``, ``v [B, G, T, Dv]``, ``bias [B, H, T, 2L]``.
 
     ``window_only``: each query attends the keys of its two-block window alone (:func:`window_mask`).
     ``doc_start``: ``[B, T]`` bool, where packed documents begin; a query attends only keys of its own.
+    ``older_bias``: ``[H]``, added to the score of every key older than the query's two-block window (head ``h``
+    adds ``older_bias[h]``): the VQ operator's ``cache_bias`` in the dense formula.
     """
     n_head, length = q.shape[1], q.shape[2]
     scores = q @ per_head(k, n_head).transpose(-1, -2) + window_bias_dense(bias, block_len)  # (B, H, T, T)
+    if older_bias is not None:
+        older = ~window_mask(length, block_len, q.device)  # (T, T): keys before the window (and future ones, masked)
+        scores = scores + older_bias.to(scores.dtype)[:, None, None] * older
     visible = window_mask(length, block_len, q.device) if window_only else causal_mask(length, q.device)
     if doc_start is not None:
         visible = visible & same_document(doc_start)

@@ -17,6 +17,7 @@ Dv value width.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import torch
@@ -40,8 +41,10 @@ def vq_attention(
     compressive_cache: bool = True,
     backend: str = "eager",
     doc_start: torch.Tensor | None = None,
+    cache_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, VQAttentionState]:
-    """Causal softmax attention over all past keys, in time linear in the sequence length.
+    """Causal softmax attention over all past keys, in time linear in the sequence length: ``(out, state)``,
+    ``out [B, H, T, Dv]`` and the state that continues the sequences.
 
     Args:
         q: ``[B, H, T, Dk]`` queries.
@@ -62,23 +65,21 @@ def vq_attention(
         backend: whole blocks by ``"eager"`` torch ops or ``"triton"`` fused kernels (docs/operator.md).
         doc_start: ``[B, T]`` bool, True where a packed document begins (:mod:`transformer_vq.ops.documents`):
             a query attends only keys of its own document, those of earlier calls included.
-
-    Returns:
-        ``(out, state)``: ``out`` is ``[B, H, T, Dv]``; ``state`` continues the sequences.
+        cache_bias: ``[H]`` a logit per head on each key older than the window: an extension (docs/operator.md).
     """
     _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores)
     T, L = q.shape[2], block_len
     state, doc_start = _starting_state(state, doc_start, q, v, codebook)
-    blocks_kernel = _blocks_kernel(backend, q, code_scores, compressive_cache)
+    within_kernel, blocks_kernel = _kernels(backend, q, code_scores, compressive_cache, cache_bias)
     codebook = codebook.detach()
     # On a GPU, or under autograd (the backward keeps every piece's tensors anyway), one piece of whole blocks; on a
     # CPU without autograd, pieces of SEGMENT_ROWS' worth of blocks, written into one output as they come.
-    one_piece = _recording(q, k_hat, v, bias, code_scores) or q.device.type != "cpu"
+    one_piece = _recording(q, k_hat, v, bias, code_scores, cache_bias) or q.device.type != "cpu"
     per_piece = T // L if one_piece else max(1, SEGMENT_ROWS // (q.shape[0] * q.shape[1] * L))
     pieces, outs = _segments(state.offset, T, L, per_piece), []
     out = None if one_piece or len(pieces) == 1 else q.new_empty(*q.shape[:3], v.shape[-1])
     for piece, whole_blocks in pieces:
-        kernel = blocks_kernel if whole_blocks else attend_within_block
+        kernel = blocks_kernel if whole_blocks else within_kernel
         piece_out, state = kernel(q[:, :, piece], k_hat[:, :, piece], z[:, :, piece], v[:, :, piece], codebook,
                                   bias[:, :, piece], L, state, reduction,
                                   None if code_scores is None else code_scores[:, :, piece], compressive_cache,
@@ -136,6 +137,16 @@ def _starting_state(state, doc_start, q, v, codebook):
     return state, doc_start
 
 
+def _kernels(backend: str, q: torch.Tensor, code_scores, compressive_cache: bool, cache_bias):
+    """The kernels of part-block pieces and of whole blocks, each given ``cache_bias`` when there is one (the eager
+    kernels only, which :func:`check_cache_bias` asks for)."""
+    check_cache_bias(cache_bias, q.shape[1], compressive_cache, backend)
+    kernels = attend_within_block, _blocks_kernel(backend, q, code_scores, compressive_cache)
+    if cache_bias is None:
+        return kernels
+    return tuple(functools.partial(kernel, cache_bias=cache_bias) for kernel in kernels)
+
+
 def _blocks_kernel(backend: str, q: torch.Tensor, code_scores, compressive_cache: bool):
     """The kernel of whole blocks of ``backend``; triton is imported only when asked for (an optional extra)."""
     if backend not in ATTN_BACKENDS:
@@ -159,6 +170,21 @@ def _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_
     if code_scores is not None and code_scores.shape != (*q.shape[:3], codebook.shape[1]):
         raise ValueError(f"code_scores must be [B, H, T, S] = {[*q.shape[:3], codebook.shape[1]]}, "
                          f"got {list(code_scores.shape)}")
+
+
+def check_cache_bias(cache_bias: torch.Tensor | None, n_head: int, compressive_cache: bool, backend: str) -> None:
+    """Raise ``ValueError`` unless ``cache_bias`` is ``None`` or an ``[H]`` tensor the call can add to its cache."""
+    if cache_bias is None:
+        return
+    if cache_bias.shape != (n_head,):
+        raise ValueError(f"cache_bias must be [H] = [{n_head}] (one logit per query head), "
+                         f"got {list(cache_bias.shape)}")
+    if not compressive_cache:
+        raise ValueError("cache_bias is added to the scores of the per-code cache: with compressive_cache=False "
+                         "there is none; pass cache_bias=None")
+    if backend != "eager":
+        raise ValueError(f"cache_bias is taken by backend='eager' only (the fused kernels' log-counts carry no "
+                         f"gradient), got backend={backend!r}")
 
 
 def check_codes(k_hat: torch.Tensor, z: torch.Tensor, codebook: torch.Tensor) -> None:

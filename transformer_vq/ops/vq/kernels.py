@@ -101,13 +101,31 @@ def codebook_scores(q, codebook, code_scores=None):
     return (q.reshape(B, G, R * t, Dk) @ codebook.transpose(-1, -2).unsqueeze(0)).view(B, G, R, t, S)
 
 
+def cache_logits(count, cache_bias, dtype):
+    """``log c[s] + b_h``: what a cache entry adds to its codeword score ``q . C_s``, laid out to broadcast over
+    the scores ``(B, G, [N,] R, t, S)`` of the kernels (``-inf`` for unused codes, whatever the bias).
+
+    ``count`` is ``(B, G, [N,] S)``; ``cache_bias`` ``[H]`` (``None``: 0, the paper's operator), the logit of head
+    ``h = g R + r`` for every key older than the two-block window, which the dense formula adds to each such key's
+    score; every key a code summarizes gets it, so the code's entry does too. Returns ``(B, G, [N,] 1 or R, 1, S)``
+    in at least float32.
+    """
+    logits = log_counts(count, dtype)[..., None, None, :]  # (B, G, [N,] 1, 1, S)
+    if cache_bias is None:
+        return logits
+    G = count.shape[1]
+    per_group = cache_bias.to(logits.dtype).view(G, *[1] * (count.dim() - 3), -1, 1, 1)  # (G, [1,] R, 1, 1)
+    return logits + per_group
+
+
 def attend_within_block(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, reduction, code_scores=None,
-                        compressive_cache=True, doc_start=None):
+                        compressive_cache=True, doc_start=None, cache_bias=None):
     """Queries at positions ``[offset, offset + t)``, all inside block ``n = offset // L``.
 
     Cost O(t (S + 2L)(Dk + Dv)): this is the decoding path when ``t = 1``. ``reduction`` is unused (one block).
     ``code_scores``: see :func:`codebook_scores`. ``compressive_cache`` false: the window alone (the cache is
     neither read nor updated). ``doc_start``: ``[B, t]`` bool, True where a document begins (``None``: nowhere).
+    ``cache_bias``: ``[H]`` or ``None``, see :func:`cache_logits`.
     """
     B, H, t, Dk = q.shape
     G, S, _ = codebook.shape
@@ -135,7 +153,7 @@ def attend_within_block(q, k_hat, z, v, codebook, bias, L, state: VQAttentionSta
     parts = [(s_window, values.unsqueeze(2))]
     if compressive_cache:
         s_cache = codebook_scores(q, codebook, code_scores)  # (B, G, R, t, S)
-        s_cache = s_cache + log_counts(state.cache_count, s_cache.dtype)[:, :, None, None, :]
+        s_cache = s_cache + cache_logits(state.cache_count, cache_bias, s_cache.dtype)  # (B, G, R, t, S)
         if segment is not None:
             s_cache = s_cache.masked_fill((segment[:, W - t:] != 0)[:, None, None, :, None], float("-inf"))
         parts.insert(0, (s_cache, state.cache_mean.unsqueeze(2)))
@@ -156,7 +174,7 @@ def attend_within_block(q, k_hat, z, v, codebook, bias, L, state: VQAttentionSta
 
 
 def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, reduction, code_scores=None,
-                  compressive_cache=True, doc_start=None):
+                  compressive_cache=True, doc_start=None, cache_bias=None):
     """Queries of ``N`` whole blocks starting at a block boundary ``offset = n L``, all in parallel.
 
     The two-block window of query block ``n`` is the contiguous run of keys ``[(n-1) L, (n+1) L)`` of the keys
@@ -164,7 +182,8 @@ def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, re
     overlapping (unfolded) view of those keys, laid out column for column like ``bias``, and the window values are
     read through the same kind of view: no key or value is copied per block. ``code_scores``: see
     :func:`codebook_scores`. ``compressive_cache`` false: the window alone (no cache is built or read).
-    ``doc_start``: ``[B, T]`` bool, True where a document begins (``None``: nowhere).
+    ``doc_start``: ``[B, T]`` bool, True where a document begins (``None``: nowhere). ``cache_bias``: ``[H]`` or
+    ``None``, see :func:`cache_logits`.
     """
     B, H, T, Dk = q.shape
     G, S, _ = codebook.shape
@@ -192,7 +211,7 @@ def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, re
     final_count, final_mean = state.cache_count, state.cache_mean
     if compressive_cache:
         (s_cache, cache_mean), final_count, final_mean = _cache_part(
-            q, z_prev, v_all, codebook, L, state, reduction, code_scores, prev_len, add, docs)
+            q, z_prev, v_all, codebook, L, state, reduction, code_scores, prev_len, add, docs, cache_bias)
         if docs is not None:
             s_cache = masked_fill(s_cache, docs.cache_mask[:, None, :, None, :, None], float("-inf"))
         parts.insert(0, (s_cache, cache_mean.unsqueeze(3)))
@@ -242,7 +261,7 @@ def _no_starts(z: torch.Tensor) -> torch.Tensor:
 
 
 def _cache_part(q, z_prev, v_all, codebook, L, state: VQAttentionState, reduction, code_scores, prev_len, add,
-                docs: BlockDocuments | None = None):
+                docs: BlockDocuments | None = None, cache_bias=None):
     """``(s_cache (B, G, N, R, L, S), cache_mean (B, G, N, S, Dv))`` of each query block, and the cache after the
     last block (count and mean) for the state.
 
@@ -258,7 +277,7 @@ def _cache_part(q, z_prev, v_all, codebook, L, state: VQAttentionState, reductio
     s_cache = codebook_scores(q, codebook, code_scores).view(B, G, R, N, L, S)
     # The caller's scores are read, not overwritten: the first step then makes the fresh tensor the rest may update.
     add_counts = add if code_scores is None else torch.add
-    s_cache = add_counts(s_cache.transpose(2, 3), log_counts(cache_count, s_cache.dtype)[:, :, :, None, None, :])
+    s_cache = add_counts(s_cache.transpose(2, 3), cache_logits(cache_count, cache_bias, s_cache.dtype))
     return (s_cache, cache_mean), prefix_count[:, :, -1], prefix_mean[:, :, -1]
 
 

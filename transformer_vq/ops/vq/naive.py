@@ -23,25 +23,33 @@ from transformer_vq.ops.vq.state import VQAttentionState
 
 def vq_attention_naive(q: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *,
                        block_len: int, compressive_cache: bool = True,
-                       doc_start: torch.Tensor | None = None) -> torch.Tensor:
+                       doc_start: torch.Tensor | None = None,
+                       cache_bias: torch.Tensor | None = None) -> torch.Tensor:
     """``out[t] = sum_{p <= t} softmax_p(q[t] . k_hat[p] + beta[t, p]) v[p]``: full attention over quantized keys.
 
     Shapes: ``q [B, H, T, Dk]``, ``k_hat [B, G, T, Dk]``, ``v [B, G, T, Dv]``, ``bias [B, H, T, 2L]``; returns
     ``[B, H, T, Dv]``. ``compressive_cache`` false: the sum runs over the two-block window ``(t // L - 1) L <= p``
     only (the operator without its cache). ``doc_start [B, T]``: the sum runs over the query's own packed document.
+    ``cache_bias [H]``: ``+ cache_bias[h]`` on the score of every key older than the window, ``p < (t // L - 1) L``.
     """
+    if cache_bias is not None and not compressive_cache:
+        raise ValueError("cache_bias applies to the keys older than the window: with compressive_cache=False "
+                         "there are none; pass cache_bias=None")
     return full_attention_naive(q, k_hat, v, bias, block_len=block_len, window_only=not compressive_cache,
-                                doc_start=doc_start)
+                                doc_start=doc_start, older_bias=cache_bias)
 
 
 def vq_attention_blockwise(q: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *,
                            block_len: int, z: torch.Tensor, codebook: torch.Tensor,
-                           doc_start: torch.Tensor | None = None) -> tuple[torch.Tensor, VQAttentionState]:
+                           doc_start: torch.Tensor | None = None,
+                           cache_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, VQAttentionState]:
     """Block by block: the per-code cache of every older key, then one softmax over codewords and window keys.
 
     Shapes as :func:`transformer_vq.ops.vq.vq_attention`; returns ``out [B, H, T, Dv]`` and the state after ``T``
     positions. ``doc_start [B, T]``: each query counts and attends only the keys of its own packed document.
+    ``cache_bias [H]``: added to every codeword's score (each stands for keys older than the window).
     """
+    older_bias = 0.0 if cache_bias is None else cache_bias[None, :, None]  # (1, H, 1)
     B, n_head, length = q.shape[:3]
     n_code, L = codebook.shape[1], block_len
     keys, values, codes = per_head(k_hat, n_head), per_head(v, n_head), per_head(z, n_head)  # one per query head
@@ -56,7 +64,7 @@ def vq_attention_blockwise(q: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor
         for t in range(n * L, min((n + 1) * L, length)):
             own = segment == segment[:, :, t:t + 1]  # (B, 1, T): keys of the query's document
             count, mean = _plain_summary(codes[:, :, :first], values[:, :, :first], n_code, own[:, :, :first])
-            s_cache = (codewords @ q[:, :, t, :, None]).squeeze(-1) + count.log()  # (B, H, S); log 0 = -inf
+            s_cache = (codewords @ q[:, :, t, :, None]).squeeze(-1) + count.log() + older_bias  # (B, H, S); log 0 = -inf
             s_window = (keys[:, :, first:t + 1] @ q[:, :, t, :, None]).squeeze(-1)  # (B, H, t + 1 - first)
             s_window = s_window + bias[:, :, t, first - window:t + 1 - window]
             s_window = s_window.masked_fill(~own[:, :, first:t + 1], float("-inf"))

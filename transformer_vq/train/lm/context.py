@@ -93,9 +93,11 @@ def context_profile(ckpt: str, *, carry: tuple[int, ...] = (0,), cache: tuple[bo
     has_cache = getattr(cfg, "attn_type", None) == "vq" and getattr(cfg, "compressive_cache", False)
     rows = []
     for with_cache in cache if has_cache else (True,):
-        if not with_cache:  # the same weights without the cache: it has no parameters of its own
-            window_only = build_model(dataclasses.replace(run_cfg, model=cfg.replace(compressive_cache=False)))
-            window_only.load_state_dict(model.state_dict())
+        if not with_cache:  # the same weights without the cache; its only parameter, a learned bias, goes with it
+            off = cfg.replace(compressive_cache=False, cache_bias_init=None)
+            window_only = build_model(dataclasses.replace(run_cfg, model=off))
+            window_only.load_state_dict({name: value for name, value in model.state_dict().items()
+                                         if not name.endswith(".cache_bias")})
             model = window_only.to(next(model.parameters()).device).eval()
         for carry_tokens in carry:
             carry_tokens = run_cfg.train.seq_len if carry_tokens == -1 else carry_tokens
