@@ -1,9 +1,12 @@
 """The recall task mixed into real text: is window-only worse than VQ, and VQ close to full, in whole-split bpb?
 
     python benchmarks/longdoc_recall_text.py ABLATE.json --name NAME [--out DIR] [--others-load LOG.jsonl]
+    python benchmarks/longdoc_recall_text.py --runs RUN [RUN ...] --trained-by TEXT --name NAME ...
 
 Reads the report of a ``tvq ablate --matrix recall`` run on ``--data-option filler=text`` (cells ``vq``,
-``vq-window-only`` and ``full``, each scored on the test episodes with bits per answer byte) and writes ``NAME.json``,
+``vq-window-only`` and ``full``, each scored on the test episodes with bits per answer byte), or, with ``--runs``,
+the run directories of such cells trained one by one (named ``CELL-seedN``, each with its ``recall.json``; a cell
+missing is left blank; ``--trained-by`` says how they were trained), and writes ``NAME.json``,
 ``NAME.md`` and ``NAME.png``: the whole-split validation bpb of each cell (mean over seeds) and the two ratios the
 issue asks for, then the curve: bits per answer byte by distance from pair to query (in blocks), per cell, and the
 gaps window-only minus VQ and VQ minus full. ``--others-load``: a log of ``others_runnable`` samples taken while the
@@ -71,6 +74,22 @@ def summarize(ablate: dict) -> dict:
             # a model that recalls every answer against one that guesses among the ten digits, all else equal
             "guess_minus_perfect_bpb": answer_bytes * math.log2(10) / seq_len,
             "cells": cells, "ratios": ratios, "gaps": gaps}
+
+
+def from_runs(run_dirs: list[str], trained_by: str) -> dict:
+    """An ablate report's fields (as :func:`summarize` and :func:`markdown` read them) from cells' run directories;
+    the machine is described now, when the report is made."""
+    from transformer_vq.ablate.cells import cell_record
+    from transformer_vq.bench.machine import load_average, machine_info
+
+    cells = []
+    for run_dir in map(Path, run_dirs):
+        cell, _, seed = run_dir.name.rpartition("-seed")
+        cells.append(cell_record(cell, int(seed), run_dir, wall_s=0.0))
+    train = json.loads((Path(run_dirs[0]) / "config.json").read_text())["train"]
+    return {"command": trained_by, "summary": [], "load_average_end": load_average(),
+            "settings": {"seq_len": train["seq_len"], "steps": train["steps"], "data_options": train["data_options"]},
+            "machine": machine_info(measure_peak=False), "cells": cells}
 
 
 def load_summary(path: str | None) -> dict | None:
@@ -166,12 +185,16 @@ def plot(result: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("ablate")
+    parser.add_argument("ablate", nargs="?")
+    parser.add_argument("--runs", nargs="+", default=None)
+    parser.add_argument("--trained-by", default=None)
     parser.add_argument("--name", required=True)
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--others-load", default=None)
     args = parser.parse_args(argv)
-    ablate = json.loads(Path(args.ablate).read_text())
+    if (args.ablate is None) == (args.runs is None) or (args.runs is not None) != (args.trained_by is not None):
+        parser.error("give an ablate report, or --runs with --trained-by")
+    ablate = from_runs(args.runs, args.trained_by) if args.runs else json.loads(Path(args.ablate).read_text())
     result = {"benchmark": "longdoc-recall-text", "name": args.name,
               "command": "python " + " ".join(["benchmarks/longdoc_recall_text.py", *sys.argv[1:]]),
               "ablate": {k: ablate[k] for k in ("command", "settings", "machine", "load_average_end", "summary")},

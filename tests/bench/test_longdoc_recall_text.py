@@ -53,3 +53,23 @@ def test_the_files(tmp_path):
     assert "| 2-4 | 10 | 2.000 [10%] | 3.250 [10%] | 2.000 [10%] | +1.250 | +0.000 |" in md
     assert json.loads((tmp_path / "x.json").read_text())["others_load"]["mean"] == 3.0
     assert (tmp_path / "x.png").stat().st_size > 0
+
+
+def test_cells_read_from_their_run_directories(tmp_path):
+    for cell, bpb, bits in (("vq", 2.0, [1.0, 2.0]), ("vq-window-only", 2.1, [1.0, 3.0])):
+        run = tmp_path / f"{cell}-seed0"
+        run.mkdir()
+        (run / "config.json").write_text(json.dumps({"train": {"seq_len": 1024, "steps": 4, "data_options": {
+            "n_pairs": 26, "value_len": 3, "filler": "text"}}}))
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 4, "loss": 1.0, "bits_per_byte": 1.5, "seconds": 1.0})
+                                           + "\n" + json.dumps({"step": 4, "eval": "validation", "bits_per_byte": bpb})
+                                           + "\n")
+        (run / "recall.json").write_text(json.dumps(_record(cell, 0, bpb, bits)["recall"]))
+    script = _script()
+    assert script.main(["--runs", str(tmp_path / "vq-seed0"), str(tmp_path / "vq-window-only-seed0"),
+                        "--trained-by", "by hand", "--name", "y", "--out", str(tmp_path)]) == 0
+    s = json.loads((tmp_path / "y.json").read_text())["summary"]
+    assert s["cells"]["vq-window-only"]["val_bpb"] == 2.1 and s["cells"]["full"]["val_bpb"] is None
+    assert s["ratios"] == {} and [g["window_only_minus_vq"] for g in s["gaps"]] == pytest.approx([0.0, 1.0])
+    with pytest.raises(SystemExit):
+        script.main(["--runs", str(tmp_path / "vq-seed0"), "--name", "z", "--out", str(tmp_path)])
