@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -109,7 +110,9 @@ def _fmt(value, spec=".4f"):
 
 def markdown(result: dict) -> list[str]:
     s, ablate = result["summary"], result["ablate"]
-    lines = [f"# {result['name']}: the recall task mixed into Shakespeare", "",
+    filler = ablate["settings"]["data_options"].get("filler", "pattern")
+    what = "mixed into Shakespeare" if filler == "text" else f"with the {filler} filler"
+    lines = [f"# {result['name']}: the recall task {what}", "",
              f"Command: `{ablate['command']}`, then `{result['command']}`.", "",
              f"Machine: {ablate['machine']['cpu']}, {ablate['machine']['logical_cpus']} logical CPUs, torch "
              f"{ablate['machine']['torch']}, numpy {ablate['machine']['numpy']}, Python {ablate['machine']['python']}; "
@@ -196,7 +199,7 @@ def main(argv=None) -> int:
         parser.error("give an ablate report, or --runs with --trained-by")
     ablate = from_runs(args.runs, args.trained_by) if args.runs else json.loads(Path(args.ablate).read_text())
     result = {"benchmark": "longdoc-recall-text", "name": args.name,
-              "command": "python " + " ".join(["benchmarks/longdoc_recall_text.py", *sys.argv[1:]]),
+              "command": "python " + shlex.join(["benchmarks/longdoc_recall_text.py", *(sys.argv[1:] if argv is None else argv)]),
               "ablate": {k: ablate[k] for k in ("command", "settings", "machine", "load_average_end", "summary")},
               "others_load": load_summary(args.others_load), "summary": summarize(ablate)}
     out = Path(args.out)
