@@ -3,19 +3,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from benchscripts import benchmark_script
 
 
 def _script():
-    path = REPO / "benchmarks" / "preset_codebook_size.py"
-    spec = importlib.util.spec_from_file_location("preset_codebook_size", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("preset_codebook_size")
 
 
 def _cell(tmp_path: Path, name: str, bpb: float, units: list[tuple[float, int, int]]) -> list[str]:

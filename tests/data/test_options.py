@@ -35,7 +35,7 @@ def test_every_option_has_a_type_and_every_number_a_range(name):
     ("recall", dict(n_pairs="2k"), "option n_pairs must be an integer, got '2k'"),
     ("recall", dict(seed=-1), "option seed must be an integer >= 0, got -1"),
     ("recall", dict(n_pairs=2.5), "option n_pairs must be an integer, got 2.5"),
-    ("recall", dict(filler="zeros"), "option filler must be one of pattern, random, got 'zeros'"),
+    ("recall", dict(filler="zeros"), "option filler must be one of pattern, random, text, got 'zeros'"),
     ("listops", dict(n_train=0), "option n_train must be a positive integer, got 0"),
     ("pathfinder", dict(curvature=-1.0), "option curvature must be >= 0, got -1.0"),
     ("cifar10", dict(grayscale="maybe"), "option grayscale must be true or false, got 'maybe'"),

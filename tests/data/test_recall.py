@@ -12,7 +12,7 @@ from transformer_vq.config import TrainConfig
 from transformer_vq.data import DataError, load_corpus
 from transformer_vq.data.batches import corpus_batches
 from transformer_vq.data.recall import (ASSIGN, END, HEADER, QUERY, RecallSpec, load_recall, recall_episode,
-                                        recall_split, spec_of)
+                                        recall_split, spec_of, stored_episode)
 from transformer_vq.data.registry import list_corpora, list_probes
 from transformer_vq.train.lm.build import load_corpus_for
 
@@ -81,7 +81,7 @@ def test_pattern_filler_repeats_its_phrase_and_distances_spread_over_buckets():
     ({"n_pairs": 4, "n_queries": 5}, "n_queries=5 exceeds n_pairs=4"),
     ({"n_pairs": 27}, "needs more distinct keys than 26**key_len=26; raise key_len"),
     ({"seq_len": 40}, "seq_len=40 is too short for 8 pairs and 8 queries (needs at least 74)"),
-    ({"filler": "noise"}, "filler must be one of pattern, random, got 'noise'"),
+    ({"filler": "noise"}, "filler must be one of pattern, random, text, got 'noise'"),
     ({"value_len": 0}, "value_len must be a positive integer, got 0"),
     ({"eval_episodes": 0}, "validation needs at least one episode, got 0"),
 ])
@@ -112,3 +112,94 @@ def test_training_passes_its_seq_len_to_the_probe():
                                                                             "eval_episodes": 1})
     corpus = load_corpus_for(cfg)
     assert spec_of(corpus).seq_len == 96 and len(corpus.splits["train"]) == 3 * 96
+
+
+# The text filler: the recall task mixed into real text (its text is injected here, so no download is needed).
+
+# each split's text has letters of its own (a-h, i-p, q-z), and the bytes that clean_text must replace
+TEXTS = {"train": b"Bad Cafe; 2 Dead? = # head, beg.\n" * 60,
+         "validation": b"Mink Jip? 5 Lol; = # pin, milk.\n" * 60,
+         "test": b"Rusty Zux; 9 vs Qwq? = # tux.\n" * 60}
+LETTERS = {"train": set(b"abcdefgh"), "validation": set(b"ijklmnop"), "test": set(b"qrstuvwxyz")}
+
+
+@pytest.fixture
+def injected_text(monkeypatch):
+    import transformer_vq.data.recall as recall
+
+    cleaned = {split: recall.clean_text(np.frombuffer(text, dtype=np.uint8)) for split, text in TEXTS.items()}
+    monkeypatch.setattr(recall, "filler_text", lambda cache_dir=None: cleaned)
+    return cleaned
+
+
+def test_clean_text_keeps_text_and_leaves_the_probe_its_own_bytes():
+    from transformer_vq.data.recall import KEYS, VALUES, clean_text
+
+    cleaned = bytes(clean_text(np.frombuffer(b"What? 3 Acts; A=B #1, ok.\n", dtype=np.uint8)))
+    assert cleaned == b"what.   acts, a b   , ok.\n"
+    assert not set(cleaned) & set(KEYS.tolist() + VALUES.tolist() + [HEADER, ASSIGN, END, QUERY])
+
+
+def _free_positions(spec, episode):
+    """Positions of an episode that hold filler (neither the pairs region nor a query)."""
+    free = np.ones(spec.seq_len, dtype=bool)
+    free[:spec.pairs_end] = False
+    for start in episode.answer_pos[:, 0] - spec.key_len - 2:
+        free[start:start + spec.query_len] = False
+    return np.flatnonzero(free)
+
+
+def test_text_episodes_are_deterministic_with_the_text_where_the_filler_is(injected_text):
+    from transformer_vq.data.recall import text_filler
+
+    corpus = load_recall(seq_len=512, n_pairs=26, value_len=3, filler="text", train_episodes=5, eval_episodes=3,
+                         seed=4)
+    again = load_recall(seq_len=512, n_pairs=26, value_len=3, filler="text", train_episodes=5, eval_episodes=3,
+                        seed=4)
+    spec = spec_of(corpus)
+    assert all(np.array_equal(corpus.splits[s], again.splits[s]) for s in corpus.splits)
+    assert corpus.metadata["filler_text"]["bytes"] == {s: len(t) for s, t in injected_text.items()}
+    for split, count in corpus.metadata["episodes"].items():
+        for index in range(count):
+            e = stored_episode(corpus, split, index)
+            filler = text_filler(injected_text[split], 512, 4, split, index)
+            # the filler is a contiguous run of the split's own text, kept wherever no pair or query is written
+            assert bytes(filler) in bytes(injected_text[split])
+            free = _free_positions(spec, e)
+            assert np.array_equal(e.tokens[free], filler[free]) and len(free) == spec.free_room
+            # the answers are where they say they are: the values of their keys, asked once each
+            assert np.array_equal(e.tokens[e.answer_pos], e.tokens[e.value_pos])
+            assert (e.tokens == QUERY).sum() == spec.n_queries and np.all(e.tokens[e.answer_pos[:, 0] - 1] == ASSIGN)
+            # the layout does not depend on the text: other filler bytes give the same pairs and queries
+            layout = recall_episode(spec, 4, split, index, np.full(512, ord("x"), dtype=np.uint8))
+            assert np.array_equal(layout.answer_pos, e.answer_pos) and np.array_equal(layout.value_pos, e.value_pos)
+
+
+def test_no_validation_or_test_text_in_training_episodes(injected_text):
+    corpus = load_recall(seq_len=256, n_pairs=4, filler="text", train_episodes=20, eval_episodes=20, seed=1)
+    spec = spec_of(corpus)
+    for split, count in corpus.metadata["episodes"].items():
+        others = set().union(*(letters for name, letters in LETTERS.items() if name != split))
+        for index in range(count):
+            filler = set(stored_episode(corpus, split, index).tokens[_free_positions(spec, stored_episode(
+                corpus, split, index))].tolist())
+            assert filler & LETTERS[split] and not filler & others  # the split's own text, and only it
+
+
+@pytest.mark.parametrize("options, fragment", [
+    ({"filler": "text", "phrase_len": 8}, "phrase_len is the pattern filler's; filler 'text' has no phrase"),
+    ({"filler": "random", "phrase_len": 8}, "phrase_len is the pattern filler's; filler 'random' has no phrase"),
+    ({"filler": "text", "seq_len": 4096}, "the train text (1980 bytes) is shorter than one episode (4096)"),
+])
+def test_bad_text_filler_options_are_clear_errors(injected_text, options, fragment):
+    with pytest.raises(DataError, match=re.escape(fragment)):
+        load_recall(**{"train_episodes": 1, "eval_episodes": 1, **options})
+
+
+def test_filler_bytes_are_given_for_the_text_filler_only():
+    with pytest.raises(DataError, match="filler is 'text' and filler bytes were not given"):
+        recall_episode(RecallSpec(seq_len=128, filler="text"), 0, "train", 0)
+    with pytest.raises(DataError, match="filler is 'pattern' and filler bytes were given"):
+        recall_episode(RecallSpec(seq_len=128), 0, "train", 0, np.zeros(128, np.uint8))
+    with pytest.raises(DataError, match="text filler must be 128 bytes"):
+        recall_episode(RecallSpec(seq_len=128, filler="text"), 0, "train", 0, np.zeros(100, np.uint8))

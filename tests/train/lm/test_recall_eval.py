@@ -71,7 +71,16 @@ def test_recall_accuracy_of_a_model_with_a_known_reach(reach):
     from transformer_vq.data.recall import recall_episode, spec_of
 
     distances = np.concatenate([recall_episode(spec_of(corpus), 2, "test", i).distances for i in range(6)])
-    assert result.buckets == accuracy_by_distance(distances <= reach - 1, distances, 16)
+    # bits per answer byte: a recalled byte has logit 1 against 255 zeros, any other answer a uniform guess (8 bits)
+    recalled = distances <= reach - 1
+    bits = np.where(recalled, -np.log2(np.e / (np.e + 255)), 8.0)[:, None]
+    expected = accuracy_by_distance(recalled, distances, 16, bits)
+    assert [{k: v for k, v in row.items() if k != "answer_bpb"} for row in result.buckets] == \
+        [{k: v for k, v in row.items() if k != "answer_bpb"} for row in expected]
+    for row, want in zip(result.buckets, expected):
+        assert (row["answer_bpb"] is None) == (want["answer_bpb"] is None)
+        assert row["answer_bpb"] is None or abs(row["answer_bpb"] - want["answer_bpb"]) < 1e-12
+    assert abs(result.answer_bpb - float(bits.mean())) < 1e-12
     assert result.accuracy == pytest.approx(float(np.mean(distances <= reach - 1)))
     assert (result.episodes, result.chance, result.block_len) == (6, 0.1, 16)
     if reach == 10_000:
@@ -107,3 +116,17 @@ def test_training_and_tvq_eval_on_the_probe(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "recall accuracy by distance (blocks of L = 8; 2 episodes of validation; chance 10.0%)" in text
     assert "| distance (blocks) | queries | accuracy |" in text
+
+
+def test_bits_per_answer_byte_by_distance_and_in_the_table():
+    bits = [[1.0, 3.0], [2.0, 2.0], [8.0, 8.0]]  # three queries of two answer bytes
+    rows = accuracy_by_distance([1, 1, 0], [5, 10, 300], 32, bits)
+    assert [row["answer_bpb"] for row in rows] == [2.0, None, None, 8.0]
+    with pytest.raises(ValueError, match=r"must be \[queries, value_len\] with 3 queries"):
+        accuracy_by_distance([1, 1, 0], [5, 10, 300], 32, [1.0, 2.0, 3.0])
+    result = {"split": "test", "episodes": 1, "block_len": 32, "chance": 0.01, "accuracy": 2 / 3,
+              "answer_bpb": 4.0, "buckets": rows}
+    assert recall_table(result).splitlines()[2:5] == [
+        "| distance (blocks) | queries | accuracy | answer bits/byte |", "|---|---:|---:|---:|",
+        "| 0-2 | 2 | 100.0% | 2.000 |"]
+    assert recall_table(result).splitlines()[-1] == "| all | 3 | 66.7% | 4.000 |"
