@@ -113,11 +113,13 @@ def interleave(workers: dict[str, Worker], length: int, repeats: int, count_with
     worker, the first worker rotating from round to round. Returns each worker's warm-up reply and, per (worker,
     mode), the seconds and peaks of its timed calls, and the others' load meanwhile; with ``count_with``, also the
     FLOPs of each mode as that worker counts them (once, untimed, after the rounds: counting before them left the
-    worker 0.2-0.3 GiB more resident memory in every timed call)."""
+    worker 0.2-0.3 GiB more resident memory in every timed call) and the fp32 matmul rate, measured in every round
+    (the host's share moves from round to round more than the load inside the machine shows)."""
     names = list(workers)
     warmup = {name: workers[name].ask(cmd="prepare", T=length) for name in names}
     samples = {(name, mode): [] for name in names for mode in MODES}
     peaks = {(name, mode): [] for name in names for mode in MODES}
+    rates = []
     with OthersLoad() as load:
         for r in range(repeats):
             order = names[r % len(names):] + names[:r % len(names)]
@@ -126,20 +128,23 @@ def interleave(workers: dict[str, Worker], length: int, repeats: int, count_with
                     reply = workers[name].ask(cmd="run", T=length, mode=mode)
                     samples[name, mode].append(reply["seconds"])
                     peaks[name, mode].append(reply["peak"])
+            if count_with:
+                rates.append(matmul_gflops(torch.float32) * 1e9)
     flops = workers[count_with].ask(cmd="flops", T=length)["flops"] if count_with else None
     for name in names:
         workers[name].ask(cmd="drop", T=length)
-    return {"warmup": warmup, "samples": samples, "peaks": peaks, "others_load": load.summary(), "flops": flops}
+    return {"warmup": warmup, "samples": samples, "peaks": peaks, "others_load": load.summary(), "flops": flops,
+            "matmul_flops_per_s": rates}
 
 
 def measure(workers: dict[str, Worker], length: int, repeats: int, log) -> list[dict]:
     """The rows of one length: each mode's samples on both sides, interleaved call by call, and each side's share of
-    the fp32 matmul rate (measured right after the rounds), with what twice the authors' speed would need: the FLOPs
-    of our call (its matrix products, benchmarks/flops.py; the authors' layer computes the same function,
-    and its share is taken at our count) over half the authors' time."""
+    the fp32 matmul rate (the median of its measurement in every round), with what twice the authors' speed would
+    need: the FLOPs of our call (its matrix products, benchmarks/flops.py; the authors' layer computes the same
+    function, and its share is taken at our count) over half the authors' time."""
     run = interleave(workers, length, repeats, count_with="ours")
     samples, peaks, warmup, load = run["samples"], run["peaks"], run["warmup"], run["others_load"]
-    rate = matmul_gflops(torch.float32) * 1e9
+    rate = statistics.median(run["matmul_flops_per_s"])
     rows = []
     for mode in MODES:
         ours, theirs = (statistics.median(samples[side, mode]) for side in SIDES)
@@ -149,7 +154,8 @@ def measure(workers: dict[str, Worker], length: int, repeats: int, log) -> list[
         rows.append({"T": length, "mode": mode, "ours_s": ours, "authors_s": theirs, "speedup": theirs / ours,
                      "ours_peak_rss_bytes": peak["ours"], "authors_peak_rss_bytes": peak["authors"],
                      "memory_ratio": peak["ours"] / peak["authors"], "others_load": load,
-                     "flops": flops, "matmul_flops_per_s": rate, "ours_of_matmul": flops / ours / rate,
+                     "flops": flops, "matmul_flops_per_s": rate,
+                     "matmul_samples": run["matmul_flops_per_s"], "ours_of_matmul": flops / ours / rate,
                      "authors_of_matmul": flops / theirs / rate, "twice_authors_needs": 2 * flops / theirs / rate,
                      "ours_samples": samples["ours", mode], "authors_samples": samples["authors", mode],
                      "ours_peaks": peaks["ours", mode], "authors_peaks": peaks["authors", mode],
@@ -185,10 +191,10 @@ def table(result: dict) -> str:
                      f"| {r['ours_peak_rss_bytes'] / 2**30:.2f} | {r['authors_peak_rss_bytes'] / 2**30:.2f} "
                      f"| {r['memory_ratio']:.2f}x | {load.get('others_runnable_mean')} / "
                      f"{load.get('others_runnable_max')} |")
-    lines += ["", "Against the fp32 matmul rate (measured after each length's rounds): the FLOPs of the layer's matrix "
-                  "products (counted on our side; the authors' layer computes the same function, and its column uses "
-                  "our count) per second of each side, and the share of the rate that twice the authors' speed would "
-                  "need (over 100%: out of reach on this machine, however little else the layer did).", "",
+    lines += ["", "Against the fp32 matmul rate (median of a measurement in every round): the FLOPs of the layer's "
+                  "matrix products (counted on our side; the authors' layer computes the same function, and its "
+                  "column uses our count) per second of each side, and the share of the rate that twice the authors' "
+                  "speed would need (over 100%: out of reach on this machine, however little else the layer did).", "",
               "| T | mode | GFLOP | matmul GFLOP/s | ours | authors' | 2x the authors' needs |",
               "|---:|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['T']} | {r['mode']} | {r['flops'] / 1e9:.1f} | {r['matmul_flops_per_s'] / 1e9:.1f} "
