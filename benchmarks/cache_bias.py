@@ -19,6 +19,8 @@ import json
 import statistics
 from pathlib import Path
 
+from result_files import write_result
+
 from transformer_vq.bench.machine import machine_info
 from transformer_vq.train.lm.build import model_from_checkpoint
 
@@ -104,11 +106,8 @@ def main(argv=None) -> None:
     parser.add_argument("--note", action="append", default=[], metavar="KEY=TEXT")
     args = parser.parse_args(argv)
     result = {"name": args.name, **collect(args.baseline, args.run, dict(n.split("=", 1) for n in args.note))}
-    out = Path(args.out)
-    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
-    (out / f"{args.name}.md").write_text(table(result))
+    out = write_result(result, table(result), args.out, args.name)
     plot(result, out / f"{args.name}.png")
-    print(table(result))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import torch
 
 from authors_bridge import (add_authors_flags, authors_params, authors_source, gau_config, jax_env, randomize,
                             require_authors)
+from result_files import write_result
 from transformer_vq import GatedAttentionUnit
 from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import load_average, machine_info, matmul_gflops
@@ -257,16 +258,6 @@ def main(argv: list[str] | None = None) -> dict:
     write_result(result, table(result), args.out,
                  args.name or f"jax-layer-fp32-{machine['date_utc'][:10]}-{machine['logical_cpus']}cpu")
     return result
-
-
-def write_result(result: dict, text: str, out: str, name: str) -> None:
-    """Print the table ``text`` and write ``NAME.json`` (``result``) and ``NAME.md`` (``text``) under ``out``."""
-    print(text)
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (folder / f"{name}.md").write_text(text)
-    print(f"wrote {folder / name}.json and .md")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from jax_layer import HERE, interleave, ours_worker, parse_lengths, save_unit, write_result
+from jax_layer import HERE, interleave, ours_worker, parse_lengths, save_unit
+from result_files import write_result
 from worker_protocol import MODES
 
 from transformer_vq.bench.load import load_text

@@ -23,6 +23,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from result_files import write_result
+
 CELLS = ("vq", "vq-window-only", "full")
 
 
@@ -202,12 +204,8 @@ def main(argv=None) -> int:
               "command": "python " + shlex.join(["benchmarks/longdoc_recall_text.py", *(sys.argv[1:] if argv is None else argv)]),
               "ablate": {k: ablate[k] for k in ("command", "settings", "machine", "load_average_end", "summary")},
               "others_load": load_summary(args.others_load), "summary": summarize(ablate)}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / f"{args.name}.md").write_text("\n".join(markdown(result)) + "\n")
+    out = write_result(result, "\n".join(markdown(result)) + "\n", args.out, args.name)
     plot(result, out / f"{args.name}.png")
-    print("\n".join(markdown(result)))
     return 0
 
 

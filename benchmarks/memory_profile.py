@@ -29,8 +29,9 @@ from pathlib import Path
 
 import torch
 from authors_bridge import gau_config, randomize
-from jax_layer import parse_lengths, write_result
+from jax_layer import parse_lengths
 from layer_worker import layer_calls
+from result_files import write_result
 
 from transformer_vq import GatedAttentionUnit
 from transformer_vq.bench.load import OthersLoad, load_text

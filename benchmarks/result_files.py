@@ -1,0 +1,21 @@
+"""Where a benchmark script leaves its result: ``NAME.json`` (everything it measured) and ``NAME.md`` (the table a
+reader reads) under one folder, the table also printed. One writer for every script in this folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from transformer_vq import fileio
+
+
+def write_result(result: dict, text: str, out: str | Path, name: str) -> Path:
+    """Print the table ``text`` and write ``NAME.json`` (``result``) and ``NAME.md`` (``text``) under ``out``
+    (made if missing; each file written whole or not at all). Returns the folder."""
+    print(text)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    fileio.atomic_write_text(folder / f"{name}.json", json.dumps(result, indent=2) + "\n")
+    fileio.atomic_write_text(folder / f"{name}.md", text)
+    print(f"wrote {folder / name}.json and .md")
+    return folder
