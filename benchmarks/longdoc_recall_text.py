@@ -55,7 +55,8 @@ def summarize(ablate: dict) -> dict:
         cells[cell] = {"seeds": [r["seed"] for r in records], "val_bpb_seeds": [r["final_bpb"] for r in records],
                        "val_bpb": _mean([r["final_bpb"] for r in records]),
                        "answer_bpb": _mean([rec.get("answer_bpb") for rec in recalls]),
-                       "accuracy": _mean([rec["accuracy"] for rec in recalls]), "buckets": buckets}
+                       "accuracy": _mean([rec["accuracy"] for rec in recalls]), "buckets": buckets,
+                       "test_bpb": _mean([rec.get("bpb") for rec in recalls]), "parts": _parts(recalls)}
     vq, window, full = (cells[c]["val_bpb"] for c in CELLS)
     ratios = {}
     if None not in (vq, window, full):
@@ -72,11 +73,25 @@ def summarize(ablate: dict) -> dict:
         v, w, f = bits("vq"), bits("vq-window-only"), bits("full")
         gaps.append({"bucket": row["bucket"], "window_only_minus_vq": None if None in (v, w) else w - v,
                      "vq_minus_full": None if None in (v, f) else v - f})
-    return {"answer_bytes_per_episode": answer_bytes, "seq_len": seq_len,
+    part_gaps = {name: {"window_only_minus_vq": _difference(cells, "vq-window-only", "vq", name),
+                        "vq_minus_full": _difference(cells, "vq", "full", name)} for name in cells["vq"]["parts"]}
+    return {"answer_bytes_per_episode": answer_bytes, "seq_len": seq_len, "part_gaps": part_gaps,
             "answer_share": answer_bytes / seq_len,
             # a model that recalls every answer against one that guesses among the ten digits, all else equal
             "guess_minus_perfect_bpb": answer_bytes * math.log2(10) / seq_len,
             "cells": cells, "ratios": ratios, "gaps": gaps}
+
+
+def _parts(recalls: list[dict]) -> dict:
+    """Per kind of byte: its share of the test episodes' bits per byte, mean over seeds (empty when not measured)."""
+    if not recalls or not all(rec.get("parts") for rec in recalls):
+        return {}
+    return {name: _mean([rec["parts"][name]["bpb_share"] for rec in recalls]) for name in recalls[0]["parts"]}
+
+
+def _difference(cells: dict, a: str, b: str, part: str):
+    x, y = cells[a]["parts"].get(part), cells[b]["parts"].get(part)
+    return None if None in (x, y) else x - y
 
 
 def from_runs(run_dirs: list[str], trained_by: str) -> dict:
@@ -141,6 +156,7 @@ def markdown(result: dict) -> list[str]:
         lines += ["", f"Window-only vs VQ: {r['window_only_vs_vq']:+.2%} (per seed "
                       f"{', '.join(f'{x:+.2%}' for x in r['per_seed_window_only_vs_vq'])}); VQ vs full: "
                       f"{r['vq_vs_full']:+.2%} (per seed {', '.join(f'{x:+.2%}' for x in r['per_seed_vq_vs_full'])})."]
+    lines += _parts_lines(s)
     lines += ["", "Bits per answer byte by distance from pair to query (test episodes, mean over seeds; accuracy in "
                   "brackets), and the gaps:", "",
               "| distance (blocks) | queries per seed | `vq` | `vq-window-only` | `full` | window-only − VQ | VQ − full |",
@@ -154,6 +170,25 @@ def markdown(result: dict) -> list[str]:
         queries = s["cells"]["vq"]["buckets"][index]["queries_per_seed"]
         lines.append(f"| {gap['bucket']} | {queries} | {' | '.join(cols)} | {_fmt(gap['window_only_minus_vq'], '+.3f')} "
                      f"| {_fmt(gap['vq_minus_full'], '+.3f')} |")
+    return lines
+
+
+def _parts_lines(s: dict) -> list[str]:
+    """Where the whole-episode gap comes from: each kind of byte's share of the test episodes' bits per byte."""
+    if not s.get("part_gaps"):
+        return []
+    lines = ["", "Where the bits go: each kind of byte's share of the test episodes' bits per byte (mean over seeds; "
+                 "the shares add up to the test bpb in the last row), and the gaps:", "",
+             "| kind of byte | `vq` | `vq-window-only` | `full` | window-only − VQ | VQ − full |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, gap in s["part_gaps"].items():
+        shares = [_fmt(s["cells"][cell]["parts"].get(name)) for cell in CELLS]
+        lines.append(f"| {name} | {' | '.join(shares)} | {_fmt(gap['window_only_minus_vq'], '+.4f')} | "
+                     f"{_fmt(gap['vq_minus_full'], '+.4f')} |")
+    totals = [s["cells"][cell]["test_bpb"] for cell in CELLS]
+    gaps = [None if None in (a, b) else a - b for a, b in ((totals[1], totals[0]), (totals[0], totals[2]))]
+    lines.append(f"| all (test bpb) | {' | '.join(_fmt(t) for t in totals)} | {_fmt(gaps[0], '+.4f')} | "
+                 f"{_fmt(gaps[1], '+.4f')} |")
     return lines
 
 

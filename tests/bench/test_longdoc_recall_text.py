@@ -40,6 +40,33 @@ def test_ratios_and_gaps_by_distance():
     assert s["ratios"]["per_seed_window_only_vs_vq"] == pytest.approx([0.1, 0.0])
     assert [g["window_only_minus_vq"] for g in s["gaps"]] == pytest.approx([0.0, 1.25])
     assert [g["vq_minus_full"] for g in s["gaps"]] == pytest.approx([0.5, 0.0])
+    assert s["part_gaps"] == {}  # records without the parts: no table of them
+
+
+def _with_parts(record, answers, queries):
+    record["recall"]["bpb"] = 0.2 + answers + queries
+    record["recall"]["parts"] = {"pairs": {"bpb_share": 0.1}, "filler": {"bpb_share": 0.1},
+                                 "queries": {"bpb_share": queries}, "answers": {"bpb_share": answers}}
+    return record
+
+
+def test_where_the_bits_go(tmp_path):
+    ablate = _ablate()
+    shares = {("vq", 0): (0.02, 0.03), ("vq", 1): (0.04, 0.03), ("vq-window-only", 0): (0.05, 0.06),
+              ("vq-window-only", 1): (0.05, 0.06), ("full", 0): (0.02, 0.03), ("full", 1): (0.02, 0.03)}
+    ablate["cells"] = [_with_parts(r, *shares[r["cell"], r["seed"]]) for r in ablate["cells"]]
+    s = _script().summarize(ablate)
+    assert s["cells"]["vq"]["parts"]["answers"] == pytest.approx(0.03)
+    assert s["part_gaps"]["answers"]["window_only_minus_vq"] == pytest.approx(0.02)
+    assert s["part_gaps"]["queries"]["window_only_minus_vq"] == pytest.approx(0.03)
+    assert s["part_gaps"]["answers"]["vq_minus_full"] == pytest.approx(0.01)
+    assert s["part_gaps"]["pairs"] == pytest.approx({"window_only_minus_vq": 0.0, "vq_minus_full": 0.0})
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(ablate))
+    assert _script().main([str(path), "--name", "p", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "p.md").read_text()
+    assert "| answers | 0.0300 | 0.0500 | 0.0200 | +0.0200 | +0.0100 |" in md
+    assert "| all (test bpb) | 0.2600 | 0.3100 | 0.2500 | +0.0500 | +0.0100 |" in md
 
 
 def test_the_files(tmp_path):

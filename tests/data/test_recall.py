@@ -11,8 +11,8 @@ import pytest
 from transformer_vq.config import TrainConfig
 from transformer_vq.data import DataError, load_corpus
 from transformer_vq.data.batches import corpus_batches
-from transformer_vq.data.recall import (ASSIGN, END, HEADER, QUERY, RecallSpec, load_recall, recall_episode,
-                                        recall_split, spec_of, stored_episode)
+from transformer_vq.data.recall import (ASSIGN, END, FILLER, HEADER, PARTS, QUERY, VALUES, RecallSpec, episode_parts,
+                                        load_recall, recall_episode, recall_split, spec_of, stored_episode)
 from transformer_vq.data.registry import list_corpora, list_probes
 from transformer_vq.train.lm.build import load_corpus_for
 
@@ -58,6 +58,24 @@ def test_answers_are_the_values_of_their_keys_at_the_recorded_distances(spec):
         assert (t == QUERY).sum() == spec.n_queries  # queries never overlap
         keys = t[spec.pairs_end - spec.n_pairs * spec.pair_len:spec.pairs_end].reshape(spec.n_pairs, -1)[:, :kl]
         assert len({bytes(k) for k in keys}) == spec.n_pairs  # distinct keys
+
+
+@pytest.mark.parametrize("spec", [RecallSpec(seq_len=512), RecallSpec(seq_len=300, n_pairs=12, n_queries=5,
+                                                                       key_len=2, value_len=3, filler="random")])
+def test_episode_parts_name_every_byte_by_what_it_is(spec):
+    for index in range(10):
+        e = recall_episode(spec, 2, "validation", index)
+        parts, t = episode_parts(spec, e), e.tokens
+        assert parts.shape == t.shape
+        by_name = {name: t[parts == i] for i, name in enumerate(PARTS)}
+        assert (parts[:spec.pairs_end] == PARTS.index("pairs")).all() and by_name["pairs"][0] == HEADER
+        assert np.isin(by_name["answers"], VALUES).all() and len(by_name["answers"]) == spec.n_queries * spec.value_len
+        # each query's '?', key and '=' (key_len + 2 bytes), nothing else
+        queries = by_name["queries"].reshape(spec.n_queries, spec.key_len + 2)
+        assert (queries[:, 0] == QUERY).all() and (queries[:, -1] == ASSIGN).all()
+        # the filler holds filler letters and the ';' closing each query
+        assert np.isin(by_name["filler"], np.append(FILLER, END)).all()
+        assert (by_name["filler"] == END).sum() == spec.n_queries
 
 
 def test_pattern_filler_repeats_its_phrase_and_distances_spread_over_buckets():

@@ -189,6 +189,23 @@ def recall_episode(spec: RecallSpec, seed: int, split: str, index: int, filler: 
     return Episode(tokens=tokens, answer_pos=answer_pos, value_pos=value_pos)
 
 
+PARTS = ("pairs", "filler", "queries", "answers")
+"""The kinds of byte of an episode (:func:`episode_parts`): the header and the key=value pairs; the filler (with the
+``;`` that closes each query); each query's ``?``, key and ``=`` (where a query comes and which key it asks: knowing
+which keys were defined and not yet asked is itself a memory of the pairs); the answers."""
+
+
+def episode_parts(spec: RecallSpec, episode: Episode) -> np.ndarray:
+    """``[seq_len]`` index into :data:`PARTS` of every byte of ``episode`` (an episode of ``spec``)."""
+    parts = np.full(spec.seq_len, PARTS.index("filler"), dtype=np.int64)
+    parts[:spec.pairs_end] = PARTS.index("pairs")
+    # a query is '?', key, '=', value, ';' and its first answer byte comes key_len + 2 bytes after the '?'
+    query_bytes = episode.answer_pos[:, :1] - spec.key_len - 2 + np.arange(spec.key_len + 2)
+    parts[query_bytes] = PARTS.index("queries")
+    parts[episode.answer_pos] = PARTS.index("answers")
+    return parts
+
+
 def recall_split(spec: RecallSpec, seed: int, split: str, n_episodes: int, text: np.ndarray | None = None) -> np.ndarray:
     """Episodes ``0 .. n_episodes - 1`` of ``split`` back to back: ``[n_episodes * seq_len]`` uint8. ``text``: the
     cleaned text of ``split`` (:func:`clean_text`), for the text filler only."""

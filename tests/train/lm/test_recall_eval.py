@@ -16,7 +16,8 @@ from transformer_vq.cli import main
 from transformer_vq.config import RunConfig, TrainConfig, preset
 from transformer_vq.data.recall import ASSIGN, load_recall
 from transformer_vq.train import train
-from transformer_vq.train.lm.recall import accuracy_by_distance, distance_bucket, recall_accuracy, recall_table
+from transformer_vq.train.lm.recall import (accuracy_by_distance, bits_by_part, distance_bucket, recall_accuracy,
+                                           recall_table)
 
 def test_distance_buckets_are_powers_of_two_blocks():
     assert [distance_bucket(d, 32) for d in (0, 63, 64, 127, 128, 255, 256, 511, 512)] == [0, 0, 1, 1, 2, 2, 3, 3, 4]
@@ -85,6 +86,14 @@ def test_recall_accuracy_of_a_model_with_a_known_reach(reach):
     assert (result.episodes, result.chance, result.block_len) == (6, 0.1, 16)
     if reach == 10_000:
         assert result.accuracy == 1.0
+    # every byte but a recalled answer is a uniform guess over 256 bytes: 8 bits; the parts add up to the whole
+    parts, spec = result.parts, spec_of(corpus)
+    assert [parts[name]["bits_per_byte"] for name in ("pairs", "filler", "queries")] == [8.0, 8.0, 8.0]
+    assert abs(parts["answers"]["bits_per_byte"] - result.answer_bpb) < 1e-12
+    assert (parts["pairs"]["bytes"], parts["queries"]["bytes"], parts["answers"]["bytes"]) == (
+        6 * (spec.pairs_end - 1), 6 * spec.n_queries * (spec.key_len + 2), 6 * spec.n_queries * spec.value_len)
+    assert sum(row["bytes"] for row in parts.values()) == 6 * (spec.seq_len - 1)
+    assert abs(sum(row["bpb_share"] for row in parts.values()) - result.bpb) < 1e-12
     # the state carries the history across windows: the window length changes nothing
     assert recall_accuracy(LookbackModel(reach), corpus, "test", block_len=16, window_len=256).buckets == result.buckets
 
@@ -130,3 +139,23 @@ def test_bits_per_answer_byte_by_distance_and_in_the_table():
         "| distance (blocks) | queries | accuracy | answer bits/byte |", "|---|---:|---:|---:|",
         "| 0-2 | 2 | 100.0% | 2.000 |"]
     assert recall_table(result).splitlines()[-1] == "| all | 3 | 66.7% | 4.000 |"
+
+
+def test_bits_by_part_splits_the_bits_per_byte():
+    parts = [0, 0, 1, 2, 3, 1]
+    bits = [float("nan"), 2.0, 1.0, 4.0, 6.0, 3.0]  # the first byte is not predicted
+    rows = bits_by_part(parts, bits)
+    assert rows == {"pairs": {"bytes": 1, "bits_per_byte": 2.0, "bpb_share": 2.0 / 5},
+                    "filler": {"bytes": 2, "bits_per_byte": 2.0, "bpb_share": 4.0 / 5},
+                    "queries": {"bytes": 1, "bits_per_byte": 4.0, "bpb_share": 4.0 / 5},
+                    "answers": {"bytes": 1, "bits_per_byte": 6.0, "bpb_share": 6.0 / 5}}
+    assert sum(r["bpb_share"] for r in rows.values()) == 16.0 / 5
+    with pytest.raises(ValueError, match="must have the same shape"):
+        bits_by_part([0, 1], [1.0])
+    result = {"split": "test", "episodes": 1, "block_len": 32, "chance": 0.1, "accuracy": 1.0,
+              "buckets": accuracy_by_distance([1], [5], 32), "bpb": 3.2, "parts": rows}
+    assert recall_table(result).splitlines()[-8:] == [
+        "bits by kind of byte (the shares add up to 3.2000 bits per byte)", "",
+        "| part | bytes | bits/byte | share of bits per byte |", "|---|---:|---:|---:|",
+        "| pairs | 1 | 2.000 | 0.4000 |", "| filler | 2 | 2.000 | 0.8000 |", "| queries | 1 | 4.000 | 0.8000 |",
+        "| answers | 1 | 6.000 | 1.2000 |"]

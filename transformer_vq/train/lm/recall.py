@@ -22,7 +22,7 @@ import torch
 
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
-from transformer_vq.data.recall import spec_of, stored_episode
+from transformer_vq.data.recall import PARTS, episode_parts, spec_of, stored_episode
 from transformer_vq.train.inference import evaluating
 
 
@@ -79,9 +79,32 @@ class RecallResult:
     """Mean bits per answer byte over every query of the episodes."""
     buckets: list[dict] = field(default_factory=list)
     """:func:`accuracy_by_distance` rows."""
+    bpb: float | None = None
+    """Bits per byte over every scored byte of the episodes (each episode's first byte is not predicted)."""
+    parts: dict = field(default_factory=dict)
+    """:func:`bits_by_part`: where those bits go."""
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def bits_by_part(parts, bits) -> dict:
+    """Per kind of byte (:data:`~transformer_vq.data.recall.PARTS`), from ``parts`` (its index per byte) and
+    ``bits`` (spent per byte; NaN where nothing was predicted, which is left out): the bytes scored, their mean bits
+    and ``bpb_share``, their bits over every scored byte; the shares add up to the episodes' bits per byte, so two
+    models' difference in bits per byte splits into the parts' differences."""
+    parts, bits = np.asarray(parts).reshape(-1), np.asarray(bits, dtype=np.float64).reshape(-1)
+    if parts.shape != bits.shape:
+        raise ValueError(f"parts {parts.shape} and bits {bits.shape} must have the same shape")
+    scored = ~np.isnan(bits)
+    total = int(scored.sum())
+    result = {}
+    for index, name in enumerate(PARTS):
+        chosen = scored & (parts == index)
+        n = int(chosen.sum())
+        result[name] = {"bytes": n, "bits_per_byte": float(bits[chosen].mean()) if n else None,
+                        "bpb_share": float(bits[chosen].sum()) / total if total else None}
+    return result
 
 
 def answer_predictions(model: torch.nn.Module, rows: torch.Tensor, window_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,7 +137,7 @@ def recall_accuracy(model: torch.nn.Module, corpus: Corpus, split: str = "valida
     n_episodes = corpus.metadata["episodes"][split] if not max_episodes else \
         min(max_episodes, corpus.metadata["episodes"][split])
     device = next(model.parameters()).device
-    correct, distances, bits = [], [], []
+    correct, distances, bits, parts, spent_all = [], [], [], [], []
     with evaluating(model):
         for first in range(0, n_episodes, batch_size):
             episodes = [stored_episode(corpus, split, i) for i in range(first, min(first + batch_size, n_episodes))]
@@ -125,10 +148,14 @@ def recall_accuracy(model: torch.nn.Module, corpus: Corpus, split: str = "valida
                 correct.append((predicted[b][episode.answer_pos] == episode.tokens[episode.answer_pos]).all(axis=1))
                 distances.append(episode.distances)
                 bits.append(spent[b][episode.answer_pos])
+                parts.append(episode_parts(spec, episode))
+                spent_all.append(spent[b])
     correct, distances, bits = np.concatenate(correct), np.concatenate(distances), np.concatenate(bits)
+    spent_all = np.concatenate(spent_all)
     return RecallResult(split=split, episodes=n_episodes, block_len=block_len, chance=spec.chance,
                         accuracy=float(correct.mean()), answer_bpb=float(bits.mean()),
-                        buckets=accuracy_by_distance(correct, distances, block_len, bits))
+                        buckets=accuracy_by_distance(correct, distances, block_len, bits),
+                        bpb=float(np.nanmean(spent_all)), parts=bits_by_part(np.concatenate(parts), spent_all))
 
 
 def recall_table(result: dict) -> str:
@@ -147,4 +174,16 @@ def recall_table(result: dict) -> str:
         lines.append(f"| {row['bucket']} | {row['queries']} | {accuracy} |" + bits(row.get("answer_bpb")))
     lines.append(f"| all | {sum(r['queries'] for r in result['buckets'])} | {result['accuracy']:.1%} |"
                  + bits(result.get("answer_bpb")))
-    return "\n".join(lines)
+    return "\n".join(lines + _parts_table(result))
+
+
+def _parts_table(result: dict) -> list[str]:
+    """Where the episodes' bits per byte go, by kind of byte (when measured)."""
+    if not result.get("parts"):
+        return []
+    lines = ["", f"bits by kind of byte (the shares add up to {result['bpb']:.4f} bits per byte)", "",
+             "| part | bytes | bits/byte | share of bits per byte |", "|---|---:|---:|---:|"]
+    for name, row in result["parts"].items():
+        mean = "-" if row["bits_per_byte"] is None else f"{row['bits_per_byte']:.3f}"
+        lines.append(f"| {name} | {row['bytes']} | {mean} | {row['bpb_share']:.4f} |")
+    return lines
