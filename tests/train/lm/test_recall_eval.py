@@ -155,7 +155,7 @@ def test_bits_by_part_splits_the_bits_per_byte():
     result = {"split": "test", "episodes": 1, "block_len": 32, "chance": 0.1, "accuracy": 1.0,
               "buckets": accuracy_by_distance([1], [5], 32), "bpb": 3.2, "parts": rows}
     assert recall_table(result).splitlines()[-8:] == [
-        "bits by kind of byte (the shares add up to 3.2000 bits per byte)", "",
+        "bits by kind of byte (the shares add up to 3.2000 bits per byte over every byte but each episode's first)", "",
         "| part | bytes | bits/byte | share of bits per byte |", "|---|---:|---:|---:|",
         "| pairs | 1 | 2.000 | 0.4000 |", "| filler | 2 | 2.000 | 0.8000 |", "| queries | 1 | 4.000 | 0.8000 |",
         "| answers | 1 | 6.000 | 1.2000 |"]

@@ -181,7 +181,8 @@ def _parts_table(result: dict) -> list[str]:
     """Where the episodes' bits per byte go, by kind of byte (when measured)."""
     if not result.get("parts"):
         return []
-    lines = ["", f"bits by kind of byte (the shares add up to {result['bpb']:.4f} bits per byte)", "",
+    lines = ["", f"bits by kind of byte (the shares add up to {result['bpb']:.4f} bits per byte over every byte but each "
+             "episode's first)", "",
              "| part | bytes | bits/byte | share of bits per byte |", "|---|---:|---:|---:|"]
     for name, row in result["parts"].items():
         mean = "-" if row["bits_per_byte"] is None else f"{row['bits_per_byte']:.3f}"
