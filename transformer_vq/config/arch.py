@@ -73,12 +73,14 @@ ARCHS: tuple[Arch, ...] = (
          refused_options={**dict.fromkeys(("n_code", "ema_rate", "commit_coef"), "it has no codebook (softmax "
                                           "attention over unquantized keys)"),
                           "d_v": "its heads split d_model (it has no separate value width)",
-                          "ema_dim": NO_SSM, "scoring": "its attention is softmax", "norm": "its norms are layer norms",
+                          "ema_dim": NO_SSM, "ema_timescale": NO_SSM, "scoring": "its attention is softmax",
+                          "norm": "its norms are layer norms",
                           "causal": ENCODER, "block_len": "it attends the whole sequence at once, in no blocks"}),
     Arch("classify", "tvq", "a Transformer-VQ encoder classifier (baseline)", LongVQConfig,
          "transformer_vq.models.baselines.classifiers:TransformerVQEncoderClassifier", CLASSIFY_PRESETS,
          frozenset({"classify eval", "codebook"}),
          refused_options={"d_ffn": "its gated attention units have no separate FFN", "ema_dim": NO_SSM,
+                          "ema_timescale": NO_SSM,
                           "scoring": "its VQ attention is softmax", "norm": "its units normalize with RMS norms",
                           "causal": ENCODER}),
 )

@@ -12,6 +12,8 @@ LONGVQ_SCORINGS = ("softmax", "relu2")
 """LongVQ's attention functions (its eq. 16 and Sec. 9.2); the causal operator computes softmax only."""
 NORMS = ("layer", "batch", "scale")
 """The normalizations of LongVQ's Table 7: layer norm (LN), batch norm (BN), scale norm (SN)."""
+MIN_TIMESCALE = 2.0
+"""The smallest ``ema_timescale`` other than 0: tau is drawn from [1.5, T], so T must exceed 1.5."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,10 @@ class LongVQConfig:
     d_ffn: int = option(1024, "Hidden width of the position-wise FFN (Table 8: 'FFN Hidden size').", min=1)
     n_layers: int = option(12, "Number of LongVQ blocks.", min=1)
     ema_dim: int = option(16, "State size of the SSM per channel: the damped EMA's dimension h (Table 8).", min=1)
+    ema_timescale: float = option(0.0, "Initial timescales of the SSM: 0 for Mega's initialization (decays near 0.75, "
+                                       "a memory of a few tokens); T >= 2 for alpha = 1/tau, tau log-uniform over "
+                                       "[1.5, T] per channel and EMA dimension (memories up to about 2T tokens).",
+                                  min=0.0)
     n_code: int = option(512, "Codebook size S of each layer's key quantizer (Sec. 5: 512).", min=1)
     block_len: int = option(512, "Block length L of the local-bias window (the paper leaves it open).", min=1)
     scoring: str = option("softmax", "Attention function: 'softmax' or 'relu2' (eq. 16) of an encoder (causal false; "
@@ -56,6 +62,8 @@ class LongVQConfig:
             extra.append(("norm", "'batch' mixes the positions of a sequence (its statistics are taken over time), "
                                   "so a causal model would see later tokens: use norm 'layer' or 'scale', or causal "
                                   "false for an encoder"))
+        if 0 < self.ema_timescale < MIN_TIMESCALE:
+            extra.append(("ema_timescale", f"must be 0 (Mega's initialization) or at least {MIN_TIMESCALE}"))
         if self.n_classes == 0 and self.causal is False:
             extra.append(("causal", "false needs n_classes > 0: a language model (n_classes 0) is causal"))
         check(self, extra + switch_problems(self))

@@ -91,3 +91,33 @@ def test_gradients_reach_every_parameter():
     module = ssm(bidirectional=True)
     module(inputs(8))[0].square().sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())
+
+
+def test_timescale_initialization_spreads_the_memories_up_to_the_timescale():
+    """``timescale`` T: ``alpha = 1 / tau`` with ``tau`` log-uniform over [1.5, T] (log tau uniform: its quartiles
+    where they should be); 0 keeps Mega's ``alpha`` logits N(0, 0.2^2). A sequence's last token then still carries
+    its first one at T = 1024 and not at Mega's decays."""
+    torch.manual_seed(0)
+    long = DampedEMA(64, 16, bidirectional=True, timescale=1024.0)
+    tau = 1 / torch.sigmoid(long.alpha.detach().double())
+    assert tau.min() >= 1.5 - 1e-9 and tau.max() <= 1024 + 1e-6
+    log_tau = (tau.log() - torch.log(torch.tensor(1.5))) / (torch.log(torch.tensor(1024.0)) - torch.log(torch.tensor(1.5)))
+    quartiles = torch.quantile(log_tau.flatten(), torch.tensor([0.25, 0.5, 0.75], dtype=torch.double))
+    torch.testing.assert_close(quartiles, torch.tensor([0.25, 0.5, 0.75], dtype=torch.double), rtol=0, atol=0.03)
+    torch.manual_seed(0)
+    mega = DampedEMA(64, 16, bidirectional=True)
+    assert mega.alpha.abs().max() < 1.5 and 0.15 < mega.alpha.std() < 0.25
+    x = torch.zeros(1, 1024, 64, dtype=torch.double)
+    x[:, 0] = 1.0
+    row, last = ({name: ssm.double()(x)[0][0, t].abs().mean().item() for name, ssm in (("long", long), ("mega", mega))}
+                 for t in (32, 1023))
+    assert row["long"] > 20 * row["mega"]  # the pixel below, in a 32 x 32 image read in raster order
+    assert last["long"] > 1e-4 and last["mega"] < 1e-12
+
+
+def test_timescale_must_be_zero_or_at_least_two():
+    from transformer_vq.config import ConfigError, longvq_preset
+
+    with pytest.raises(ConfigError, match="ema_timescale"):
+        longvq_preset("tiny", ema_timescale=1.0)
+    assert longvq_preset("tiny", ema_timescale=2.0).ema_timescale == 2.0

@@ -121,3 +121,27 @@ def test_evaluation_equals_one_example_at_a_time(tmp_path):
     assert result.confusion == confusion.tolist()
     assert result.loss == pytest.approx(loss / len(examples), abs=1e-10)
     assert result.accuracy == confusion.trace().item() / len(examples)
+
+
+def test_validation_takes_batch_norm_statistics_from_the_current_weights(digits, tmp_path):
+    """A batch-normed classifier is validated (and saved) with statistics re-estimated from the first training
+    examples under its weights as they are, not its lagging running averages (transformer_vq/nn/batch_stats.py)."""
+    from transformer_vq.data.classify import ordered_batches
+    from transformer_vq.nn.batch_stats import batch_norms, recompute_batch_norm_stats
+    from transformer_vq.train.classify.trainer import BATCH_NORM_EXAMPLES
+
+    cfg = classify_config(n_classes=digits.n_classes, vocab_size=digits.vocab_size, preset="tiny",
+                          model={"norm": "batch", "dropout": 0.0},
+                          train={**TRAIN, "steps": 4, "eval_every": 4, "lr": 1e-2, "run_dir": str(tmp_path / "run")})
+    assert classify_train(cfg, data=digits).exit_code == 0
+    saved = build_classifier(cfg)
+    latest_checkpoint(tmp_path / "run" / "checkpoints").load_weights(saved)  # step 4: validated, then saved
+    fresh = build_classifier(cfg)
+    latest_checkpoint(tmp_path / "run" / "checkpoints").load_weights(fresh)
+    train = digits.split("train")
+    used = recompute_batch_norm_stats(fresh, ((ids, mask) for ids, mask, _ in ordered_batches(
+        train.window(0, BATCH_NORM_EXAMPLES), cfg.train.batch_size, pad_id=digits.pad_id)))
+    assert used == BATCH_NORM_EXAMPLES // cfg.train.batch_size
+    for mine, theirs in zip(batch_norms(saved), batch_norms(fresh)):
+        torch.testing.assert_close(mine.running_mean, theirs.running_mean, rtol=0, atol=1e-6)
+        torch.testing.assert_close(mine.running_var, theirs.running_var, rtol=0, atol=1e-6)

@@ -109,7 +109,7 @@ class LongVQLayer(nn.Module):
         super().__init__()
         self.cfg = cfg
         D, Dqk, Dv, L = cfg.d_model, cfg.d_qk, cfg.d_v, cfg.block_len
-        self.ssm = DampedEMA(D, cfg.ema_dim, bidirectional=not cfg.causal)
+        self.ssm = DampedEMA(D, cfg.ema_dim, bidirectional=not cfg.causal, timescale=cfg.ema_timescale)
         self.w_z = nn.Linear(D, 2 * Dqk + Dv)  # Q, K and G_a from Z (eqs. 10-12)
         self.w_x = nn.Linear(D, Dv + D)  # V and G_o from X (eqs. 13, 19)
         self.w_o = nn.Linear(Dv, D)

@@ -22,6 +22,7 @@ Letters: B batch, T positions, D channels, N the EMA dimension ``h``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -53,11 +54,13 @@ class DampedEMA(nn.Module):
         dim: channels ``D`` (each filtered independently).
         ema_dim: EMA dimension ``N`` (Table 8's ``h``).
         bidirectional: add a backward EMA with parameters of its own (an encoder); it carries no state.
+        timescale: 0 for Mega's initialization; ``T >= 2`` to start ``alpha`` at ``1 / tau``, ``tau`` log-uniform
+            over ``[1.5, T]`` (:meth:`reset_parameters`).
     """
 
-    def __init__(self, dim: int, ema_dim: int, *, bidirectional: bool):
+    def __init__(self, dim: int, ema_dim: int, *, bidirectional: bool, timescale: float = 0.0):
         super().__init__()
-        self.dim, self.ema_dim, self.bidirectional = dim, ema_dim, bidirectional
+        self.dim, self.ema_dim, self.bidirectional, self.timescale = dim, ema_dim, bidirectional, timescale
         directions = 2 if bidirectional else 1
         self.alpha = nn.Parameter(torch.empty(directions, dim, ema_dim))
         self.delta = nn.Parameter(torch.empty(directions, dim, ema_dim))
@@ -68,8 +71,22 @@ class DampedEMA(nn.Module):
 
     def reset_parameters(self) -> None:
         """Mega's initialization: ``alpha, delta`` logits and ``eta``, ``omega`` normal; ``beta`` near alternating
-        signs, so the EMA dimensions of a channel start as different filters."""
-        nn.init.normal_(self.alpha, std=0.2)
+        signs, so the EMA dimensions of a channel start as different filters.
+
+        With a ``timescale`` T, ``alpha`` starts at ``1 / tau`` instead, ``tau`` log-uniform over ``[1.5, T]``: the
+        decay ``1 - alpha delta`` (``delta`` near 1/2) then remembers from about 3 to about ``2T`` tokens. Why: at
+        Mega's decays near 0.75 a token's influence is 1e-4 of its own 32 tokens later, so a sequence model of
+        32 x 32 images in raster order does not see the row above, and the gradient that could lengthen the memory
+        is as small (Pathfinder stayed at chance, benchmarks/results/classify-curve-pathfinder-2026-11-27.md); LongVQ's
+        attention cannot make up for it, its far keys being quantized and position-free. Linear recurrent models
+        learn Pathfinder only from decays near 1 (Orvieto et al. 2023, "Resurrecting Recurrent Neural Networks for
+        Long Sequences"); S4D's log-spaced steps do the same."""
+        if self.timescale:
+            tau = torch.empty_like(self.alpha).uniform_(math.log(1.5), math.log(self.timescale)).exp_()
+            with torch.no_grad():
+                self.alpha.copy_(-torch.log(tau - 1))  # logit(1 / tau)
+        else:
+            nn.init.normal_(self.alpha, std=0.2)
         nn.init.normal_(self.delta, std=0.2)
         signs = torch.ones(self.ema_dim)
         signs[1::2] = -1.0
@@ -109,4 +126,5 @@ class DampedEMA(nn.Module):
         return y + self.omega * x, h_last
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, ema_dim={self.ema_dim}, bidirectional={self.bidirectional}"
+        return (f"dim={self.dim}, ema_dim={self.ema_dim}, bidirectional={self.bidirectional}, "
+                f"timescale={self.timescale}")
