@@ -15,145 +15,178 @@ own initialization: the formula that became ``LongVQConfig.ema_timescale`` (whic
 The runs and their results: benchmarks/results/classify-curve-pathfinder-2026-11-27.md, "Fit tests". A scratch
 harness (its own loop, not the trainer): its numbers are what it prints, on one torch thread.
 """
+
+from __future__ import annotations
+
 import argparse
+import copy
 import json
 import math
 import time
+
 import numpy as np
 import torch
 
 from transformer_vq.config.longvq import CLASSIFY_PRESETS
-from transformer_vq.data.classify.pathfinder import load_pathfinder
-from transformer_vq.models.longvq.model import LongVQClassifier
+from transformer_vq.data.classify.pathfinder import layout, load_pathfinder
 from transformer_vq.models.baselines.classifiers import TransformerClassifier
+from transformer_vq.models.longvq.model import LongVQClassifier
+from transformer_vq.nn.batch_stats import recompute_batch_norm_stats
 
-p = argparse.ArgumentParser()
-p.add_argument("--arch", default="longvq")
-p.add_argument("--n-fit", type=int, default=256)
-p.add_argument("--n-val", type=int, default=256)
-p.add_argument("--steps", type=int, default=100)
-p.add_argument("--batch", type=int, default=32)
-p.add_argument("--lr", type=float, default=1e-2)
-p.add_argument("--warmup", type=int, default=10)
-p.add_argument("--clip", type=float, default=1.0)
-p.add_argument("--wd", type=float, default=0.01)
-p.add_argument("--every", type=int, default=10)
-p.add_argument("--eval-every", type=int, default=50)
-p.add_argument("--model", default="{}", help="json overrides of the small preset")
-p.add_argument("--data", default="{}", help="json data options")
-p.add_argument("--seed", type=int, default=0)
-p.add_argument("--cosine", action="store_true")
-p.add_argument("--label", default="true", help="true | ink (ink count above median) | dist (dot distance < 14)")
-p.add_argument("--tau-max", type=float, default=0.0, help="EMA alpha = 1/tau, tau log-uniform in [1.5, tau_max]")
-a = p.parse_args()
-torch.set_num_threads(1)
-torch.manual_seed(a.seed)
-dopts = dict(n_train=20000, n_validation=500, n_test=2000)
-dopts.update(json.loads(a.data))
-data = load_pathfinder(**dopts)
-mo = dict(norm="batch", dropout=0.0, causal=False, n_classes=2, vocab_size=256)
-mo.update(json.loads(a.model))
-cfg = CLASSIFY_PRESETS["small"].replace(**mo)
-model = (LongVQClassifier if a.arch == "longvq" else TransformerClassifier)(cfg)
-if a.tau_max > 0:
-    for mod in model.modules():
-        if mod.__class__.__name__ == "DampedEMA":
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", default="longvq", choices=("longvq", "transformer"))
+    p.add_argument("--n-fit", type=int, default=256)
+    p.add_argument("--n-val", type=int, default=256)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--wd", type=float, default=0.01)
+    p.add_argument("--every", type=int, default=10)
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--model", default="{}", help="json overrides of the small preset")
+    p.add_argument("--data", default="{}", help="json data options")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cosine", action="store_true")
+    p.add_argument("--label", default="true", choices=("true", "ink", "dist"),
+                   help="true | ink (ink count above median) | dist (dot distance < 14)")
+    p.add_argument("--tau-max", type=float, default=0.0, help="EMA alpha = 1/tau, tau log-uniform in [1.5, tau_max]")
+    return p.parse_args(argv)
+
+
+def long_memory_init(model: torch.nn.Module, tau_max: float) -> None:
+    """Every SSM's ``alpha`` set to ``1 / tau``, ``tau`` log-uniform over ``[1.5, tau_max]`` (stored as its logit)."""
+    for module in model.modules():
+        if module.__class__.__name__ == "DampedEMA":
             with torch.no_grad():
-                tau = torch.exp(torch.empty_like(mod.alpha).uniform_(math.log(1.5), math.log(a.tau_max)))
-                al = 1.0 / tau
-                mod.alpha.copy_(torch.log(al) - torch.log1p(-al))
-print("params", sum(p.numel() for p in model.parameters()), cfg, flush=True)
-tr = data.split("train")
-va = data.split("validation")
-n_fit = min(a.n_fit, len(tr))
-side = dopts.get("side", 32)
-X = torch.from_numpy(np.asarray(tr.tokens[:n_fit * side * side]).astype(np.int64)).view(n_fit, -1)
-Y = torch.from_numpy(np.asarray(tr.labels[:n_fit]))
-nv = min(a.n_val, len(va))
-XV = torch.from_numpy(np.asarray(va.tokens).astype(np.int64)).view(len(va), -1)[:nv]
-YV = torch.from_numpy(np.asarray(va.labels))[:nv]
-if a.label == "ink":
-    median = (X > 0).sum(1).median()
-    Y, YV = ((X > 0).sum(1) > median).long(), ((XV > 0).sum(1) > median).long()
-elif a.label == "dist":
-    from transformer_vq.data.classify.pathfinder import layout
-    def near_dots(split_id, n):  # the default drawing's layouts, image i of a split from the seed (0, split, i)
-        dots = (layout(np.random.default_rng([0, split_id, i]), 32, 8, 4, 0.35)[2] for i in range(n))
-        return torch.tensor([int(np.linalg.norm(d[0] - d[1]) < 14) for d in dots])
-    Y, YV = near_dots(0, n_fit), near_dots(1, nv)
-print("fit label mean", Y.float().mean().item(), "val label mean", YV.float().mean().item())
-decay = [q for q in model.parameters() if q.ndim > 1]
-nod = [q for q in model.parameters() if q.ndim <= 1]
-opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.wd}, {"params": nod, "weight_decay": 0}], lr=a.lr,
-                        betas=(0.9, 0.98), eps=1e-9)
+                tau = torch.exp(torch.empty_like(module.alpha).uniform_(math.log(1.5), math.log(tau_max)))
+                alpha = 1.0 / tau
+                module.alpha.copy_(torch.log(alpha) - torch.log1p(-alpha))
 
 
-def lr_at(s):
-    if s < a.warmup:
-        return (s + 1) / a.warmup
-    if not a.cosine:
-        return 1.0
-    return 0.5 * (1 + math.cos(math.pi * (s - a.warmup) / max(1, a.steps - a.warmup)))
+def images(split, n: int, side: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``n`` images of ``split`` as ``[n, side * side]`` token ids, and their labels."""
+    x = torch.from_numpy(np.asarray(split.tokens[:n * side * side]).astype(np.int64)).view(n, -1)
+    return x, torch.from_numpy(np.array(split.labels[:n], dtype=np.int64))
 
 
-def precise_copy(n_batches=8):
-    import copy
-    m = copy.deepcopy(model)
-    for mod in m.modules():
-        if isinstance(mod, torch.nn.BatchNorm1d):
-            mod.reset_running_stats(); mod.momentum = None
-    m.train()
-    with torch.no_grad():
-        for i in range(n_batches):
-            m(X[i * a.batch:(i + 1) * a.batch])
-    return m
+def near_dots(split_id: int, n: int) -> torch.Tensor:
+    """Whether the two dots of each of the first ``n`` images of a split (the default drawing, image i drawn from
+    the seed (0, split, i)) are less than 14 pixels apart."""
+    dots = (layout(np.random.default_rng([0, split_id, i]), 32, 8, 4, 0.35)[2] for i in range(n))
+    return torch.tensor([int(np.linalg.norm(d[0] - d[1]) < 14) for d in dots])
 
 
-def evaluate(Xe, Ye, batch_stats=False, m=None):
-    import copy
-    if m is None:
-        m = copy.deepcopy(model) if batch_stats else model
+def control_labels(label: str, x: torch.Tensor, y: torch.Tensor, xv: torch.Tensor, yv: torch.Tensor):
+    """The labels a fit test trains on: the true ones, or a control (see the module docstring)."""
+    if label == "ink":
+        median = (x > 0).sum(1).median()
+        return ((x > 0).sum(1) > median).long(), ((xv > 0).sum(1) > median).long()
+    if label == "dist":
+        return near_dots(0, len(x)), near_dots(1, len(xv))
+    return y, yv
+
+
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_stats: bool = False):
+    """Accuracy and cross-entropy on ``(x, y)``: in evaluation mode, or (``batch_stats``) a copy of the model in
+    training mode, each batch normalized by its own statistics."""
+    m = copy.deepcopy(model) if batch_stats else model
     m.train(batch_stats)
     correct, loss = 0, 0.0
     with torch.no_grad():
-        for i in range(0, len(Xe), 64):
-            out = m(Xe[i:i + 64], labels=Ye[i:i + 64])
-            correct += (out.logits.argmax(-1) == Ye[i:i + 64]).sum().item()
-            loss += out.ce_loss.item() * len(Ye[i:i + 64])
+        for i in range(0, len(x), 64):
+            out = m(x[i:i + 64], labels=y[i:i + 64])
+            correct += (out.logits.argmax(-1) == y[i:i + 64]).sum().item()
+            loss += out.ce_loss.item() * len(y[i:i + 64])
     model.train()
-    return correct / len(Xe), loss / len(Xe)
+    return correct / len(x), loss / len(x)
 
 
-g = torch.Generator().manual_seed(a.seed)
-perm = torch.randperm(n_fit, generator=g)
-pos = 0
-t0 = time.time()
-run_loss, run_acc, run_n = 0.0, 0.0, 0
-for s in range(a.steps):
-    for gr in opt.param_groups:
-        gr["lr"] = a.lr * lr_at(s)
-    if pos + a.batch > n_fit:
-        perm = torch.randperm(n_fit, generator=g)
-        pos = 0
-    idx = perm[pos:pos + a.batch]
-    pos += a.batch
-    out = model(X[idx], labels=Y[idx])
-    opt.zero_grad()
-    out.loss.backward()
-    gn = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip if a.clip > 0 else 1e9)
-    opt.step()
-    model.update_codebooks()
-    run_loss += out.ce_loss.item(); run_acc += (out.logits.argmax(-1) == Y[idx]).float().mean().item(); run_n += 1
-    if (s + 1) % a.every == 0:
-        print(f"step {s+1} loss {run_loss/run_n:.4f} acc {run_acc/run_n:.3f} gn {gn:.3f} t {time.time()-t0:.0f}s",
-              flush=True)
-        run_loss, run_acc, run_n = 0.0, 0.0, 0
-    if (s + 1) % a.eval_every == 0 or s + 1 == a.steps:
-        fa, fl = evaluate(X[:256], Y[:256])
-        vaa, vl = evaluate(XV, YV)
-        bsa, bsl = evaluate(XV, YV, True) if cfg.norm == "batch" else (vaa, vl)
-        if cfg.norm == "batch":
-            pa, pl = evaluate(XV, YV, m=precise_copy())
-            print(f"  precise-BN val acc {pa:.3f} loss {pl:.4f}")
-        print(f"  eval step {s+1}: fit acc {fa:.3f} loss {fl:.4f} | val acc {vaa:.3f} loss {vl:.4f} | "
-              f"val batch-stat acc {bsa:.3f} loss {bsl:.4f} t {time.time()-t0:.0f}s", flush=True)
+def precise(model: torch.nn.Module, x: torch.Tensor, batch: int, n_batches: int = 8) -> torch.nn.Module:
+    """A copy of ``model`` whose batch-norm statistics are re-estimated from the first ``n_batches`` batches of
+    ``x`` (:func:`~transformer_vq.nn.batch_stats.recompute_batch_norm_stats`, as the trainer does)."""
+    m = copy.deepcopy(model)
+    recompute_batch_norm_stats(m, ((x[i * batch:(i + 1) * batch], None) for i in range(n_batches)))
+    return m
+
+
+def lr_factor(a: argparse.Namespace, step: int) -> float:
+    if step < a.warmup:
+        return (step + 1) / a.warmup
+    if not a.cosine:
+        return 1.0
+    return 0.5 * (1 + math.cos(math.pi * (step - a.warmup) / max(1, a.steps - a.warmup)))
+
+
+def report(a, model, norm: str, step: int, x, fit, val, t0: float) -> None:
+    """The evaluations of one ``--eval-every``: on the first fitted images, on validation (evaluation mode, batch
+    statistics and, for batch norm, statistics re-estimated from the first batches of ``x``)."""
+    fa, fl = evaluate(model, *fit)
+    vaa, vl = evaluate(model, *val)
+    bsa, bsl = evaluate(model, *val, batch_stats=True) if norm == "batch" else (vaa, vl)
+    if norm == "batch":
+        pa, pl = evaluate(precise(model, x, a.batch), *val)
+        print(f"  precise-BN val acc {pa:.3f} loss {pl:.4f}")
+    print(f"  eval step {step}: fit acc {fa:.3f} loss {fl:.4f} | val acc {vaa:.3f} loss {vl:.4f} | "
+          f"val batch-stat acc {bsa:.3f} loss {bsl:.4f} t {time.time() - t0:.0f}s", flush=True)
+
+
+def fit(a, model, norm: str, x, y, xv, yv) -> None:
+    """``--steps`` AdamW steps on ``(x, y)`` (epochs reshuffled), printing the running loss and the evaluations."""
+    decay = [q for q in model.parameters() if q.ndim > 1]
+    no_decay = [q for q in model.parameters() if q.ndim <= 1]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.wd}, {"params": no_decay, "weight_decay": 0}],
+                            lr=a.lr, betas=(0.9, 0.98), eps=1e-9)
+    g = torch.Generator().manual_seed(a.seed)
+    perm, pos, t0 = torch.randperm(len(x), generator=g), 0, time.time()
+    run_loss, run_acc, run_n = 0.0, 0.0, 0
+    for s in range(a.steps):
+        for group in opt.param_groups:
+            group["lr"] = a.lr * lr_factor(a, s)
+        if pos + a.batch > len(x):
+            perm, pos = torch.randperm(len(x), generator=g), 0
+        idx = perm[pos:pos + a.batch]
+        pos += a.batch
+        out = model(x[idx], labels=y[idx])
+        opt.zero_grad()
+        out.loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip if a.clip > 0 else 1e9)
+        opt.step()
+        model.update_codebooks()
+        run_loss += out.ce_loss.item()
+        run_acc += (out.logits.argmax(-1) == y[idx]).float().mean().item()
+        run_n += 1
+        if (s + 1) % a.every == 0:
+            print(f"step {s + 1} loss {run_loss / run_n:.4f} acc {run_acc / run_n:.3f} gn {gn:.3f} "
+                  f"t {time.time() - t0:.0f}s", flush=True)
+            run_loss, run_acc, run_n = 0.0, 0.0, 0
+        if (s + 1) % a.eval_every == 0 or s + 1 == a.steps:
+            report(a, model, norm, s + 1, x, (x[:256], y[:256]), (xv, yv), t0)
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    torch.set_num_threads(1)
+    torch.manual_seed(a.seed)
+    data_options = {**dict(n_train=20000, n_validation=500, n_test=2000), **json.loads(a.data)}
+    data = load_pathfinder(**data_options)
+    cfg = CLASSIFY_PRESETS["small"].replace(**{**dict(norm="batch", dropout=0.0, causal=False, n_classes=2,
+                                                      vocab_size=256), **json.loads(a.model)})
+    model = (LongVQClassifier if a.arch == "longvq" else TransformerClassifier)(cfg)
+    if a.tau_max > 0:
+        long_memory_init(model, a.tau_max)
+    print("params", sum(p.numel() for p in model.parameters()), cfg, flush=True)
+    train, validation = data.split("train"), data.split("validation")
+    side = data_options.get("side", 32)
+    x, y = images(train, min(a.n_fit, len(train)), side)
+    xv, yv = images(validation, min(a.n_val, len(validation)), side)
+    y, yv = control_labels(a.label, x, y, xv, yv)
+    print("fit label mean", y.float().mean().item(), "val label mean", yv.float().mean().item())
+    fit(a, model, cfg.norm, x, y, xv, yv)
+
+
+if __name__ == "__main__":
+    main()
