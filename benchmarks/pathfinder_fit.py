@@ -109,6 +109,7 @@ def precise(model: torch.nn.Module, x: torch.Tensor, batch: int, n_batches: int 
     """A copy of ``model`` whose batch-norm statistics are re-estimated from the first ``n_batches`` batches of
     ``x`` (:func:`~transformer_vq.nn.batch_stats.recompute_batch_norm_stats`, as the trainer does)."""
     m = copy.deepcopy(model)
+    n_batches = min(n_batches, math.ceil(len(x) / batch))  # fewer when there are fewer images
     recompute_batch_norm_stats(m, ((x[i * batch:(i + 1) * batch], None) for i in range(n_batches)))
     return m
 
