@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from transformer_vq.ops.vq.cache import log_counts
-from transformer_vq.ops.vq.kernels import softmax_combine
+from transformer_vq.ops.vq.kernels import Normalize, add_product, softmax_combine
 
 SCORINGS = ("softmax", "relu2")
 """The nonlinearities ``phi_w`` the non-causal operator computes exactly."""
@@ -49,3 +49,58 @@ def combine(scoring: str, code_scores: torch.Tensor, summaries: list[tuple[torch
         scores, values = window
         out = out + F.relu(scores.to(acc)).square().to(values.dtype) @ values  # relu(-inf) = 0: padding keys
     return out / n_real.to(out.dtype)
+
+
+def combine_corrected(scoring: str, code_scores: torch.Tensor, count: torch.Tensor, mean: torch.Tensor,
+                      window_scores: torch.Tensor, key_code_scores: torch.Tensor, v_blocks: torch.Tensor,
+                      n_real: torch.Tensor, scratch: bool = False) -> torch.Tensor:
+    """Attention output ``[B, G, N, R, L, Dv]``: every real key through its code, the window's keys corrected.
+
+    A key ``p`` seen through its code weighs ``w(q . C[z_p])``; in the query's window it should weigh ``w(q . k_hat_p
+    + beta)`` (the same ``q . C[z_p]`` in value, plus the bias). So the whole sequence is read through one summary
+    (``count, mean`` of every real key per code) and the window adds, key by key, the difference of the two weights:
+    no per-block summaries (``N S Dv`` numbers, several times the values themselves), and the window's product is the
+    one it always was. The difference is negative where the bias is: the sum then cancels in part, by at most a factor
+    ``e^-beta`` of the removed weight (docs/operator.md, "Non-causal VQ attention").
+
+    Args:
+        code_scores: ``[B, G, N, R, L, S]`` ``q . C[s]``. count, mean: ``[B, G, S]``, ``[B, G, S, Dv]``, the summary
+            of every real key. window_scores: ``[B, G, N, R, L, 3L]`` ``q . k_hat + beta`` of the window's keys
+            (``-inf`` where a key is padding or outside the sequence). key_code_scores: the same keys' ``q .
+            C[z_p]`` (``-inf`` at the same places). v_blocks: ``[B, G, N + 2, L, Dv]`` the values in blocks, one
+            empty block on each side (window column ``j`` of block ``n`` is key ``j`` of the blocks ``n .. n + 2``).
+            n_real: broadcasts over ``[B, G, N, R, L, 1]``, the number of real keys (the ``relu2`` normalizer).
+        scratch: ``code_scores`` may be overwritten (the caller made them for this call): the log counts are added
+            in place, which autograd allows (a product's backward does not read its output).
+    """
+    B, G, N, R, L, S = code_scores.shape
+    acc = torch.promote_types(code_scores.dtype, torch.float32)
+    # Without autograd the fresh score tensors are overwritten by their weights in place (each saves a pass over
+    # T x S or T x 3L floats).
+    tracked = torch.is_grad_enabled() and any(x.requires_grad for x in (code_scores, mean, window_scores, v_blocks))
+    window_scores, key_code_scores = window_scores.to(acc), key_code_scores.to(acc)
+    if scoring == "softmax":
+        logits = log_counts(count, acc)[:, :, None, None, None, :]  # -inf: unused codes
+        s_code = code_scores.add_(logits) if scratch and code_scores.dtype == acc else code_scores.to(acc) + logits
+        # One shift for both parts (a key's code score never exceeds its code's entry, log c >= 0); constant, so
+        # its gradient is stopped.
+        shift = torch.maximum(s_code.detach().amax(dim=-1), window_scores.detach().amax(dim=-1)).unsqueeze(-1)
+        if tracked:
+            w_code = torch.exp(s_code - shift)
+            w_window = torch.exp(window_scores - shift) - torch.exp(key_code_scores - shift)
+        else:
+            w_code = s_code.sub_(shift).exp_()
+            w_window = window_scores.sub_(shift).exp_().sub_(key_code_scores.sub_(shift).exp_())
+        denominator = w_code.sum(dim=-1, keepdim=True) + w_window.sum(dim=-1, keepdim=True)
+    else:
+        w_code = F.relu(code_scores.to(acc)).square() * count[:, :, None, None, None, :].to(acc)
+        w_window = F.relu(window_scores).square() - F.relu(key_code_scores).square()  # relu(-inf) = 0: padding
+        denominator = n_real
+    # The codes: one (N R L, S) x (S, Dv) product per group, the summary shared by every query block.
+    numerator = (w_code.to(mean.dtype).reshape(B, G, N * R * L, S) @ mean).view(B, G, N, R * L, -1)
+    w_window = w_window.flatten(3, 4)  # (B, G, N, R L, 3L)
+    for j in range(3):  # the window's three blocks, each added in place: no (N, 3L, Dv) copy of the values
+        numerator = add_product(numerator, w_window[..., j * L:(j + 1) * L], v_blocks[:, :, j:j + N])
+    numerator = numerator.view(B, G, N, R, L, -1)
+    denominator = denominator.to(numerator.dtype)
+    return numerator.div_(denominator) if not tracked else Normalize.apply(numerator, denominator)
