@@ -169,7 +169,7 @@ def _attend_window(q, k_hat, v, bias, L, z, code_scores, real, n_code, scoring, 
         count, mean = masked_summary(z, v, real, n_code)  # (B, G, S), (B, G, S, Dv)
         n_real = real.sum(dim=-1).view(B, 1, 1, 1, 1, 1)
         out = combine_corrected(scoring, s_code, count, mean, s_window, key_code,
-                                F.pad(v, (0, 0, L, L)).view(B, G, N + 2, L, Dv), n_real, scratch)  # (B,G,N,R,L,Dv)
+                                v.view(B, G, N, L, Dv), n_real, scratch)  # (B, G, N, R, L, Dv)
         return out.transpose(2, 3).reshape(B, H, N * L, Dv)[:, :, :T]
     if bias is not None:
         v_window = F.pad(v, (0, 0, L, L)).unfold(2, 3 * L, L).transpose(-1, -2)  # (B, G, N, 3L, Dv)

@@ -67,8 +67,8 @@ def combine_corrected(scoring: str, code_scores: torch.Tensor, count: torch.Tens
         code_scores: ``[B, G, N, R, L, S]`` ``q . C[s]``. count, mean: ``[B, G, S]``, ``[B, G, S, Dv]``, the summary
             of every real key. window_scores: ``[B, G, N, R, L, 3L]`` ``q . k_hat + beta`` of the window's keys
             (``-inf`` where a key is padding or outside the sequence). key_code_scores: the same keys' ``q .
-            C[z_p]`` (``-inf`` at the same places). v_blocks: ``[B, G, N + 2, L, Dv]`` the values in blocks, one
-            empty block on each side (window column ``j`` of block ``n`` is key ``j`` of the blocks ``n .. n + 2``).
+            C[z_p]`` (``-inf`` at the same places). v_blocks: ``[B, G, N, L, Dv]`` the values in blocks (window
+            column ``j`` of block ``n`` is key ``j`` of the blocks ``n - 1 .. n + 1``).
             n_real: broadcasts over ``[B, G, N, R, L, 1]``, the number of real keys (the ``relu2`` normalizer).
         scratch: ``code_scores`` may be overwritten (the caller made them for this call): the log counts are added
             in place, which autograd allows (a product's backward does not read its output).
@@ -99,8 +99,16 @@ def combine_corrected(scoring: str, code_scores: torch.Tensor, count: torch.Tens
     # The codes: one (N R L, S) x (S, Dv) product per group, the summary shared by every query block.
     numerator = (w_code.to(mean.dtype).reshape(B, G, N * R * L, S) @ mean).view(B, G, N, R * L, -1)
     w_window = w_window.flatten(3, 4)  # (B, G, N, R L, 3L)
-    for j in range(3):  # the window's three blocks, each added in place: no (N, 3L, Dv) copy of the values
-        numerator = add_product(numerator, w_window[..., j * L:(j + 1) * L], v_blocks[:, :, j:j + N])
+    # The window's three blocks, each product added in place: no (N, 3L, Dv) copy of the values. Query block n reads
+    # value block n - 1 + j; the blocks before the first and after the last are empty (their columns are -inf).
+    for j, (queries, keys) in enumerate(((slice(1, N), slice(0, N - 1)), (slice(0, N), slice(0, N)),
+                                         (slice(0, N - 1), slice(1, N)))):
+        if N > 1 or j == 1:
+            total, weights = numerator[:, :, queries], w_window[:, :, queries, :, j * L:(j + 1) * L]
+            if total.is_contiguous():  # one batch row and group: the slice is one piece of memory
+                add_product(total, weights, v_blocks[:, :, keys])
+            else:
+                total.add_(weights.to(v_blocks.dtype) @ v_blocks[:, :, keys])
     numerator = numerator.view(B, G, N, R, L, -1)
     denominator = denominator.to(numerator.dtype)
     return numerator.div_(denominator) if not tracked else Normalize.apply(numerator, denominator)
