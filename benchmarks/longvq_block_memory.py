@@ -13,6 +13,8 @@ those, this count does not.
 Per length and block kind (widths of ``tvq bench longvq``'s ``--preset``, default ``lra-text``; B = 1, fp32), after
 one warm-up call: ``forward`` (eval, no gradients) and ``fwd+bwd`` (train; gradients of the weights and the input,
 the commitment loss included), as benchmarks/longvq_block_profile.py runs them. Writes ``NAME.json`` and ``NAME.md``.
+Another revision's package: extract it (``git archive REV transformer_vq | tar -x -C DIR``) and run with
+``PYTHONPATH=DIR`` and ``--revision REV``.
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ from result_files import write_result
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+import transformer_vq
 from transformer_vq.bench.config import LONGVQ_BENCH_PRESETS, LongVQBenchConfig
 from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import machine_info
 
-PACKAGE = str(Path(__file__).resolve().parent.parent / "transformer_vq")
+# the package measured, whose lines name the sites: this checkout, or another revision put first on PYTHONPATH
+PACKAGE = str(Path(transformer_vq.__file__).resolve().parent)
 
 
 FRAME = re.compile(r'File "([^"]+)", line (\d+)')
@@ -152,6 +156,7 @@ def main(argv=None) -> int:
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
     parser.add_argument("--preset", default="lra-text", choices=sorted(LONGVQ_BENCH_PRESETS))
     parser.add_argument("--kinds", nargs="+", default=["longvq", "transformer"], choices=["longvq", "transformer"])
+    parser.add_argument("--revision", help="the revision of the package on PYTHONPATH, when it is not this checkout")
     parser.add_argument("--top", type=int, default=14, help="groups of tensors listed per cell")
     args = parser.parse_args(argv)
     cfg = LongVQBenchConfig(model=LONGVQ_BENCH_PRESETS[args.preset], isolate=False)
@@ -165,10 +170,12 @@ def main(argv=None) -> int:
                     print(f"{kind} T={length} {name}: {cells[-1]['peak_bytes'] / 2 ** 20:.1f} MiB", flush=True)
     summary = load.summary()
     m = machine_info(measure_peak=False)
-    record = {"machine": m, "model": cfg.model.__dict__, "batch_size": cfg.batch_size, "others_load": summary,
+    record = {"machine": m, "package": PACKAGE, "revision": args.revision, "model": cfg.model.__dict__,
+              "batch_size": cfg.batch_size, "others_load": summary,
               "cells": cells, "command": " ".join(["python", *sys.argv])}
-    head = (f"# One block's live tensors at its memory peak\n\n`{record['command']}`; commit {m.get('commit')} "
-            f"(dirty: {m.get('dirty')}), torch {m['torch']}; widths {args.preset}: {cfg.model}; B = "
+    measured = args.revision or f"this checkout at {m.get('commit')} (dirty: {m.get('dirty')})"
+    head = (f"# One block's live tensors at its memory peak\n\n`{record['command']}`; package measured: {measured}, "
+            f"torch {m['torch']}; widths {args.preset}: {cfg.model}; B = "
             f"{cfg.batch_size}, fp32. {load_text(summary)} (memory does not depend on it).\n\n"
             "Bytes of the storages returned by operators during the call and alive at its peak (inputs and weights "
             "excluded, an op's internal work space too), grouped by the line that made them (`backward`: the autograd "

@@ -11,6 +11,7 @@ from opsutil import make_vq_inputs
 from torch.utils.flop_counter import FlopCounterMode
 
 from transformer_vq.ops.vq_bidir import SCORINGS, vq_bidir_attention
+from transformer_vq.ops.vq_bidir.window_product import window_product, window_product_naive
 
 WINDOWS = ["nobias", "window"]
 
@@ -128,3 +129,19 @@ def test_bad_input_messages(change, message):
         vq_bidir_attention(q, k_hat, v, bias, block_len=change.get("block_len", L), state=change.get("state"),
                            z=z.to(change.get("z_dtype", torch.long)), codebook=codebook[:change.get("codebook_groups")],
                            mask=mask, scoring=change.get("scoring", "softmax"), code_scores=code_scores)
+
+
+@pytest.mark.parametrize("n_blocks", [1, 2, 5])
+def test_window_product_equals_its_padded_twin(n_blocks):
+    """Three block products with their own backward against the product with the padded, unfolded values: outputs
+    and both gradients, float64 to 1e-12."""
+    B, G, t, L, Dv = 2, 2, 6, 3, 4
+    gen = torch.Generator().manual_seed(n_blocks)
+    weights = torch.randn(B, G, n_blocks, t, 3 * L, dtype=torch.float64, generator=gen, requires_grad=True)
+    values = torch.randn(B, G, n_blocks, L, Dv, dtype=torch.float64, generator=gen, requires_grad=True)
+    got, want = window_product(weights, values), window_product_naive(weights, values)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    cotangent = torch.randn(got.shape, dtype=torch.float64, generator=gen)
+    (gw, gv), (ww, wv) = (torch.autograd.grad(y, (weights, values), cotangent) for y in (got, want))
+    torch.testing.assert_close(gv, wv, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gw, ww, rtol=1e-12, atol=1e-12)

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from transformer_vq.ops.vq.cache import log_counts
-from transformer_vq.ops.vq.kernels import Normalize, add_product, softmax_combine
+from transformer_vq.ops.vq.kernels import Normalize, softmax_combine
+from transformer_vq.ops.vq_bidir.window_product import add_window_product, window_product
 
 SCORINGS = ("softmax", "relu2")
 """The nonlinearities ``phi_w`` the non-causal operator computes exactly."""
@@ -70,8 +71,8 @@ def combine_corrected(scoring: str, code_scores: torch.Tensor, count: torch.Tens
             C[z_p]`` (``-inf`` at the same places). v_blocks: ``[B, G, N, L, Dv]`` the values in blocks (window
             column ``j`` of block ``n`` is key ``j`` of the blocks ``n - 1 .. n + 1``).
             n_real: broadcasts over ``[B, G, N, R, L, 1]``, the number of real keys (the ``relu2`` normalizer).
-        scratch: ``code_scores`` may be overwritten (the caller made them for this call): the log counts are added
-            in place, which autograd allows (a product's backward does not read its output).
+        scratch: ``code_scores`` may be overwritten (the caller made them for this call): without autograd the log
+            counts are added in place.
     """
     B, G, N, R, L, S = code_scores.shape
     acc = torch.promote_types(code_scores.dtype, torch.float32)
@@ -81,7 +82,9 @@ def combine_corrected(scoring: str, code_scores: torch.Tensor, count: torch.Tens
     window_scores, key_code_scores = window_scores.to(acc), key_code_scores.to(acc)
     if scoring == "softmax":
         logits = log_counts(count, acc)[:, :, None, None, None, :]  # -inf: unused codes
-        s_code = code_scores.add_(logits) if scratch and code_scores.dtype == acc else code_scores.to(acc) + logits
+        # in place only without autograd: on a view of the product under autograd, the backward copies it whole
+        in_place = scratch and not tracked and code_scores.dtype == acc
+        s_code = code_scores.add_(logits) if in_place else code_scores.to(acc) + logits
         # One shift for both parts (a key's code score never exceeds its code's entry, log c >= 0); constant, so
         # its gradient is stopped.
         shift = torch.maximum(s_code.detach().amax(dim=-1), window_scores.detach().amax(dim=-1)).unsqueeze(-1)
@@ -96,19 +99,16 @@ def combine_corrected(scoring: str, code_scores: torch.Tensor, count: torch.Tens
         w_code = F.relu(code_scores.to(acc)).square() * count[:, :, None, None, None, :].to(acc)
         w_window = F.relu(window_scores).square() - F.relu(key_code_scores).square()  # relu(-inf) = 0: padding
         denominator = n_real
-    # The codes: one (N R L, S) x (S, Dv) product per group, the summary shared by every query block.
-    numerator = (w_code.to(mean.dtype).reshape(B, G, N * R * L, S) @ mean).view(B, G, N, R * L, -1)
-    w_window = w_window.flatten(3, 4)  # (B, G, N, R L, 3L)
-    # The window's three blocks, each product added in place: no (N, 3L, Dv) copy of the values. Query block n reads
-    # value block n - 1 + j; the blocks before the first and after the last are empty (their columns are -inf).
-    for j, (queries, keys) in enumerate(((slice(1, N), slice(0, N - 1)), (slice(0, N), slice(0, N)),
-                                         (slice(0, N - 1), slice(1, N)))):
-        if N > 1 or j == 1:
-            total, weights = numerator[:, :, queries], w_window[:, :, queries, :, j * L:(j + 1) * L]
-            if total.is_contiguous():  # one batch row and group: the slice is one piece of memory
-                add_product(total, weights, v_blocks[:, :, keys])
-            else:
-                total.add_(weights.to(v_blocks.dtype) @ v_blocks[:, :, keys])
+    # The window's three blocks read from the value blocks in place; the codes, one (N R L, S) x (S, Dv) product
+    # per group (the summary shared by every query block), are added to them in the same call: in place without
+    # autograd. Both paths take the same steps in the same order, so they agree bit for bit.
+    w_code, w_window = w_code.to(mean.dtype).reshape(B * G, N * R * L, S), w_window.flatten(3, 4)
+    if not tracked and v_blocks.dtype == mean.dtype:
+        window = add_window_product(w_window.new_zeros(B, G, N, R * L, v_blocks.shape[-1]), w_window, v_blocks)
+        numerator = window.view(B * G, N * R * L, -1).baddbmm_(w_code, mean.reshape(B * G, S, -1))
+    else:
+        window = window_product(w_window, v_blocks).to(mean.dtype)  # (B, G, N, R L, Dv)
+        numerator = torch.baddbmm(window.view(B * G, N * R * L, -1), w_code, mean.reshape(B * G, S, -1))
     numerator = numerator.view(B, G, N, R, L, -1)
     denominator = denominator.to(numerator.dtype)
     return numerator.div_(denominator) if not tracked else Normalize.apply(numerator, denominator)
