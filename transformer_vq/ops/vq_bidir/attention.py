@@ -79,14 +79,12 @@ def vq_bidir_attention(
     if bias is not None and doc_start is None and T <= 2 * block_len:
         out = _attend_short(q, k_hat, v, bias, block_len, keys_real, scoring)
         return _zero_padding(out, real).to(q.dtype), None
-    scratch = code_scores is None  # scores made here may be overwritten; the caller's never are
-    if code_scores is None:
-        code_scores = codeword_scores(q, codebook)
     if bias is None and doc_start is None:
-        out = _attend_codes(code_scores, z, v, keys_real, codebook.shape[1], scoring)
+        scores = codeword_scores(q, codebook) if code_scores is None else code_scores
+        out = _attend_codes(scores, z, v, keys_real, codebook.shape[1], scoring)
     else:
-        out = _attend_window(q, k_hat, v, bias, block_len, z, code_scores, real if doc_start is not None else
-                             keys_real, codebook.shape[1], scoring, doc_start, scratch)
+        out = _attend_window(q, k_hat, v, bias, block_len, z, codebook, code_scores,
+                             real if doc_start is not None else keys_real, scoring, doc_start)
     return _zero_padding(out, real).to(q.dtype), None
 
 
@@ -127,27 +125,31 @@ def _attend_short(q, k_hat, v, bias, L, real, scoring):
     return dense_attention(scores, v, None, block_len=L, mask=real, scoring=scoring)
 
 
-def _attend_window(q, k_hat, v, bias, L, z, code_scores, real, n_code, scoring, doc_start=None, scratch=False):
+def _attend_window(q, k_hat, v, bias, L, z, codebook, code_scores, real, scoring, doc_start=None):
     """The window scored exactly, every other key through its code.
 
     The window of query block ``n`` is the contiguous run of keys ``[(n - 1) L, (n + 2) L)`` of the keys padded by one
     empty block on each side, so its scores are one matmul against an overlapping (unfolded) view laid out column for
     column like ``bias``. Without documents every key of the sequence is read through one summary and the window's
     keys are corrected to their exact weight (:func:`~transformer_vq.ops.vq_bidir.scoring.combine_corrected`).
-    O(T (S + 3L)(Dk + Dv)). ``scratch``: ``code_scores`` may be overwritten. With ``doc_start`` the summaries are the
+    O(T (S + 3L)(Dk + Dv)). ``code_scores``: the caller's (never written to), or ``None``: made here, from the
+    queries padded to whole blocks, and overwritten as scratch space. With ``doc_start`` the summaries are the
     query's document's before and after the window (:class:`RowDocuments`), and without a bias the window is the
     query's own block scored through the codes (so that ``k_hat`` gets no gradient, as without documents).
     """
     B, H, T, Dk = q.shape
     G, Dv = k_hat.shape[1], v.shape[-1]
     R, N = H // G, -(-T // L)
+    n_code = codebook.shape[1]
     pad = N * L - T  # padding up to whole blocks: keys that do not count, rows that are cut off
+    scratch = code_scores is None or pad > 0  # scores made here (or a padded copy) may be overwritten
     if pad:
-        q, k_hat, v, code_scores = (F.pad(x, (0, 0, 0, pad)) for x in (q, k_hat, v, code_scores))
-        scratch = True  # a padded copy
+        q, k_hat, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k_hat, v))
+        code_scores = None if code_scores is None else F.pad(code_scores, (0, 0, 0, pad))
         bias = None if bias is None else F.pad(bias, (0, 0, 0, pad))
         z, real = F.pad(z, (0, pad)), F.pad(real, (0, pad), value=False)
         doc_start = None if doc_start is None else F.pad(doc_start, (0, pad), value=False)
+    code_scores = codeword_scores(q, codebook) if code_scores is None else code_scores
     s_code = code_scores.view(B, G, R, N, L, -1).transpose(2, 3)  # (B, G, N, R, L, S)
 
     if bias is None:  # only with documents: the query's block, each key scored through its code
@@ -168,8 +170,10 @@ def _attend_window(q, k_hat, v, bias, L, z, code_scores, real, n_code, scoring, 
         s_window, key_code = s_window.masked_fill_(hidden, float("-inf")), key_code.masked_fill_(hidden, float("-inf"))
         count, mean = masked_summary(z, v, real, n_code)  # (B, G, S), (B, G, S, Dv)
         n_real = real.sum(dim=-1).view(B, 1, 1, 1, 1, 1)
-        out = combine_corrected(scoring, s_code, count, mean, s_window, key_code,
-                                v.view(B, G, N, L, Dv), n_real, scratch)  # (B, G, N, R, L, Dv)
+        # handed over, not kept: each score tensor is freed as soon as its weights are made
+        scores = [s_code, s_window, key_code]
+        del code_scores, s_code, s_window, key_code
+        out = combine_corrected(scoring, scores, count, mean, v.view(B, G, N, L, Dv), n_real, scratch)
         return out.transpose(2, 3).reshape(B, H, N * L, Dv)[:, :, :T]
     if bias is not None:
         v_window = F.pad(v, (0, 0, L, L)).unfold(2, 3 * L, L).transpose(-1, -2)  # (B, G, N, 3L, Dv)

@@ -52,9 +52,8 @@ def combine(scoring: str, code_scores: torch.Tensor, summaries: list[tuple[torch
     return out / n_real.to(out.dtype)
 
 
-def combine_corrected(scoring: str, code_scores: torch.Tensor, count: torch.Tensor, mean: torch.Tensor,
-                      window_scores: torch.Tensor, key_code_scores: torch.Tensor, v_blocks: torch.Tensor,
-                      n_real: torch.Tensor, scratch: bool = False) -> torch.Tensor:
+def combine_corrected(scoring: str, scores: list[torch.Tensor], count: torch.Tensor, mean: torch.Tensor,
+                      v_blocks: torch.Tensor, n_real: torch.Tensor, scratch: bool = False) -> torch.Tensor:
     """Attention output ``[B, G, N, R, L, Dv]``: every real key through its code, the window's keys corrected.
 
     A key ``p`` seen through its code weighs ``w(q . C[z_p])``; in the query's window it should weigh ``w(q . k_hat_p
@@ -65,15 +64,18 @@ def combine_corrected(scoring: str, code_scores: torch.Tensor, count: torch.Tens
     ``e^-beta`` of the removed weight (docs/operator.md, "Non-causal VQ attention").
 
     Args:
-        code_scores: ``[B, G, N, R, L, S]`` ``q . C[s]``. count, mean: ``[B, G, S]``, ``[B, G, S, Dv]``, the summary
-            of every real key. window_scores: ``[B, G, N, R, L, 3L]`` ``q . k_hat + beta`` of the window's keys
-            (``-inf`` where a key is padding or outside the sequence). key_code_scores: the same keys' ``q .
-            C[z_p]`` (``-inf`` at the same places). v_blocks: ``[B, G, N, L, Dv]`` the values in blocks (window
+        scores: ``[code_scores, window_scores, key_code_scores]``, emptied here so that each is freed once used (the
+            caller keeps no reference): ``code_scores [B, G, N, R, L, S]`` ``q . C[s]``; ``window_scores [B, G, N,
+            R, L, 3L]`` ``q . k_hat + beta`` of the window's keys (``-inf`` where a key is padding or outside the
+            sequence); ``key_code_scores``: the same keys' ``q . C[z_p]`` (``-inf`` at the same places).
+        count, mean: ``[B, G, S]``, ``[B, G, S, Dv]``, the summary of every real key. v_blocks: ``[B, G, N, L, Dv]`` the values in blocks (window
             column ``j`` of block ``n`` is key ``j`` of the blocks ``n - 1 .. n + 1``).
             n_real: broadcasts over ``[B, G, N, R, L, 1]``, the number of real keys (the ``relu2`` normalizer).
         scratch: ``code_scores`` may be overwritten (the caller made them for this call): without autograd the log
             counts are added in place.
     """
+    code_scores, window_scores, key_code_scores = scores
+    scores.clear()
     B, G, N, R, L, S = code_scores.shape
     acc = torch.promote_types(code_scores.dtype, torch.float32)
     # Without autograd the fresh score tensors are overwritten by their weights in place (each saves a pass over
@@ -85,19 +87,26 @@ def combine_corrected(scoring: str, code_scores: torch.Tensor, count: torch.Tens
         # in place only without autograd: on a view of the product under autograd, the backward copies it whole
         in_place = scratch and not tracked and code_scores.dtype == acc
         s_code = code_scores.add_(logits) if in_place else code_scores.to(acc) + logits
+        del code_scores
         # One shift for both parts (a key's code score never exceeds its code's entry, log c >= 0); constant, so
         # its gradient is stopped.
         shift = torch.maximum(s_code.detach().amax(dim=-1), window_scores.detach().amax(dim=-1)).unsqueeze(-1)
-        if tracked:
+        if tracked:  # each score tensor dropped once its weights exist (exp keeps its output, not its input)
             w_code = torch.exp(s_code - shift)
-            w_window = torch.exp(window_scores - shift) - torch.exp(key_code_scores - shift)
+            del s_code
+            w_window = torch.exp(window_scores - shift)
+            del window_scores
+            w_window = w_window - torch.exp(key_code_scores - shift)
+            del key_code_scores
         else:
             w_code = s_code.sub_(shift).exp_()
             w_window = window_scores.sub_(shift).exp_().sub_(key_code_scores.sub_(shift).exp_())
+            del s_code, window_scores, key_code_scores
         denominator = w_code.sum(dim=-1, keepdim=True) + w_window.sum(dim=-1, keepdim=True)
     else:
         w_code = F.relu(code_scores.to(acc)).square() * count[:, :, None, None, None, :].to(acc)
         w_window = F.relu(window_scores).square() - F.relu(key_code_scores).square()  # relu(-inf) = 0: padding
+        del code_scores, window_scores, key_code_scores
         denominator = n_real
     # The window's three blocks read from the value blocks in place; the codes, one (N R L, S) x (S, Dv) product
     # per group (the summary shared by every query block), are added to them in the same call: in place without
