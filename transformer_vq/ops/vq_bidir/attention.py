@@ -162,18 +162,9 @@ def _attend_window(q, k_hat, v, bias, L, z, codebook, code_scores, real, scoring
         s_window = q_blocks @ k_window.unsqueeze(3) + bias_blocks  # (B, G, N, R, L, 3L)
 
     if doc_start is None:  # every key through its code, the window corrected (scoring.combine_corrected)
-        hidden = ~F.pad(real, (L, L), value=False).unfold(1, 3 * L, L)[:, None, :, None, None, :]  # (B,1,N,1,1,3L)
-        # The window keys' code scores q . C[z_p]: k_hat equals C[z] in value, and detached it takes no gradient,
-        # as a code score does not (one matmul; a gather from the code scores is slower on a CPU).
-        key_code = q_blocks @ k_window.detach().unsqueeze(3)  # (B, G, N, R, L, 3L)
-        # in place: neither the sum's nor the product's backward needs its output
-        s_window, key_code = s_window.masked_fill_(hidden, float("-inf")), key_code.masked_fill_(hidden, float("-inf"))
-        count, mean = masked_summary(z, v, real, n_code)  # (B, G, S), (B, G, S, Dv)
-        n_real = real.sum(dim=-1).view(B, 1, 1, 1, 1, 1)
-        # handed over, not kept: each score tensor is freed as soon as its weights are made
-        scores = [s_code, s_window, key_code]
-        del code_scores, s_code, s_window, key_code
-        out = combine_corrected(scoring, scores, count, mean, v.view(B, G, N, L, Dv), n_real, scratch)
+        scores = [s_code, s_window]  # handed over, not kept: each is freed as soon as its weights are made
+        del code_scores, s_code, s_window
+        out = _attend_corrected(scores, q_blocks, k_window, z, v, real, n_code, scoring, scratch)
         return out.transpose(2, 3).reshape(B, H, N * L, Dv)[:, :, :T]
     if bias is not None:
         v_window = F.pad(v, (0, 0, L, L)).unfold(2, 3 * L, L).transpose(-1, -2)  # (B, G, N, 3L, Dv)
@@ -186,6 +177,24 @@ def _attend_window(q, k_hat, v, bias, L, z, codebook, code_scores, real, scoring
     s_window = s_window.masked_fill(hidden[:, None, :, None], float("-inf"))
     out = combine(scoring, s_code, summaries, (s_window, v_window.unsqueeze(3)), n_real)  # (B, G, N, R, L, Dv)
     return out.transpose(2, 3).reshape(B, H, N * L, Dv)[:, :, :T]
+
+
+def _attend_corrected(scores, q_blocks, k_window, z, v, real, n_code, scoring, scratch):
+    """``[B, G, N, R, L, Dv]`` of :func:`_attend_window` without documents, from ``scores = [code scores (B, G, N, R,
+    L, S), window scores (B, G, N, R, L, 3L)]`` (emptied), the query blocks, the unfolded key windows and the
+    sequence padded to whole blocks."""
+    B, G, N, R, L, _ = scores[1].shape
+    hidden = ~F.pad(real, (L, L), value=False).unfold(1, 3 * L, L)[:, None, :, None, None, :]  # (B, 1, N, 1, 1, 3L)
+    # The window keys' code scores q . C[z_p]: k_hat equals C[z] in value, and detached it takes no gradient, as a
+    # code score does not (one matmul; a gather from the code scores is slower on a CPU).
+    key_code = q_blocks @ k_window.detach().unsqueeze(3)  # (B, G, N, R, L, 3L)
+    # in place: neither the sum's nor the product's backward needs its output
+    scores[1].masked_fill_(hidden, float("-inf"))
+    scores.append(key_code.masked_fill_(hidden, float("-inf")))
+    del key_code
+    count, mean = masked_summary(z, v, real, n_code)  # (B, G, S), (B, G, S, Dv)
+    n_real = real.sum(dim=-1).view(B, 1, 1, 1, 1, 1)
+    return combine_corrected(scoring, scores, count, mean, v.view(B, G, N, L, v.shape[-1]), n_real, scratch)
 
 
 def _check_bidir_inputs(q, k_hat, v, bias, block_len, state, z, codebook, mask, scoring, code_scores):
