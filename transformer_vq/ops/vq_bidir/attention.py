@@ -159,14 +159,16 @@ def _attend_window(q, k_hat, v, bias, L, z, codebook, code_scores, real, scoring
         k_window = F.pad(k_hat, (0, 0, L, L)).unfold(2, 3 * L, L)  # (B, G, N, Dk, 3L): column j is key (n-1) L + j
         q_blocks = q.view(B, G, R, N, L, Dk).transpose(2, 3)  # (B, G, N, R, L, Dk)
         bias_blocks = bias.view(B, G, R, N, L, 3 * L).transpose(2, 3)  # (B, G, N, R, L, 3L)
-        s_window = q_blocks @ k_window.unsqueeze(3) + bias_blocks  # (B, G, N, R, L, 3L)
+        qk = q_blocks @ k_window.unsqueeze(3)  # (B, G, N, R, L, 3L)
+        s_window = qk + bias_blocks
 
     if doc_start is None:  # every key through its code, the window corrected (scoring.combine_corrected)
-        scores = [s_code, s_window]  # handed over, not kept: each is freed as soon as its weights are made
-        del code_scores, s_code, s_window
+        scores = [s_code, s_window, qk]  # handed over, not kept: each is freed as soon as its weights are made
+        del code_scores, s_code, s_window, qk
         out = _attend_corrected(scores, q_blocks, k_window, z, v, real, n_code, scoring, scratch)
         return out.transpose(2, 3).reshape(B, H, N * L, Dv)[:, :, :T]
     if bias is not None:
+        del qk
         v_window = F.pad(v, (0, 0, L, L)).unfold(2, 3 * L, L).transpose(-1, -2)  # (B, G, N, 3L, Dv)
     docs = RowDocuments(z, v, real, doc_start, n_code, L, reach=0 if bias is None else 1)
     hidden = docs.window_hidden()  # (B, N, L, W)
@@ -181,13 +183,16 @@ def _attend_window(q, k_hat, v, bias, L, z, codebook, code_scores, real, scoring
 
 def _attend_corrected(scores, q_blocks, k_window, z, v, real, n_code, scoring, scratch):
     """``[B, G, N, R, L, Dv]`` of :func:`_attend_window` without documents, from ``scores = [code scores (B, G, N, R,
-    L, S), window scores (B, G, N, R, L, 3L)]`` (emptied), the query blocks, the unfolded key windows and the
-    sequence padded to whole blocks."""
+    L, S), window scores (B, G, N, R, L, 3L), the same without the bias]`` (emptied), the query blocks, the unfolded
+    key windows and the sequence padded to whole blocks."""
     B, G, N, R, L, _ = scores[1].shape
     hidden = ~F.pad(real, (L, L), value=False).unfold(1, 3 * L, L)[:, None, :, None, None, :]  # (B, 1, N, 1, 1, 3L)
-    # The window keys' code scores q . C[z_p]: k_hat equals C[z] in value, and detached it takes no gradient, as a
-    # code score does not (one matmul; a gather from the code scores is slower on a CPU).
-    key_code = q_blocks @ k_window.detach().unsqueeze(3)  # (B, G, N, R, L, 3L)
+    # The window keys' code scores q . C[z_p]: k_hat equals C[z] in value, so they are q . k_hat without the bias,
+    # except that a code score gives the key no gradient: where k_hat takes one, the product again with k_hat
+    # detached (a gather from the code scores is slower on a CPU).
+    key_code = scores.pop()
+    if torch.is_grad_enabled() and k_window.requires_grad:
+        key_code = q_blocks @ k_window.detach().unsqueeze(3)  # (B, G, N, R, L, 3L)
     # in place: neither the sum's nor the product's backward needs its output
     scores[1].masked_fill_(hidden, float("-inf"))
     scores.append(key_code.masked_fill_(hidden, float("-inf")))
