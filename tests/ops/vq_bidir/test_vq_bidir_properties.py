@@ -145,3 +145,23 @@ def test_window_product_equals_its_padded_twin(n_blocks):
     (gw, gv), (ww, wv) = (torch.autograd.grad(y, (weights, values), cotangent) for y in (got, want))
     torch.testing.assert_close(gv, wv, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(gw, ww, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_recomputed_softmax_equals_its_autograd_twin(masked):
+    """The window softmax under autograd takes ``CorrectedSoftmax`` (scores recomputed in the backward); passing the
+    code scores ``q @ C^T`` explicitly takes the autograd path of ``combine_corrected`` instead. Outputs bit for bit,
+    the gradients of q, k_hat, v and the bias to 1e-12 (float64), over several blocks, two heads a group, padding."""
+    B, H, G, T, L, S = 2, 4, 2, 29, 4, 5
+    q, k_hat, z, v, codebook, bias = inputs(B, H, G, T, L, S, "window")
+    mask = (torch.rand(B, T, generator=torch.Generator().manual_seed(5)) < 0.8) if masked else None
+    leaves = [x.requires_grad_() for x in (q, k_hat, v, bias)]
+    kwargs = dict(block_len=L, z=z, codebook=codebook, mask=mask)
+    recomputed, _ = vq_bidir_attention(q, k_hat, v, bias, **kwargs)
+    explicit = q @ codebook.repeat_interleave(H // G, 0).mT[None]  # (B, H, T, S): head h reads group h // R
+    twin, _ = vq_bidir_attention(q, k_hat, v, bias, code_scores=explicit, **kwargs)
+    assert torch.equal(recomputed, twin)
+    cotangent = torch.randn(twin.shape, dtype=twin.dtype, generator=torch.Generator().manual_seed(6))
+    for name, got, want in zip(("q", "k_hat", "v", "bias"), torch.autograd.grad(recomputed, leaves, cotangent),
+                               torch.autograd.grad(twin, leaves, cotangent)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=lambda m: f"grad {name}: {m}")

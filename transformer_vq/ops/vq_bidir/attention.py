@@ -23,6 +23,8 @@ from transformer_vq.ops.documents import check_doc_start
 from transformer_vq.ops.full.naive import per_head
 from transformer_vq.ops.protocol import check_bias, check_qkv
 from transformer_vq.ops.vq.attention import check_codes
+from transformer_vq.ops.vq.cache import log_counts
+from transformer_vq.ops.vq_bidir.corrected_softmax import CorrectedSoftmax
 from transformer_vq.ops.vq_bidir.documents import RowDocuments
 from transformer_vq.ops.vq_bidir.naive import dense_attention
 from transformer_vq.ops.vq_bidir.scoring import SCORINGS, combine, combine_corrected
@@ -149,6 +151,9 @@ def _attend_window(q, k_hat, v, bias, L, z, codebook, code_scores, real, scoring
         bias = None if bias is None else F.pad(bias, (0, 0, 0, pad))
         z, real = F.pad(z, (0, pad)), F.pad(real, (0, pad), value=False)
         doc_start = None if doc_start is None else F.pad(doc_start, (0, pad), value=False)
+    if doc_start is None and code_scores is None and _recomputes(scoring, q, k_hat, v, bias):
+        out = _attend_recomputed(q, k_hat, v, bias, L, z, codebook, real)  # (B, G, N, R, L, Dv)
+        return out.transpose(2, 3).reshape(B, H, N * L, Dv)[:, :, :T]
     code_scores = codeword_scores(q, codebook) if code_scores is None else code_scores
     s_code = code_scores.view(B, G, R, N, L, -1).transpose(2, 3)  # (B, G, N, R, L, S)
 
@@ -200,6 +205,29 @@ def _attend_corrected(scores, q_blocks, k_window, z, v, real, n_code, scoring, s
     count, mean = masked_summary(z, v, real, n_code)  # (B, G, S), (B, G, S, Dv)
     n_real = real.sum(dim=-1).view(B, 1, 1, 1, 1, 1)
     return combine_corrected(scoring, scores, count, mean, v.view(B, G, N, L, v.shape[-1]), n_real, scratch)
+
+
+def _recomputes(scoring, q, k_hat, v, bias) -> bool:
+    """Whether the window path takes :class:`CorrectedSoftmax` (its scores recomputed in the backward): a softmax
+    under autograd, in float32 or float64 throughout (autocast's mixed dtypes take the autograd path)."""
+    tracked = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k_hat, v, bias))
+    return (tracked and scoring == "softmax" and q.dtype in (torch.float32, torch.float64)
+            and k_hat.dtype == v.dtype == bias.dtype == q.dtype)
+
+
+def _attend_recomputed(q, k_hat, v, bias, L, z, codebook, real):
+    """``[B, G, N, R, L, Dv]`` of the window path without documents by :class:`CorrectedSoftmax`, from the inputs
+    padded to whole blocks; the code scores are its own (``q @ C^T``)."""
+    B, H, T, Dk = q.shape
+    G, S, _ = codebook.shape
+    R, N = H // G, T // L
+    k_window = F.pad(k_hat, (0, 0, L, L)).unfold(2, 3 * L, L)  # (B, G, N, Dk, 3L)
+    bias_blocks = bias.view(B, G, R, N, L, 3 * L).transpose(2, 3)  # (B, G, N, R, L, 3L)
+    hidden = ~F.pad(real, (L, L), value=False).unfold(1, 3 * L, L)[:, None, :, None, None, :]  # (B, 1, N, 1, 1, 3L)
+    count, mean = masked_summary(z, v, real, S)  # (B, G, S), (B, G, S, Dv)
+    logits = log_counts(count, q.dtype)[:, :, None, None, None, :]
+    return CorrectedSoftmax.apply(q, k_window, bias_blocks, mean, v.view(B, G, N, L, -1), codebook.detach(), logits,
+                                  hidden)
 
 
 def _check_bidir_inputs(q, k_hat, v, bias, block_len, state, z, codebook, mask, scoring, code_scores):

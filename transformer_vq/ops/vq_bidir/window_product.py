@@ -46,16 +46,23 @@ class WindowProduct(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         weights, values = ctx.saved_tensors
-        L, N = values.shape[-2], values.shape[2]
-        grad_weights = torch.zeros_like(weights) if ctx.needs_input_grad[0] else None
-        grad_values = torch.zeros_like(values) if ctx.needs_input_grad[1] else None
-        for j, queries, keys in _pairs(N):
-            g = grad[:, :, queries]
-            if grad_weights is not None:
-                grad_weights[:, :, queries, :, j * L:(j + 1) * L] = g @ values[:, :, keys].transpose(-1, -2)
-            if grad_values is not None:
-                _add_product(grad_values[:, :, keys], weights[:, :, queries, :, j * L:(j + 1) * L].transpose(-1, -2), g)
-        return grad_weights, grad_values
+        return window_product_grads(weights, values, grad, *ctx.needs_input_grad)
+
+
+def window_product_grads(weights: torch.Tensor, values: torch.Tensor, grad: torch.Tensor, of_weights: bool = True,
+                         of_values: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The gradients of :func:`window_product`'s ``weights`` and ``values`` (each ``None`` where not asked) from the
+    output's gradient ``grad [B, G, N, t, Dv]``."""
+    L, N = values.shape[-2], values.shape[2]
+    grad_weights = torch.zeros_like(weights) if of_weights else None
+    grad_values = torch.zeros_like(values) if of_values else None
+    for j, queries, keys in _pairs(N):
+        g = grad[:, :, queries]
+        if grad_weights is not None:
+            grad_weights[:, :, queries, :, j * L:(j + 1) * L] = g @ values[:, :, keys].transpose(-1, -2)
+        if grad_values is not None:
+            _add_product(grad_values[:, :, keys], weights[:, :, queries, :, j * L:(j + 1) * L].transpose(-1, -2), g)
+    return grad_weights, grad_values
 
 
 def add_window_product(total: torch.Tensor, weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
