@@ -91,9 +91,12 @@ class VectorQuantizer(nn.Module):
         """``argmin_s ||k - C_s||^2`` per position, computed in float32 whatever the input dtype."""
         codebook = self.codebook.float()  # (G, S, D)
         k = k.float()
-        # ||k - c||^2 = ||k||^2 - 2 k.c + ||c||^2; the first term does not change the argmin.
-        dist = codebook.pow(2).sum(-1)[None, :, None, :] - 2 * k @ codebook.transpose(-1, -2).unsqueeze(0)
-        return dist.argmin(dim=-1)  # (B, G, T)
+        # ||k - c||^2 = ||k||^2 - 2 k.c + ||c||^2; the first term does not change the argmin. One fused product per
+        # group, ||c||^2 - 2 k.c: a single [B T, S] tensor (apart, the product and the difference were two).
+        B, G, T, D = k.shape
+        dist = torch.baddbmm(codebook.pow(2).sum(-1).unsqueeze(1), k.transpose(0, 1).reshape(G, B * T, D),
+                             codebook.transpose(-1, -2), alpha=-2)  # (G, B T, S)
+        return dist.argmin(dim=-1).view(G, B, T).transpose(0, 1).contiguous()  # (B, G, T)
 
     @torch.no_grad()
     def _accumulate(self, k: torch.Tensor, z: torch.Tensor, weights: torch.Tensor) -> None:

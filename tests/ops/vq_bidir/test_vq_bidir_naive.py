@@ -144,3 +144,20 @@ def test_code_scores_from_a_code_pair_table(scoring, window):
                                 code_scores=table[z_q])
     ref = vq_bidir_attention_naive(q, k_hat, v, bias, block_len=L, mask=mask, scoring=scoring)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("level", [-8.0, 4.0])
+@pytest.mark.parametrize("scoring", SCORINGS)
+def test_float32_with_a_strong_window_bias(scoring, level):
+    """The window's keys are corrected from their code's weight over the whole sequence
+    (``scoring.combine_corrected``): a negative bias subtracts most of that weight again. At a bias of -8 (window keys
+    3,000x less weighted than through their codes) float32 still stays within 1e-5 of the float64 dense formula,
+    relative to the output's scale; a positive bias only adds."""
+    params = (2, 2, 1, 96, 8, 6)
+    q, k_hat, z, v, codebook, bias, mask = bidir_inputs(params, "window", "padded", dtype=torch.float32)
+    bias = 0.5 * bias + level
+    out, _ = vq_bidir_attention(q, k_hat, v, bias, block_len=8, z=z, codebook=codebook, mask=mask, scoring=scoring)
+    ref = vq_bidir_attention_naive(*(x.double() for x in (q, k_hat, v, bias)), block_len=8, mask=mask,
+                                   scoring=scoring)
+    scale = ref.abs().max().item()
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5 * scale)

@@ -1,5 +1,5 @@
 """Properties of the non-causal operator: padding changes nothing for real tokens, fully padded sequences stay finite,
-the out-of-window summaries equal a count from scratch, linear cost, bad inputs."""
+linear cost, bad inputs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from opsutil import make_vq_inputs
 from torch.utils.flop_counter import FlopCounterMode
 
 from transformer_vq.ops.vq_bidir import SCORINGS, vq_bidir_attention
-from transformer_vq.ops.vq_bidir.summary import outside_blocks, outside_window_summary, running_sum
+from transformer_vq.ops.vq_bidir.window_product import window_product, window_product_naive
 
 WINDOWS = ["nobias", "window"]
 
@@ -83,60 +83,6 @@ def test_inference_equals_training_path(scoring, window):
     assert torch.equal(code_scores, before)
 
 
-def test_outside_window_summary_counts_from_scratch():
-    """Block n's summary holds exactly the real keys of blocks < n - 1 and > n + 1, averaged from scratch."""
-    B, G, N, L, S, Dv = 2, 2, 7, 3, 4, 5
-    gen = torch.Generator().manual_seed(3)
-    z = torch.randint(0, S, (B, G, N * L), generator=gen)
-    v = torch.randn(B, G, N * L, Dv, generator=gen, dtype=torch.float64)
-    real = torch.rand(B, N * L, generator=gen) < 0.6
-    count, mean = outside_window_summary(z, v, real, S, L)
-    block = torch.arange(N * L) // L
-    for n in range(N):
-        outside = ((block < n - 1) | (block > n + 1))[None, None, :] & real[:, None, :]  # (B, 1, T)
-        for s in range(S):
-            chosen = (outside & (z == s)).to(v.dtype)  # (B, G, T)
-            want_count = chosen.sum(-1)
-            want_mean = (chosen.unsqueeze(-1) * v).sum(-2) / want_count.clamp(min=1).unsqueeze(-1)
-            assert torch.equal(count[:, :, n, s], want_count.float())
-            torch.testing.assert_close(mean[:, :, n, s], want_mean, rtol=1e-12, atol=1e-12)
-
-
-def test_running_sums_and_outside_blocks_equal_their_definitions():
-    """Every block count up to 40 (whole and partial groups of the two-level sum), float64."""
-    for n_blocks in range(1, 41):
-        x = torch.randn(2, 1, n_blocks, 3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(n_blocks))
-        torch.testing.assert_close(running_sum(x.clone()), x.cumsum(2), rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(running_sum(x.clone(), reverse=True), x.flip(2).cumsum(2).flip(2), rtol=1e-12,
-                                   atol=1e-12)
-        block = torch.arange(n_blocks)
-        apart = ((block[:, None] - block[None, :]).abs() >= 2).to(x.dtype)  # [n, i]: block i outside n's window
-        torch.testing.assert_close(outside_blocks(x), torch.einsum("ni,bgi...->bgn...", apart, x), rtol=1e-12,
-                                   atol=1e-12)
-
-
-@pytest.mark.parametrize("n_blocks", [1, 2, 3, 7])
-def test_outside_window_summary_gradient_equals_the_from_scratch_one(n_blocks):
-    """The gradient of the values through the running sums (their own backward) equals that of the summaries built
-    key by key, float64 to 1e-12."""
-    B, G, L, S, Dv = 2, 2, 3, 4, 5
-    gen = torch.Generator().manual_seed(4)
-    z = torch.randint(0, S, (B, G, n_blocks * L), generator=gen)
-    v = torch.randn(B, G, n_blocks * L, Dv, generator=gen, dtype=torch.float64, requires_grad=True)
-    real = torch.rand(B, n_blocks * L, generator=gen) < 0.7
-    weight = torch.randn(B, G, n_blocks, S, Dv, generator=gen, dtype=torch.float64)
-    _, mean = outside_window_summary(z, v, real, S, L)
-    got, = torch.autograd.grad((mean * weight).sum(), v)
-    block = torch.arange(n_blocks * L) // L
-    means = []
-    for n in range(n_blocks):
-        outside = ((block < n - 1) | (block > n + 1))[None, None, :] & real[:, None, :]  # (B, 1, T)
-        chosen = (outside[..., None] & (z[..., None] == torch.arange(S))).to(v.dtype)  # (B, G, T, S)
-        means.append((chosen.transpose(-1, -2) @ v) / chosen.sum(-2).clamp(min=1).unsqueeze(-1))
-    want, = torch.autograd.grad((torch.stack(means, dim=2) * weight).sum(), v)
-    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-
-
 @pytest.mark.parametrize("window", WINDOWS)
 def test_linear_scaling_of_work_and_memory(window):
     """4x the tokens: 4x the FLOPs, and no tensor saved for backward grows like T x T."""
@@ -183,3 +129,39 @@ def test_bad_input_messages(change, message):
         vq_bidir_attention(q, k_hat, v, bias, block_len=change.get("block_len", L), state=change.get("state"),
                            z=z.to(change.get("z_dtype", torch.long)), codebook=codebook[:change.get("codebook_groups")],
                            mask=mask, scoring=change.get("scoring", "softmax"), code_scores=code_scores)
+
+
+@pytest.mark.parametrize("n_blocks", [1, 2, 5])
+def test_window_product_equals_its_padded_twin(n_blocks):
+    """Three block products with their own backward against the product with the padded, unfolded values: outputs
+    and both gradients, float64 to 1e-12."""
+    B, G, t, L, Dv = 2, 2, 6, 3, 4
+    gen = torch.Generator().manual_seed(n_blocks)
+    weights = torch.randn(B, G, n_blocks, t, 3 * L, dtype=torch.float64, generator=gen, requires_grad=True)
+    values = torch.randn(B, G, n_blocks, L, Dv, dtype=torch.float64, generator=gen, requires_grad=True)
+    got, want = window_product(weights, values), window_product_naive(weights, values)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    cotangent = torch.randn(got.shape, dtype=torch.float64, generator=gen)
+    (gw, gv), (ww, wv) = (torch.autograd.grad(y, (weights, values), cotangent) for y in (got, want))
+    torch.testing.assert_close(gv, wv, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gw, ww, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_recomputed_softmax_equals_its_autograd_twin(masked):
+    """The window softmax under autograd takes ``CorrectedSoftmax`` (scores recomputed in the backward); passing the
+    code scores ``q @ C^T`` explicitly takes the autograd path of ``combine_corrected`` instead. Outputs bit for bit,
+    the gradients of q, k_hat, v and the bias to 1e-12 (float64), over several blocks, two heads a group, padding."""
+    B, H, G, T, L, S = 2, 4, 2, 29, 4, 5
+    q, k_hat, z, v, codebook, bias = inputs(B, H, G, T, L, S, "window")
+    mask = (torch.rand(B, T, generator=torch.Generator().manual_seed(5)) < 0.8) if masked else None
+    leaves = [x.requires_grad_() for x in (q, k_hat, v, bias)]
+    kwargs = dict(block_len=L, z=z, codebook=codebook, mask=mask)
+    recomputed, _ = vq_bidir_attention(q, k_hat, v, bias, **kwargs)
+    explicit = q @ codebook.repeat_interleave(H // G, 0).mT[None]  # (B, H, T, S): head h reads group h // R
+    twin, _ = vq_bidir_attention(q, k_hat, v, bias, code_scores=explicit, **kwargs)
+    assert torch.equal(recomputed, twin)
+    cotangent = torch.randn(twin.shape, dtype=twin.dtype, generator=torch.Generator().manual_seed(6))
+    for name, got, want in zip(("q", "k_hat", "v", "bias"), torch.autograd.grad(recomputed, leaves, cotangent),
+                               torch.autograd.grad(twin, leaves, cotangent)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=lambda m: f"grad {name}: {m}")

@@ -136,7 +136,7 @@ class LongVQLayer(nn.Module):
             raise ValueError("attention='quadratic' runs the dense reference on whole sequences: pass state=None")
         B, T, _ = x.shape
         Dqk, Dv = cfg.d_qk, cfg.d_v
-        if mask is not None:
+        if mask is not None and not bool(mask.all()):
             x = x.masked_fill(~mask[..., None], 0.0)  # padding adds nothing to any convolution
         ssm_out, ssm_state = self.ssm(x, None if state is None else state.ssm, naive=attention == "quadratic")
         z = F.silu(ssm_out)  # (B, T, D) eq. 9

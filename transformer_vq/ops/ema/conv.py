@@ -61,15 +61,66 @@ def ema_kernel(coef: EMACoefficients, length: int, powers: DecayPowers | None = 
     return kernel.flatten(1)[:, :length]
 
 
+def fft_size(length: int) -> int:
+    """The least ``n >= length`` with no prime factor above 5: the sizes an FFT transforms fastest (a power of two
+    blindly can be nearly twice ``length``)."""
+    n = max(1, length)
+    while True:
+        rest = n
+        for prime in (2, 3, 5):
+            while rest % prime == 0:
+                rest //= prime
+        if rest == 1:
+            return n
+        n += 1
+
+
+def conv_size(length: int) -> int:
+    """The circular convolution's size for ``length`` positions: lags ``-(T-1) .. T-1`` must not wrap onto each
+    other, so at least ``2T - 1``."""
+    return fft_size(2 * length - 1)
+
+
 def fft_conv(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    """``[B, T, D]``: ``y_t = sum_s kernel[:, (t - s) mod 2T] x_s``, a circular convolution over ``2T`` positions by
-    FFT. A causal kernel ``[D, T]`` (zero-padded to ``2T``) never wraps around: ``y_t = sum_{s<=t} kernel[:, t - s]
-    x_s``; a two-sided kernel ``[D, 2T]`` holds lag ``-m`` at ``2T - m``."""
-    length = x.shape[1]
+    """``[B, T, D]``: ``y_t = sum_s kernel[:, (t - s) mod n] x_s``, a circular convolution over ``n = conv_size(T)``
+    positions by FFT (:class:`FFTConvolution`). A causal kernel ``[D, T]`` (zero-padded to ``n``) never wraps around:
+    ``y_t = sum_{s<=t} kernel[:, t - s] x_s``; a two-sided kernel ``[D, n]`` holds lag ``-m`` at ``n - m``."""
     dtype = torch.promote_types(x.dtype, torch.float32)  # the FFT runs in float32 at least (bfloat16 has none)
-    x_f = torch.fft.rfft(x.to(dtype), n=2 * length, dim=1)  # (B, T + 1, D)
-    k_f = torch.fft.rfft(kernel.to(dtype), n=2 * length).T  # (T + 1, D)
-    return torch.fft.irfft(x_f * k_f, n=2 * length, dim=1)[:, :length].to(x.dtype)  # (B, T, D)
+    return FFTConvolution.apply(x.to(dtype), kernel.to(dtype), conv_size(x.shape[1])).to(x.dtype)
+
+
+class FFTConvolution(torch.autograd.Function):
+    """``y = irfft(rfft(x) rfft(kernel))[:T]`` over ``n`` positions, whose backward recomputes the two spectra
+    instead of keeping them: autograd kept the spectra of ``x`` and of the kernel, the zero-padded ``x`` and the
+    kernel (four ``[n, D]`` tensors at the peak of the backward); this keeps ``x`` and the kernel.
+
+    With ``G = rfft(grad)``: ``d x = irfft(G conj(K))[:T]`` (the convolution's transpose is the correlation with the
+    same kernel) and ``d kernel = irfft(sum_b G conj(X))[:K]`` (the correlation of the gradient with the input).
+    Its twin, the same map as a dense ``[T, T]`` matrix, is :func:`~transformer_vq.ops.ema.naive.circular_conv_dense`.
+    """
+
+    @staticmethod
+    def forward(x: torch.Tensor, kernel: torch.Tensor, n: int) -> torch.Tensor:
+        spectrum = torch.fft.rfft(x, n=n, dim=1) * torch.fft.rfft(kernel, n=n).T  # (B, n // 2 + 1, D)
+        return torch.fft.irfft(spectrum, n=n, dim=1)[:, :x.shape[1]]
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, kernel, ctx.n = inputs
+        ctx.save_for_backward(x, kernel)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, kernel = ctx.saved_tensors
+        n, T = ctx.n, x.shape[1]
+        g = torch.fft.rfft(grad, n=n, dim=1)  # (B, n // 2 + 1, D)
+        grad_x = grad_kernel = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.fft.irfft(g * torch.fft.rfft(kernel, n=n).T.conj(), n=n, dim=1)[:, :T]
+        if ctx.needs_input_grad[1]:
+            cross = (g * torch.fft.rfft(x, n=n, dim=1).conj()).sum(dim=0)  # (n // 2 + 1, D)
+            grad_kernel = torch.fft.irfft(cross.T, n=n)[:, :kernel.shape[1]]
+        return grad_x, grad_kernel, None
 
 
 def ema_conv(x: torch.Tensor, coef: EMACoefficients, /, *,
@@ -106,7 +157,7 @@ def ema_bidir_conv(x: torch.Tensor, forward: EMACoefficients, backward: EMACoeff
     check_inputs(x, forward, backward)
     T = x.shape[1]
     k_f, k_b = ema_kernel(forward, T), ema_kernel(backward, T)  # (D, T) each
-    # lags 0 .. T-1, then lag T (out of reach: 0), then lags -(T-1) .. -1 at 2T - m
-    two_sided = torch.cat([k_f[:, :1] + k_b[:, :1], k_f[:, 1:], torch.zeros_like(k_f[:, :1]), k_b[:, 1:].flip(-1)],
-                          dim=-1)  # (D, 2T)
+    # lags 0 .. T-1, then lags T .. n-T (out of reach: 0), then lags -(T-1) .. -1 at n - m
+    gap = k_f.new_zeros(k_f.shape[0], conv_size(T) - 2 * T + 1)
+    two_sided = torch.cat([k_f[:, :1] + k_b[:, :1], k_f[:, 1:], gap, k_b[:, 1:].flip(-1)], dim=-1)  # (D, n)
     return fft_conv(x, two_sided)

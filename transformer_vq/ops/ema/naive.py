@@ -40,3 +40,12 @@ def ema_bidir_naive(x: torch.Tensor, forward: EMACoefficients, backward: EMACoef
     check_inputs(x, forward, backward)
     later, _ = ema_naive(x.flip(1), backward)
     return ema_naive(x, forward)[0] + later.flip(1)
+
+
+def circular_conv_dense(x: torch.Tensor, kernel: torch.Tensor, n: int) -> torch.Tensor:
+    """``y_t = sum_s kernel[:, (t - s) mod n] x_s`` for ``x [B, T, D]`` and ``kernel [D, K]`` (``K <= n``, zero beyond),
+    as one dense ``[D, T, T]`` matrix: the twin of :class:`~transformer_vq.ops.ema.conv.FFTConvolution`."""
+    T = x.shape[1]
+    lag = (torch.arange(T)[:, None] - torch.arange(T)[None, :]) % n  # (t, s)
+    matrix = torch.nn.functional.pad(kernel, (0, n - kernel.shape[1]))[:, lag]  # (D, T, T)
+    return torch.einsum("dts,bsd->btd", matrix, x)

@@ -23,10 +23,12 @@ from transformer_vq.ops.documents import check_doc_start
 from transformer_vq.ops.full.naive import per_head
 from transformer_vq.ops.protocol import check_bias, check_qkv
 from transformer_vq.ops.vq.attention import check_codes
+from transformer_vq.ops.vq.cache import log_counts
+from transformer_vq.ops.vq_bidir.corrected_softmax import CorrectedSoftmax
 from transformer_vq.ops.vq_bidir.documents import RowDocuments
 from transformer_vq.ops.vq_bidir.naive import dense_attention
-from transformer_vq.ops.vq_bidir.scoring import SCORINGS, combine
-from transformer_vq.ops.vq_bidir.summary import masked_summary, outside_window_summary
+from transformer_vq.ops.vq_bidir.scoring import SCORINGS, combine, combine_corrected
+from transformer_vq.ops.vq_bidir.summary import masked_summary
 
 WINDOW_BLOCKS = 3
 """Blocks of the local-bias window: the query's own block and one on each side."""
@@ -78,15 +80,19 @@ def vq_bidir_attention(
     keys_real = real | ~real.any(dim=-1, keepdim=True)
     if bias is not None and doc_start is None and T <= 2 * block_len:
         out = _attend_short(q, k_hat, v, bias, block_len, keys_real, scoring)
-        return out.masked_fill(~real[:, None, :, None], 0.0).to(q.dtype), None
-    if code_scores is None:
-        code_scores = codeword_scores(q, codebook)
+        return _zero_padding(out, real).to(q.dtype), None
     if bias is None and doc_start is None:
-        out = _attend_codes(code_scores, z, v, keys_real, codebook.shape[1], scoring)
+        scores = codeword_scores(q, codebook) if code_scores is None else code_scores
+        out = _attend_codes(scores, z, v, keys_real, codebook.shape[1], scoring)
     else:
-        out = _attend_window(q, k_hat, v, bias, block_len, z, code_scores, real if doc_start is not None else
-                             keys_real, codebook.shape[1], scoring, doc_start)
-    return out.masked_fill(~real[:, None, :, None], 0.0).to(q.dtype), None
+        out = _attend_window(q, k_hat, v, bias, block_len, z, codebook, code_scores,
+                             real if doc_start is not None else keys_real, scoring, doc_start)
+    return _zero_padding(out, real).to(q.dtype), None
+
+
+def _zero_padding(out: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """``out [B, H, T, Dv]`` with the rows of padding queries zeroed (a copy only where there are some)."""
+    return out if bool(real.all()) else out.masked_fill(~real[:, None, :, None], 0.0)
 
 
 def codeword_scores(q: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
@@ -121,24 +127,34 @@ def _attend_short(q, k_hat, v, bias, L, real, scoring):
     return dense_attention(scores, v, None, block_len=L, mask=real, scoring=scoring)
 
 
-def _attend_window(q, k_hat, v, bias, L, z, code_scores, real, n_code, scoring, doc_start=None):
-    """The window scored exactly, every other key through the summaries before and after it.
+def _attend_window(q, k_hat, v, bias, L, z, codebook, code_scores, real, scoring, doc_start=None):
+    """The window scored exactly, every other key through its code.
 
     The window of query block ``n`` is the contiguous run of keys ``[(n - 1) L, (n + 2) L)`` of the keys padded by one
     empty block on each side, so its scores are one matmul against an overlapping (unfolded) view laid out column for
-    column like ``bias``. O(T (S + 3L)(Dk + Dv)). With ``doc_start`` the summaries are the query's document's
-    (:class:`RowDocuments`), and without a bias the window is the query's own block scored through the codes (so
-    that ``k_hat`` gets no gradient, as without documents).
+    column like ``bias``. Without documents every key of the sequence is read through one summary and the window's
+    keys are corrected to their exact weight (:func:`~transformer_vq.ops.vq_bidir.scoring.combine_corrected`).
+    O(T (S + 3L)(Dk + Dv)). ``code_scores``: the caller's (never written to), or ``None``: made here, from the
+    queries padded to whole blocks, and overwritten as scratch space. With ``doc_start`` the summaries are the
+    query's document's before and after the window (:class:`RowDocuments`), and without a bias the window is the
+    query's own block scored through the codes (so that ``k_hat`` gets no gradient, as without documents).
     """
     B, H, T, Dk = q.shape
     G, Dv = k_hat.shape[1], v.shape[-1]
     R, N = H // G, -(-T // L)
+    n_code = codebook.shape[1]
     pad = N * L - T  # padding up to whole blocks: keys that do not count, rows that are cut off
+    scratch = code_scores is None or pad > 0  # scores made here (or a padded copy) may be overwritten
     if pad:
-        q, k_hat, v, code_scores = (F.pad(x, (0, 0, 0, pad)) for x in (q, k_hat, v, code_scores))
+        q, k_hat, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k_hat, v))
+        code_scores = None if code_scores is None else F.pad(code_scores, (0, 0, 0, pad))
         bias = None if bias is None else F.pad(bias, (0, 0, 0, pad))
         z, real = F.pad(z, (0, pad)), F.pad(real, (0, pad), value=False)
         doc_start = None if doc_start is None else F.pad(doc_start, (0, pad), value=False)
+    if doc_start is None and code_scores is None and _recomputes(scoring, q, k_hat, v, bias):
+        out = _attend_recomputed(q, k_hat, v, bias, L, z, codebook, real)  # (B, G, N, R, L, Dv)
+        return out.transpose(2, 3).reshape(B, H, N * L, Dv)[:, :, :T]
+    code_scores = codeword_scores(q, codebook) if code_scores is None else code_scores
     s_code = code_scores.view(B, G, R, N, L, -1).transpose(2, 3)  # (B, G, N, R, L, S)
 
     if bias is None:  # only with documents: the query's block, each key scored through its code
@@ -146,26 +162,72 @@ def _attend_window(q, k_hat, v, bias, L, z, code_scores, real, n_code, scoring, 
         v_window = v.view(B, G, N, L, Dv)
     else:
         k_window = F.pad(k_hat, (0, 0, L, L)).unfold(2, 3 * L, L)  # (B, G, N, Dk, 3L): column j is key (n-1) L + j
-        v_window = F.pad(v, (0, 0, L, L)).unfold(2, 3 * L, L).transpose(-1, -2)  # (B, G, N, 3L, Dv)
         q_blocks = q.view(B, G, R, N, L, Dk).transpose(2, 3)  # (B, G, N, R, L, Dk)
         bias_blocks = bias.view(B, G, R, N, L, 3 * L).transpose(2, 3)  # (B, G, N, R, L, 3L)
-        s_window = q_blocks @ k_window.unsqueeze(3) + bias_blocks  # (B, G, N, R, L, 3L)
+        qk = q_blocks @ k_window.unsqueeze(3)  # (B, G, N, R, L, 3L)
+        s_window = qk + bias_blocks
 
-    if doc_start is None:
-        hidden = ~F.pad(real, (L, L), value=False).unfold(1, 3 * L, L)[:, :, None, :]  # (B, N, 1, 3L)
-        count, mean = outside_window_summary(z, v, real, n_code, L)  # (B, G, N, S), (B, G, N, S, Dv)
-        summaries = [(count[:, :, :, None, None], mean.unsqueeze(3))]
-        n_real = real.sum(dim=-1).view(B, 1, 1, 1, 1, 1)
-    else:
-        docs = RowDocuments(z, v, real, doc_start, n_code, L, reach=0 if bias is None else 1)
-        hidden = docs.window_hidden()  # (B, N, L, W)
-        # A summary's count is zero in the rows of another document: they take nothing from it.
-        summaries = [(count[:, :, :, None, None] * open_rows[:, None, :, None, :, None], mean.unsqueeze(3))
-                     for (count, mean), open_rows in ((docs.left, docs.left_open), (docs.right, docs.right_open))]
-        n_real = docs.n_keys.view(B, 1, N, 1, L, 1)
+    if doc_start is None:  # every key through its code, the window corrected (scoring.combine_corrected)
+        scores = [s_code, s_window, qk]  # handed over, not kept: each is freed as soon as its weights are made
+        del code_scores, s_code, s_window, qk
+        out = _attend_corrected(scores, q_blocks, k_window, z, v, real, n_code, scoring, scratch)
+        return out.transpose(2, 3).reshape(B, H, N * L, Dv)[:, :, :T]
+    if bias is not None:
+        del qk
+        v_window = F.pad(v, (0, 0, L, L)).unfold(2, 3 * L, L).transpose(-1, -2)  # (B, G, N, 3L, Dv)
+    docs = RowDocuments(z, v, real, doc_start, n_code, L, reach=0 if bias is None else 1)
+    hidden = docs.window_hidden()  # (B, N, L, W)
+    # A summary's count is zero in the rows of another document: they take nothing from it.
+    summaries = [(count[:, :, :, None, None] * open_rows[:, None, :, None, :, None], mean.unsqueeze(3))
+                 for (count, mean), open_rows in ((docs.left, docs.left_open), (docs.right, docs.right_open))]
+    n_real = docs.n_keys.view(B, 1, N, 1, L, 1)
     s_window = s_window.masked_fill(hidden[:, None, :, None], float("-inf"))
     out = combine(scoring, s_code, summaries, (s_window, v_window.unsqueeze(3)), n_real)  # (B, G, N, R, L, Dv)
     return out.transpose(2, 3).reshape(B, H, N * L, Dv)[:, :, :T]
+
+
+def _attend_corrected(scores, q_blocks, k_window, z, v, real, n_code, scoring, scratch):
+    """``[B, G, N, R, L, Dv]`` of :func:`_attend_window` without documents, from ``scores = [code scores (B, G, N, R,
+    L, S), window scores (B, G, N, R, L, 3L), the same without the bias]`` (emptied), the query blocks, the unfolded
+    key windows and the sequence padded to whole blocks."""
+    B, G, N, R, L, _ = scores[1].shape
+    hidden = ~F.pad(real, (L, L), value=False).unfold(1, 3 * L, L)[:, None, :, None, None, :]  # (B, 1, N, 1, 1, 3L)
+    # The window keys' code scores q . C[z_p]: k_hat equals C[z] in value, so they are q . k_hat without the bias,
+    # except that a code score gives the key no gradient: where k_hat takes one, the product again with k_hat
+    # detached (a gather from the code scores is slower on a CPU).
+    key_code = scores.pop()
+    if torch.is_grad_enabled() and k_window.requires_grad:
+        key_code = q_blocks @ k_window.detach().unsqueeze(3)  # (B, G, N, R, L, 3L)
+    # in place: neither the sum's nor the product's backward needs its output
+    scores[1].masked_fill_(hidden, float("-inf"))
+    scores.append(key_code.masked_fill_(hidden, float("-inf")))
+    del key_code
+    count, mean = masked_summary(z, v, real, n_code)  # (B, G, S), (B, G, S, Dv)
+    n_real = real.sum(dim=-1).view(B, 1, 1, 1, 1, 1)
+    return combine_corrected(scoring, scores, count, mean, v.view(B, G, N, L, v.shape[-1]), n_real, scratch)
+
+
+def _recomputes(scoring, q, k_hat, v, bias) -> bool:
+    """Whether the window path takes :class:`CorrectedSoftmax` (its scores recomputed in the backward): a softmax
+    under autograd, in float32 or float64 throughout (autocast's mixed dtypes take the autograd path)."""
+    tracked = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k_hat, v, bias))
+    return (tracked and scoring == "softmax" and q.dtype in (torch.float32, torch.float64)
+            and k_hat.dtype == v.dtype == bias.dtype == q.dtype)
+
+
+def _attend_recomputed(q, k_hat, v, bias, L, z, codebook, real):
+    """``[B, G, N, R, L, Dv]`` of the window path without documents by :class:`CorrectedSoftmax`, from the inputs
+    padded to whole blocks; the code scores are its own (``q @ C^T``)."""
+    B, H, T, Dk = q.shape
+    G, S, _ = codebook.shape
+    R, N = H // G, T // L
+    k_window = F.pad(k_hat, (0, 0, L, L)).unfold(2, 3 * L, L)  # (B, G, N, Dk, 3L)
+    bias_blocks = bias.view(B, G, R, N, L, 3 * L).transpose(2, 3)  # (B, G, N, R, L, 3L)
+    hidden = ~F.pad(real, (L, L), value=False).unfold(1, 3 * L, L)[:, None, :, None, None, :]  # (B, 1, N, 1, 1, 3L)
+    count, mean = masked_summary(z, v, real, S)  # (B, G, S), (B, G, S, Dv)
+    logits = log_counts(count, q.dtype)[:, :, None, None, None, :]
+    return CorrectedSoftmax.apply(q, k_window, bias_blocks, mean, v.view(B, G, N, L, -1), codebook.detach(), logits,
+                                  hidden)
 
 
 def _check_bidir_inputs(q, k_hat, v, bias, block_len, state, z, codebook, mask, scoring, code_scores):
