@@ -8,7 +8,9 @@ import torch
 from opsutil import VQ_GRID, make_vq_inputs, vq_grid_id as grid_id
 
 from transformer_vq.ops.vq_bidir import SCORINGS, vq_bidir_attention, vq_bidir_attention_naive
+from transformer_vq.ops.vq_bidir import attention as attention_module
 from transformer_vq.ops.vq_bidir.attention import codeword_scores
+from transformer_vq.ops.vq_bidir.scoring import combine_corrected
 from transformer_vq.ops.vq_bidir.naive import dense_attention
 
 # The VQ grid, T = 3L (the first and last windows overlap the whole sequence), and T <= 2L (every window is the
@@ -146,18 +148,24 @@ def test_code_scores_from_a_code_pair_table(scoring, window):
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("level", [-8.0, 4.0])
+@pytest.mark.parametrize("level", [-30.0, -8.0, -3.5, 4.0])
+@pytest.mark.parametrize("sharpness", [1.0, 30.0])
 @pytest.mark.parametrize("scoring", SCORINGS)
-def test_float32_with_a_strong_window_bias(scoring, level):
+def test_float32_with_a_strong_window_bias(scoring, level, sharpness, monkeypatch):
     """The window's keys are corrected from their code's weight over the whole sequence
-    (``scoring.combine_corrected``): a negative bias subtracts most of that weight again. At a bias of -8 (window keys
-    3,000x less weighted than through their codes) float32 still stays within 1e-5 of the float64 dense formula,
-    relative to the output's scale; a positive bias only adds."""
+    (``scoring.combine_corrected``) while no bias is below ``-CORRECTION_LIMIT``: a negative bias subtracts part of
+    that weight again, at most all but ``e^-4`` of it. Below, the per-block summaries (only additions). Either way
+    float32 stays within 1e-5 of the float64 dense formula, relative to the output's scale, also with sharp queries
+    (scores x 30), where a correction at -30 measured 80% off; a positive bias only adds."""
     params = (2, 2, 1, 96, 8, 6)
     q, k_hat, z, v, codebook, bias, mask = bidir_inputs(params, "window", "padded", dtype=torch.float32)
-    bias = 0.5 * bias + level
+    q, bias = q * sharpness, 0.5 * bias + level
+    corrected = []
+    monkeypatch.setattr(attention_module, "combine_corrected",
+                        lambda *a, **k: corrected.append(1) or combine_corrected(*a, **k))
     out, _ = vq_bidir_attention(q, k_hat, v, bias, block_len=8, z=z, codebook=codebook, mask=mask, scoring=scoring)
     ref = vq_bidir_attention_naive(*(x.double() for x in (q, k_hat, v, bias)), block_len=8, mask=mask,
                                    scoring=scoring)
     scale = ref.abs().max().item()
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5 * scale)
+    assert bool(corrected) == (float(bias.min()) >= -attention_module.CORRECTION_LIMIT)

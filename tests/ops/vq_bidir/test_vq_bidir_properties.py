@@ -11,6 +11,7 @@ from opsutil import make_vq_inputs
 from torch.utils.flop_counter import FlopCounterMode
 
 from transformer_vq.ops.vq_bidir import SCORINGS, vq_bidir_attention
+from transformer_vq.ops.vq_bidir.attention import CORRECTION_LIMIT
 from transformer_vq.ops.vq_bidir.window_product import window_product, window_product_naive
 
 WINDOWS = ["nobias", "window"]
@@ -83,13 +84,17 @@ def test_inference_equals_training_path(scoring, window):
     assert torch.equal(code_scores, before)
 
 
+@pytest.mark.parametrize("shift", [None, -10.0])
 @pytest.mark.parametrize("window", WINDOWS)
-def test_linear_scaling_of_work_and_memory(window):
-    """4x the tokens: 4x the FLOPs, and no tensor saved for backward grows like T x T."""
+def test_linear_scaling_of_work_and_memory(window, shift):
+    """4x the tokens: 4x the FLOPs, and no tensor saved for backward grows like T x T; with the window a correction
+    of the one summary (a bias within the correction limit) and with per-block summaries (``shift``: a bias below)."""
     B, H, G, L, S = 1, 1, 1, 8, 16
     flops = []
     for T in (16 * L, 64 * L):
         q, k_hat, z, v, codebook, bias = inputs(B, H, G, T, L, S, window)
+        if bias is not None:
+            bias = bias.clamp(min=-CORRECTION_LIMIT) if shift is None else bias + shift
         q.requires_grad_(True)
         largest = [0]
 
