@@ -19,7 +19,7 @@ import json
 import statistics
 from pathlib import Path
 
-from result_files import write_result
+from result_files import save_figure, write_result
 
 from transformer_vq.bench.machine import machine_info
 from transformer_vq.train.lm.build import model_from_checkpoint
@@ -91,10 +91,7 @@ def plot(result: dict, path: Path) -> Path:
     ax.set_yticks(range(len(by_kind)), list(by_kind))
     ax.set_xlabel("validation bits per byte (state reset every 2,048 tokens); bar: mean of seeds")
     ax.set_title(result["name"], fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv=None) -> None:

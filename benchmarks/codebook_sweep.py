@@ -15,6 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
+from result_files import save_figure
+
 from transformer_vq.bench.config import OpBenchConfig
 from transformer_vq.bench.machine import machine_info
 from transformer_vq.bench.op import run_op_bench
@@ -82,9 +84,7 @@ def plot_sweep(result: dict, path: Path) -> None:
     ax.set_ylabel(f"forward seconds at T = {result['length']}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main() -> None:

@@ -19,3 +19,13 @@ def write_result(result: dict, text: str, out: str | Path, name: str) -> Path:
     fileio.atomic_write_text(folder / f"{name}.md", text)
     print(f"wrote {folder / name}.json and .md")
     return folder
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` (the folder's figures share one resolution) and free it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
