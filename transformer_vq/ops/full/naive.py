@@ -49,6 +49,16 @@ def full_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias
     ``older_bias``: ``[H]``, added to the score of every key older than the query's two-block window (head ``h``
     adds ``older_bias[h]``): the VQ operator's ``cache_bias`` in the dense formula.
     """
+    weights = attention_weights(q, k, bias, block_len=block_len, window_only=window_only, doc_start=doc_start,
+                                older_bias=older_bias)
+    return weights @ per_head(v, q.shape[1])
+
+
+def attention_weights(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, *, block_len: int,
+                      window_only: bool = False, doc_start: torch.Tensor | None = None,
+                      older_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B, H, T, T]`` the softmax weights of :func:`full_attention_naive` (its arguments, ``v`` left out): row
+    ``t`` is query ``t``'s distribution over the keys ``p <= t`` it may attend."""
     n_head, length = q.shape[1], q.shape[2]
     scores = q @ per_head(k, n_head).transpose(-1, -2) + window_bias_dense(bias, block_len)  # (B, H, T, T)
     if older_bias is not None:
@@ -57,5 +67,4 @@ def full_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias
     visible = window_mask(length, block_len, q.device) if window_only else causal_mask(length, q.device)
     if doc_start is not None:
         visible = visible & same_document(doc_start)
-    scores = scores.masked_fill(~visible, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ per_head(v, n_head)
+    return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)

@@ -1,0 +1,92 @@
+"""How much of each attention unit's softmax goes beyond its two-block window, for trained language models:
+:mod:`transformer_vq.train.lm.history_mass`, by the history a query has.
+
+    python benchmarks/history_mass.py --run LABEL RUN [--run ...] [--init LABEL RUN] [--sequences 8] \
+        --name NAME [--out benchmarks/results] [--note KEY=TEXT ...]
+
+Each ``--run LABEL RUN`` is a run or checkpoint directory of a causal VQ or full-attention model, measured on the
+first ``--sequences`` validation sequences of its training ``seq_len``; ``--init LABEL RUN`` measures an untrained
+model of that run's configuration (its seed) instead. Writes ``NAME.json`` (per run: the mean per unit and the mass by
+history), ``NAME.md`` (one row per run and unit) and ``NAME.png`` (mass against history, a panel per unit). None of
+the figures is a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from result_files import save_figure, write_result
+
+from transformer_vq.bench.machine import machine_info
+from transformer_vq.train.lm.history_mass import mass_profile
+
+
+def collect(runs: list[list[str]], inits: list[list[str]], sequences: int, notes: dict) -> dict:
+    measured = [{"label": label, "run": run, **mass_profile(run, sequences=sequences, device="cpu")}
+                for label, run in runs]
+    measured += [{"label": label, "run": run, **mass_profile(run, sequences=sequences, init=True, device="cpu")}
+                 for label, run in inits]
+    return {"benchmark": "history-mass", "runs": measured, "notes": notes, "machine": machine_info(measure_peak=False)}
+
+
+def table(result: dict) -> str:
+    buckets = [f"{b['blocks'][0]}-{b['blocks'][1]}" for b in result["runs"][0]["by_history"]]
+    lines = ["| run | step | unit | all queries past block 2 | " + " | ".join(f"{b} blocks" for b in buckets) + " |",
+             "|---|---:|---:|---:|" + "---:|" * len(buckets)]
+    for run in result["runs"]:
+        for unit in range(run["units"]):
+            by = {f"{b['blocks'][0]}-{b['blocks'][1]}": b["mass"][unit] for b in run["by_history"]}
+            cells = " | ".join(f"{by[b]:.1%}" if b in by else "-" for b in buckets)
+            lines.append(f"| {run['label']} | {run['step']} | {unit} | **{run['mean'][unit]:.1%}** | {cells} |")
+    notes = [f"- {key}: {text}" for key, text in result["notes"].items()]
+    machine = result["machine"]
+    return "\n".join([f"# {result['name']}", "", "Softmax mass on keys older than the query's two-block window (VQ: "
+                      "the cache's share), mean over the queries of the first validation sequences read from a "
+                      "fresh state, by the query's history in blocks.", "", *lines, "",
+                      "Runs: " + "; ".join(f"{r['label']}: {r['run']}" for r in result["runs"]), "", *notes, "",
+                      f"Machine: {machine['cpu']}, torch {machine['torch']}, commit {machine['commit']}. "
+                      "None of the figures here is a timing.", ""])
+
+
+def plot(result: dict, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    units = max(run["units"] for run in result["runs"])
+    fig, axes = plt.subplots(1, units, figsize=(3 * units, 3.2), sharey=True, squeeze=False)
+    for i, run in enumerate(result["runs"]):
+        x = [(b["blocks"][0] * b["blocks"][1]) ** 0.5 for b in run["by_history"]]
+        for unit in range(run["units"]):
+            axes[0, unit].plot(x, [b["mass"][unit] for b in run["by_history"]], marker="o", color=f"C{i}",
+                               label=f"{run['label']} (step {run['step']})")
+    for unit, ax in enumerate(axes[0]):
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"unit {unit}", fontsize=9)
+        ax.set_xlabel("history (blocks)")
+    axes[0, 0].set_ylabel("mass beyond the window")
+    axes[0, 0].legend(fontsize=6)
+    fig.suptitle(result["name"], fontsize=9)
+    return save_figure(fig, path)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", nargs=2, action="append", default=[], metavar=("LABEL", "RUN"))
+    parser.add_argument("--init", nargs=2, action="append", default=[], metavar=("LABEL", "RUN"))
+    parser.add_argument("--sequences", type=int, default=8)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--note", action="append", default=[], metavar="KEY=TEXT")
+    args = parser.parse_args(argv)
+    if not args.run and not args.init:
+        parser.error("give at least one --run or --init")
+    result = {"name": args.name, **collect(args.run, args.init, args.sequences,
+                                            dict(n.split("=", 1) for n in args.note))}
+    out = write_result(result, table(result), args.out, args.name)
+    plot(result, out / f"{args.name}.png")
+
+
+if __name__ == "__main__":
+    main()
