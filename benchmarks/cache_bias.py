@@ -19,7 +19,7 @@ import json
 import statistics
 from pathlib import Path
 
-from result_files import save_figure, write_result
+from result_files import add_output_args, notes_of, publish, save_figure
 
 from transformer_vq.bench.machine import machine_info
 from transformer_vq.train.lm.build import model_from_checkpoint
@@ -98,13 +98,10 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", required=True)
     parser.add_argument("--run", nargs=4, action="append", required=True, metavar=("INIT", "SEED", "RUN", "EVAL"))
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--out", default="benchmarks/results")
-    parser.add_argument("--note", action="append", default=[], metavar="KEY=TEXT")
+    add_output_args(parser)
     args = parser.parse_args(argv)
-    result = {"name": args.name, **collect(args.baseline, args.run, dict(n.split("=", 1) for n in args.note))}
-    out = write_result(result, table(result), args.out, args.name)
-    plot(result, out / f"{args.name}.png")
+    result = {"name": args.name, **collect(args.baseline, args.run, notes_of(args))}
+    publish(result, table(result), args, plot)
 
 
 if __name__ == "__main__":

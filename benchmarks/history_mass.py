@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from result_files import save_figure, write_result
+from result_files import add_output_args, notes_of, publish, save_figure
 
 from transformer_vq.bench.machine import machine_info
 from transformer_vq.train.lm.history_mass import mass_profile
@@ -76,16 +76,12 @@ def main(argv=None) -> None:
     parser.add_argument("--run", nargs=2, action="append", default=[], metavar=("LABEL", "RUN"))
     parser.add_argument("--init", nargs=2, action="append", default=[], metavar=("LABEL", "RUN"))
     parser.add_argument("--sequences", type=int, default=8)
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--out", default="benchmarks/results")
-    parser.add_argument("--note", action="append", default=[], metavar="KEY=TEXT")
+    add_output_args(parser)
     args = parser.parse_args(argv)
     if not args.run and not args.init:
         parser.error("give at least one --run or --init")
-    result = {"name": args.name, **collect(args.run, args.init, args.sequences,
-                                            dict(n.split("=", 1) for n in args.note))}
-    out = write_result(result, table(result), args.out, args.name)
-    plot(result, out / f"{args.name}.png")
+    result = {"name": args.name, **collect(args.run, args.init, args.sequences, notes_of(args))}
+    publish(result, table(result), args, plot)
 
 
 if __name__ == "__main__":

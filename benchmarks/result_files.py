@@ -29,3 +29,21 @@ def save_figure(fig, path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
+
+
+def add_output_args(parser) -> None:
+    """The flags of a script that writes one result: ``--name``, ``--out`` and ``--note KEY=TEXT`` (repeatable)."""
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--note", action="append", default=[], metavar="KEY=TEXT")
+
+
+def notes_of(args) -> dict:
+    """``--note KEY=TEXT`` flags as ``{KEY: TEXT}``."""
+    return dict(note.split("=", 1) for note in args.note)
+
+
+def publish(result: dict, text: str, args, plot) -> Path:
+    """:func:`write_result` under ``args.out`` as ``args.name``, then ``plot(result, path)`` to ``NAME.png``."""
+    out = write_result(result, text, args.out, args.name)
+    return plot(result, out / f"{args.name}.png")

@@ -18,7 +18,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from result_files import save_figure, write_result
+from result_files import add_output_args, notes_of, publish, save_figure
 
 from transformer_vq.ablate.cells import read_metrics
 from transformer_vq.bench.machine import machine_info
@@ -155,16 +155,12 @@ def main(argv=None) -> None:
     parser.add_argument("--cell", nargs="+", action="append", required=True, metavar="LABEL_THEN_RUNS")
     parser.add_argument("--reference", required=True)
     parser.add_argument("--ranges", type=parse_ranges, default=None)
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--out", default="benchmarks/results")
-    parser.add_argument("--note", action="append", default=[], metavar="KEY=TEXT")
+    add_output_args(parser)
     args = parser.parse_args(argv)
     if any(len(cell) < 2 for cell in args.cell):
         parser.error("each --cell needs a label and at least one run directory")
-    result = {"name": args.name, **collect(args.cell, args.reference, args.ranges,
-                                            dict(n.split("=", 1) for n in args.note))}
-    out = write_result(result, table(result), args.out, args.name)
-    plot(result, out / f"{args.name}.png")
+    result = {"name": args.name, **collect(args.cell, args.reference, args.ranges, notes_of(args))}
+    publish(result, table(result), args, plot)
 
 
 if __name__ == "__main__":
