@@ -7,8 +7,8 @@
 Each ``--run LABEL RUN`` is a run or checkpoint directory of a causal VQ or full-attention model, measured on the
 first ``--sequences`` validation sequences of its training ``seq_len``; ``--init LABEL RUN`` measures an untrained
 model of that run's configuration (its seed) instead. Writes ``NAME.json`` (per run: the mean per unit and the mass by
-history), ``NAME.md`` (one row per run and unit) and ``NAME.png`` (mass against history, a panel per unit). None of
-the figures is a timing.
+history), ``NAME.md`` (one row per run and unit) and ``NAME.png`` (a panel per unit: the mean mass against the
+training step, a line per label). None of the figures is a timing.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from transformer_vq.train.lm.history_mass import mass_profile
 
 
 def collect(runs: list[list[str]], inits: list[list[str]], sequences: int, notes: dict) -> dict:
-    measured = [{"label": label, "run": run, **mass_profile(run, sequences=sequences, device="cpu")}
-                for label, run in runs]
-    measured += [{"label": label, "run": run, **mass_profile(run, sequences=sequences, init=True, device="cpu")}
-                 for label, run in inits]
+    measured = [{"label": label, "run": run, **mass_profile(run, sequences=sequences, init=True, device="cpu")}
+                for label, run in inits]
+    measured += [{"label": label, "run": run, **mass_profile(run, sequences=sequences, device="cpu")}
+                 for label, run in runs]
     return {"benchmark": "history-mass", "runs": measured, "notes": notes, "machine": machine_info(measure_peak=False)}
 
 
@@ -49,24 +49,28 @@ def table(result: dict) -> str:
 
 
 def plot(result: dict, path):
+    """A panel per unit: the mean mass beyond the window (queries past block 2) against the training step, a line
+    per label through its checkpoints (an ``--init`` of the same label is its step 0)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     units = max(run["units"] for run in result["runs"])
-    fig, axes = plt.subplots(1, units, figsize=(3 * units, 3.2), sharey=True, squeeze=False)
-    for i, run in enumerate(result["runs"]):
-        x = [(b["blocks"][0] * b["blocks"][1]) ** 0.5 for b in run["by_history"]]
-        for unit in range(run["units"]):
-            axes[0, unit].plot(x, [b["mass"][unit] for b in run["by_history"]], marker="o", color=f"C{i}",
-                               label=f"{run['label']} (step {run['step']})")
+    fig, axes = plt.subplots(1, units, figsize=(3.2 * units, 3.4), sharey=True, squeeze=False)
+    labels = list(dict.fromkeys(run["label"] for run in result["runs"]))
+    for i, label in enumerate(labels):
+        runs = sorted((run for run in result["runs"] if run["label"] == label), key=lambda run: run["step"])
+        for unit in range(units):
+            points = [(run["step"], run["mean"][unit]) for run in runs if unit < run["units"]]
+            axes[0, unit].plot(*zip(*points), marker="o", color=plt.cm.tab10(i % 10),
+                               linestyle="-" if i < 10 else "--", label=label)
     for unit, ax in enumerate(axes[0]):
-        ax.set_xscale("log", base=2)
         ax.set_title(f"unit {unit}", fontsize=9)
-        ax.set_xlabel("history (blocks)")
-    axes[0, 0].set_ylabel("mass beyond the window")
-    axes[0, 0].legend(fontsize=6)
+        ax.set_xlabel("training step")
+        ax.grid(True, alpha=0.3)
+    axes[0, 0].set_ylabel("mass beyond the window (mean)")
+    axes[0, -1].legend(fontsize=6)
     fig.suptitle(result["name"], fontsize=9)
     return save_figure(fig, path)
 

@@ -6,7 +6,8 @@ its validation bits per byte at each evaluation, against a reference cell, from 
 
 Each ``--cell`` names a cell and its runs (one per seed) trained on the same data in the same order (same seeds,
 batch and sequence settings), so a step's training batch is the same bytes for every cell and the per-step ratio is
-not noise from the data. Step ranges default to doubling ones from 60 steps (1-60, 61-120, 121-240, ...). Writes
+not noise from the data. Runs are paired by position: a cell of k runs is compared with the reference's first k, so
+give every cell's runs in the same seed order. Step ranges default to doubling ones from 60 steps (1-60, 61-120, 121-240, ...). Writes
 ``NAME.json`` (per cell and seed: the training bpb per range and the validation curve), ``NAME.md`` (the tables: mean
 over seeds, the ratio to the reference; the reference's own rows in bpb) and ``NAME.png`` (the ratio to the reference
 over training: training bpb in 60-step means, validation points). None of the figures is a timing.
@@ -96,13 +97,15 @@ def table(result: dict) -> str:
     cells, ref = result["cells"], result["reference"]
     labels = [f"{lo}-{hi}" for lo, hi in result["ranges"]]
     mean = {c: [seed_mean([r["ranges"][i] for r in rs]) for i in range(len(labels))] for c, rs in cells.items()}
-    lines = [f"## Training bits per byte by step range (mean of seeds), as a ratio to `{ref}`", "",
+    paired = {c: [seed_mean([r["ranges"][i] for r in cells[ref][:len(rs)]]) for i in range(len(labels))]
+              for c, rs in cells.items()}  # the reference's runs paired with the cell's, seed by seed
+    lines = [f"## Training bits per byte by step range (mean of seeds), as a ratio to `{ref}`'s same seeds", "",
              "| cell | seeds | " + " | ".join(labels) + " |", "|---|---:|" + "---:|" * len(labels)]
     for c, rs in cells.items():
-        row = [f"{m:.4f}" if c == ref and m is not None else ratio_text(m, r) for m, r in zip(mean[c], mean[ref])]
+        row = [f"{m:.4f}" if c == ref and m is not None else ratio_text(m, r) for m, r in zip(mean[c], paired[c])]
         lines.append(f"| {c}{' (bpb)' if c == ref else ''} | {len(rs)} | " + " | ".join(row) + " |")
     steps = validation_steps(result)
-    lines += ["", "## Validation bits per byte at each evaluation (seeds; mean; ratio of means to "
+    lines += ["", "## Validation bits per byte at each evaluation (seeds; mean; ratio to the same seeds' mean of "
               f"`{ref}`)", "", "| cell | " + " | ".join(f"step {s}" for s in steps) + " |", "|---|" + "---|" * len(steps)]
     for c, rs in cells.items():
         row = []
@@ -110,7 +113,7 @@ def table(result: dict) -> str:
             seeds = [next((v["bits_per_byte"] for v in r["validation"] if v["step"] == s), None) for r in rs]
             m = validation_mean(rs, s)
             each = " / ".join("-" if v is None else f"{v:.4f}" for v in seeds)
-            row.append(f"{each}; **{'-' if m is None else f'{m:.4f}'}** ({ratio_text(m, validation_mean(cells[ref], s))})")
+            row.append(f"{each}; **{'-' if m is None else f'{m:.4f}'}** ({ratio_text(m, validation_mean(cells[ref][:len(rs)], s))})")
         lines.append(f"| {c} | " + " | ".join(row) + " |")
     machine = result["machine"]
     notes = [f"- {key}: {text}" for key, text in result["notes"].items()]
@@ -130,15 +133,16 @@ def plot(result: dict, path: Path) -> Path:
     last = max(max(r["bpb"]) for rs in cells.values() for r in rs)
     starts = list(range(1, last + 1, SMOOTH))
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
-    ref_train = [seed_mean([range_mean(r["bpb"], s, s + SMOOTH - 1) for r in cells[ref]]) for s in starts]
     for i, (c, rs) in enumerate(cells.items()):
         if c == ref:
             continue
         color = f"C{i}"
         mine = [seed_mean([range_mean(r["bpb"], s, s + SMOOTH - 1) for r in rs]) for s in starts]
+        ref_train = [seed_mean([range_mean(r["bpb"], s, s + SMOOTH - 1) for r in cells[ref][:len(rs)]]) for s in starts]
         points = [(s + SMOOTH / 2, m / r) for s, m, r in zip(starts, mine, ref_train) if m is not None and r]
         ax.plot(*zip(*points), color=color, label=f"{c}: training bpb ({SMOOTH}-step means)")
-        val = [(s, validation_mean(rs, s), validation_mean(cells[ref], s)) for s in validation_steps(result)]
+        val = [(s, validation_mean(rs, s), validation_mean(cells[ref][:len(rs)], s))
+               for s in validation_steps(result)]
         val = [(s, m / r) for s, m, r in val if m is not None and r is not None]
         if val:
             ax.plot(*zip(*val), "o", color=color, label=f"{c}: validation bpb")

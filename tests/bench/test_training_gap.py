@@ -53,3 +53,12 @@ def test_refusals(tmp_path):
     run = _run(tmp_path, "r", lambda s: 1.0)
     with pytest.raises(SystemExit, match="not one of the cells"):
         script.collect([["a", run]], "b", None, {})
+
+
+def test_a_cell_of_fewer_runs_is_paired_with_the_same_seeds(tmp_path):
+    script = _script()
+    ref = [_run(tmp_path, "ref0", lambda s: 2.0, evals=((8, 2.0),)), _run(tmp_path, "ref1", lambda s: 4.0,
+                                                                           evals=((8, 4.0),))]
+    one = [_run(tmp_path, "x0", lambda s: 2.2, evals=((8, 2.2),))]
+    text = script.table({"name": "t", **script.collect([["ref", *ref], ["x", *one]], "ref", [(1, 8)], {})})
+    assert "| x | 1 | 1.1000 |" in text and "2.2000; **2.2000** (1.1000)" in text  # against ref0, not the mean 3.0
