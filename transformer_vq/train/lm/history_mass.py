@@ -83,6 +83,8 @@ def history_mass(model: torch.nn.Module, rows: torch.Tensor) -> dict:
                          f"give at least {3 * L}")
     with evaluating(model), recording_older_mass() as masses:
         model(rows)
+    if not masses:
+        raise ValueError(f"{type(model).__name__} ran no Transformer-VQ attention unit: nothing to measure")
     by_block = np.stack([m.mean(dim=(0, 1))[:T // L * L].view(T // L, L).mean(dim=-1).cpu().numpy()
                          for m in masses])  # (U, N): mean over batch, heads and the block's queries
     buckets = [(lo, hi) for lo, hi in history_buckets(T // L) if lo >= 2]
