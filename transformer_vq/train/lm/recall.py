@@ -137,25 +137,26 @@ def recall_accuracy(model: torch.nn.Module, corpus: Corpus, split: str = "valida
     n_episodes = corpus.metadata["episodes"][split] if not max_episodes else \
         min(max_episodes, corpus.metadata["episodes"][split])
     device = next(model.parameters()).device
-    correct, distances, bits, parts, spent_all = [], [], [], [], []
+    correct, distances, parts, spent = [], [], [], []
     with evaluating(model):
         for first in range(0, n_episodes, batch_size):
             episodes = [stored_episode(corpus, split, i) for i in range(first, min(first + batch_size, n_episodes))]
             rows = torch.from_numpy(np.stack([e.tokens for e in episodes]).astype(np.int64)).to(device)
-            predicted, spent = (t.cpu().numpy() for t in answer_predictions(model, rows, window_len))
+            predicted, batch_bits = (t.cpu().numpy() for t in answer_predictions(model, rows, window_len))
             for b, episode in enumerate(episodes):
                 # a query is right when every answer byte is: [n_queries, value_len] -> [n_queries]
                 correct.append((predicted[b][episode.answer_pos] == episode.tokens[episode.answer_pos]).all(axis=1))
                 distances.append(episode.distances)
-                bits.append(spent[b][episode.answer_pos])
                 parts.append(episode_parts(spec, episode))
-                spent_all.append(spent[b])
-    correct, distances, bits = np.concatenate(correct), np.concatenate(distances), np.concatenate(bits)
-    spent_all = np.concatenate(spent_all)
+                spent.append(batch_bits[b])
+    correct, distances = np.concatenate(correct), np.concatenate(distances)
+    parts, spent = np.concatenate(parts), np.concatenate(spent)
+    # answers come query after query, their bytes in order: the answer bytes' bits in reading order are [query, byte]
+    bits = spent[parts == PARTS.index("answers")].reshape(-1, spec.value_len)
     return RecallResult(split=split, episodes=n_episodes, block_len=block_len, chance=spec.chance,
                         accuracy=float(correct.mean()), answer_bpb=float(bits.mean()),
                         buckets=accuracy_by_distance(correct, distances, block_len, bits),
-                        bpb=float(np.nanmean(spent_all)), parts=bits_by_part(np.concatenate(parts), spent_all))
+                        bpb=float(np.nanmean(spent)), parts=bits_by_part(parts, spent))
 
 
 def recall_table(result: dict) -> str:
