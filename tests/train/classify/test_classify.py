@@ -128,7 +128,7 @@ def test_validation_takes_batch_norm_statistics_from_the_current_weights(digits,
     examples under its weights as they are, not its lagging running averages (transformer_vq/nn/batch_stats.py)."""
     from transformer_vq.data.classify import ordered_batches
     from transformer_vq.nn.batch_stats import batch_norms, recompute_batch_norm_stats
-    from transformer_vq.train.classify.trainer import BATCH_NORM_EXAMPLES
+    from transformer_vq.train.classify.evaluate import BATCH_NORM_EXAMPLES
 
     cfg = classify_config(n_classes=digits.n_classes, vocab_size=digits.vocab_size, preset="tiny",
                           model={"norm": "batch", "dropout": 0.0},
@@ -145,3 +145,34 @@ def test_validation_takes_batch_norm_statistics_from_the_current_weights(digits,
     for mine, theirs in zip(batch_norms(saved), batch_norms(fresh)):
         torch.testing.assert_close(mine.running_mean, theirs.running_mean, rtol=0, atol=1e-6)
         torch.testing.assert_close(mine.running_var, theirs.running_var, rtol=0, atol=1e-6)
+
+
+def test_eval_scores_a_checkpoint_with_lagging_statistics_as_validation_did(digits, tmp_path):
+    """`tvq classify eval` re-estimates a batch-normed model's statistics as validation does: a checkpoint whose
+    running averages are off (a periodic save between validations, or one written before validation re-estimated
+    them) scores what the same weights scored in validation. Control: scored as saved, it scores otherwise."""
+    from transformer_vq.nn.batch_stats import batch_norms
+    from transformer_vq.train.checkpoint.store import save_checkpoint
+    from transformer_vq.train.classify import classify_eval
+
+    run_dir = tmp_path / "run"
+    cfg = classify_config(n_classes=digits.n_classes, vocab_size=digits.vocab_size, preset="tiny",
+                          model={"norm": "batch", "dropout": 0.0},
+                          train={**TRAIN, "steps": 4, "eval_every": 4, "lr": 1e-2, "run_dir": str(run_dir)})
+    assert classify_train(cfg, data=digits).exit_code == 0
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    validated = [r for r in records if r.get("eval") == "validation"][-1]
+    model = build_classifier(cfg)
+    latest_checkpoint(run_dir / "checkpoints").load_weights(model)  # step 4: validated, then saved
+    norms = batch_norms(model)
+    assert norms
+    with torch.no_grad():
+        for norm in norms:  # lagging averages, exaggerated
+            norm.running_mean.mul_(3.0).add_(1.0)
+            norm.running_var.mul_(3.0)
+    lagging = save_checkpoint(tmp_path / "lagging", step=4, model=model, config=cfg.to_dict(), state={}, keep=1)
+    scored = classify_eval(str(lagging), split="validation", device="cpu")
+    assert scored.accuracy == pytest.approx(validated["accuracy"], abs=1e-12)
+    assert scored.loss == pytest.approx(validated["loss"], rel=1e-5)
+    as_saved = evaluate_examples(model, digits.split("validation"), n_classes=digits.n_classes, batch_size=64)
+    assert as_saved.loss != pytest.approx(scored.loss, rel=1e-3)

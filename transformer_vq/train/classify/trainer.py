@@ -21,23 +21,16 @@ from dataclasses import dataclass
 import torch
 
 from transformer_vq.config import ClassifyConfig, ConfigError
-from transformer_vq.data.classify import ClassBatches, ordered_batches
-from transformer_vq.nn.batch_stats import recompute_batch_norm_stats
+from transformer_vq.data.classify import ClassBatches
 from transformer_vq.train.checkpoint.errors import CheckpointError
 from transformer_vq.train.checkpoint.rundir import hold_run_dir, writing
 from transformer_vq.train.checkpoint.store import BEST_DIR, Checkpoint, save_checkpoint
 from transformer_vq.train.classify.build import (build_classifier, check_data_fits, classify_config_of,
                                                  load_classify_data)
-from transformer_vq.train.classify.evaluate import ClassifyEvalResult, evaluate_examples
+from transformer_vq.train.classify.evaluate import ClassifyEvalResult, evaluate_examples, refresh_batch_norm
 from transformer_vq.train.device import training_device
 from transformer_vq.train.parallel.distributed import Distributed
 from transformer_vq.train.trainer import RunResult, Step, Trainer
-
-BATCH_NORM_EXAMPLES = 512
-"""Training examples (the first ones, in order) whose batches re-estimate a batch-normed model's statistics before
-each validation (:mod:`transformer_vq.nn.batch_stats`): enough for means within a few percent of the spread, a few
-seconds on a CPU even at 1,024 tokens."""
-
 
 @dataclass
 class ClassifyResult(RunResult):
@@ -124,10 +117,7 @@ class ClassifyTrainer(Trainer):
         """Score the validation split, log it, and save a new best to RUN/best/. A batch-normed model first takes
         its statistics from the current weights (their running averages lag them)."""
         data = self.data
-        train = data.split("train")
-        recompute_batch_norm_stats(self.model, ((ids.to(self.device), mask.to(self.device)) for ids, mask, _ in
-                                                ordered_batches(train.window(0, min(len(train), BATCH_NORM_EXAMPLES)),
-                                                                self.tc.batch_size, pad_id=data.pad_id)))
+        refresh_batch_norm(self.model, data.split("train"), batch_size=self.tc.batch_size, pad_id=data.pad_id)
         result = evaluate_examples(self.model, data.split("validation"), n_classes=data.n_classes,
                                    batch_size=self.tc.eval_batch_size, pad_id=data.pad_id,
                                    precision=self.tc.precision, class_names=data.class_names)
