@@ -231,8 +231,8 @@ TINY_LONGVQ = dict(model=LONGVQ_BENCH_PRESETS["tiny"], lengths=(16, 32), repeats
 
 def test_longvq_bench_figures(tmp_path):
     result = run_longvq_bench(LongVQBenchConfig(**TINY_LONGVQ), log=lambda line: None)
-    assert [(r["layer"], r["T"]) for r in result["rows"]] == [
-        (k, t) for k in ("longvq", "longvq-relu2", "transformer") for t in (16, 32)]
+    kinds = ("longvq", "longvq-relu2", "transformer", "transformer-dense")
+    assert [(r["layer"], r["T"]) for r in result["rows"]] == [(k, t) for k in kinds for t in (16, 32)]
     for row in result["rows"]:
         assert row["status"] == "ok", row
         for key in ("forward_s", "fwd_bwd_s", "forward_tokens_per_s", "fwd_bwd_tokens_per_s", "parameters"):
@@ -241,17 +241,24 @@ def test_longvq_bench_figures(tmp_path):
     rows = {(r["layer"], r["T"]): r for r in result["rows"]}
     # LongVQ's block at d_model 32, d_qk 16, d_v 64, d_ffn 64; the transformer's: qkv, output, FFN and two norms
     assert rows["transformer", 16]["parameters"] == 32 * 96 + 96 + 32 * 32 + 32 + 32 * 64 + 64 + 64 * 32 + 32 + 4 * 32
-    ratios = {(r["layer"], r["T"]): r for r in result["ratios"]}
-    assert set(ratios) == {(k, t) for k in ("longvq", "longvq-relu2") for t in (16, 32)}
-    base, mine = rows["transformer", 32], rows["longvq", 32]
-    assert ratios["longvq", 32]["forward_speedup"] == pytest.approx(base["forward_s"] / mine["forward_s"])
-    assert ratios["longvq", 32]["fwd_bwd_speedup"] == pytest.approx(base["fwd_bwd_s"] / mine["fwd_bwd_s"])
+    assert rows["transformer-dense", 16]["parameters"] == rows["transformer", 16]["parameters"]
+    ratios = {(r["layer"], r["T"], r["baseline"]): r for r in result["ratios"]}
+    assert set(ratios) == {(k, t, b) for k in ("longvq", "longvq-relu2") for t in (16, 32)
+                           for b in ("transformer", "transformer-dense")}
+    mine = rows["longvq", 32]
+    for baseline in ("transformer", "transformer-dense"):
+        base, ratio = rows[baseline, 32], ratios["longvq", 32, baseline]
+        assert ratio["forward_speedup"] == pytest.approx(base["forward_s"] / mine["forward_s"])
+        assert ratio["fwd_bwd_speedup"] == pytest.approx(base["fwd_bwd_s"] / mine["fwd_bwd_s"])
     # in-process cells measure their own peak too (the high-water mark is reset before each); a tiny cell may not
     # raise the RSS at all, and then there is no fraction
     assert mine["peak_rss_bytes"] > 0 and mine["peak_rss_rise_bytes"] >= 0
     text = table(result)
-    assert "| fwd speedup vs transformer | fwd+bwd speedup vs transformer | memory vs transformer |" in text
+    assert ("| fwd speedup vs transformer | fwd+bwd speedup vs transformer | memory vs transformer | fwd speedup vs "
+            "transformer-dense | fwd+bwd speedup vs transformer-dense | memory vs transformer-dense |") in text
     assert "| longvq-relu2 | 32 |" in text and "| transformer | 16 |" in text
+    widths = {line.count("|") for line in text.splitlines() if line.startswith("| ")}
+    assert widths == {16}  # 15 columns in every row, header and separator included
     paths = write_report(result, tmp_path, "lvq")
     assert paths["png"].read_bytes()[:4] == b"\x89PNG" and paths["md"].read_text() == text + "\n"
 
@@ -286,7 +293,7 @@ def test_cli_longvq_nests_a_longvq_config():
 
 @pytest.mark.parametrize("args, message", [
     (["--preset", "small"], "error: --preset: must be one of enwik8, tiny, lra-text, got 'small'"),
-    (["--layers", "mega"], "error: --layers: must be one of longvq, longvq-relu2, transformer, got 'mega'"),
+    (["--layers", "mega"], "error: --layers: must be one of longvq, longvq-relu2, transformer, transformer-dense, got 'mega'"),
     (["--causal"], "error: invalid LongVQBenchConfig: the LongVQ block must be an encoder (--no-causal), as the transformer block it is "
                    "compared with"),
     (["--d-qk", "96"], "error: invalid LongVQBenchConfig: the transformer block splits d_model into heads of width "

@@ -170,7 +170,7 @@ class DecodeBenchConfig(BenchConfig):
 
 _LONGVQ = _common("Seed of the weights and the embeddings.", 120.0, "Run each cell in its own process (peak memory "
                                                                    "per cell; out-of-memory reported, not fatal).")
-LONGVQ_LAYERS = ("longvq", "longvq-relu2", "transformer")
+LONGVQ_LAYERS = ("longvq", "longvq-relu2", "transformer", "transformer-dense")
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,9 @@ class LongVQBenchConfig(BenchConfig):
                                       "d_ffn from it.")
     lengths: tuple[int, ...] = option((4096, 8192, 16384), "Sequence lengths T.", **LENGTHS)
     layers: tuple[str, ...] = option(LONGVQ_LAYERS, "Blocks: longvq (softmax), longvq-relu2, transformer (full "
-                                                    "softmax attention).", choices=LONGVQ_LAYERS)
+                                                    "softmax attention, fused kernel), transformer-dense (the same "
+                                                    "with its T x T scores built whole: the paper's baseline).",
+                                     choices=LONGVQ_LAYERS)
     batch_size: int = option(1, "Batch size B.", min=1)
     precision: str = _LONGVQ["precision"]
     repeats: int = option(3, "Timed runs per cell, after one warm-up (median reported); cells estimated above 5 s "

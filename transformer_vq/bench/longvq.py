@@ -8,11 +8,15 @@ block on random embeddings ``[B, T, d_model]`` with an all-real mask:
 * ``longvq`` / ``longvq-relu2``: :class:`~transformer_vq.models.longvq.layer.LongVQBlock` as an encoder (bidirectional
   SSM, VQ attention over every token) with softmax / ``relu^2`` scoring; its commitment loss joins the backward pass;
 * ``transformer``: :class:`~transformer_vq.models.baselines.classifiers.TransformerEncoderLayer` built from the same
-  :class:`~transformer_vq.config.LongVQConfig` (heads of width ``d_qk``, FFN ``d_ffn``), quadratic attention.
+  :class:`~transformer_vq.config.LongVQConfig` (heads of width ``d_qk``, FFN ``d_ffn``), quadratic attention by
+  PyTorch's fused kernel (no ``T x T`` scores kept): the fair baseline, the first one every ratio is taken against;
+* ``transformer-dense``: the same block with its ``T x T`` scores and weights built whole
+  (:func:`~transformer_vq.models.baselines.classifiers.dense_key_masked_attention`), the "vanilla Transformer" the
+  paper's 5.3x and 0.1x are taken against; ratios against it come second.
 
 Memory is the cell's peak RSS and its rise above the RSS after the imports (see :mod:`transformer_vq.bench.isolate`):
-weights, inputs and the autograd graph of the forward + backward pass. The ratios are per length: the transformer's
-time over each LongVQ kind's (speed) and each LongVQ kind's rise of memory over the transformer's (memory). A cell whose time, extrapolated from the same kind at the previous length (linearly for
+weights, inputs and the autograd graph of the forward + backward pass. The ratios are per length and baseline: the
+baseline's time over each LongVQ kind's (speed) and each LongVQ kind's rise of memory over the baseline's (memory). A cell whose time, extrapolated from the same kind at the previous length (linearly for
 LongVQ, quadratically for the transformer), exceeds the budget is skipped with its estimate.
 """
 
@@ -28,17 +32,20 @@ from transformer_vq.bench.machine import median_seconds
 from transformer_vq.bench.report import memory_text, progress_note
 from transformer_vq.bench.result import finish_result, no_progress, start_result
 # imported with this module, so that their import is part of a cell's baseline memory, not of its peak
-from transformer_vq.models.baselines.classifiers import TransformerEncoderLayer
+from transformer_vq.models.baselines.classifiers import TransformerEncoderLayer, dense_key_masked_attention
 from transformer_vq.models.longvq.layer import LongVQBlock
 
-BASELINE = "transformer"
+BASELINES = ("transformer", "transformer-dense")
+"""The full-attention blocks (fused, then scores built whole): what the LongVQ kinds are compared with."""
 
 
 def build_layer(kind: str, cfg: LongVQBenchConfig) -> torch.nn.Module:
     """One block of ``kind`` at the benchmark's widths, seeded by ``cfg.seed``."""
     torch.manual_seed(cfg.seed)
-    if kind == BASELINE:
+    if kind == "transformer":
         return TransformerEncoderLayer(cfg.model)
+    if kind == "transformer-dense":
+        return TransformerEncoderLayer(cfg.model, attend=dense_key_masked_attention)
     return LongVQBlock(cfg.model.replace(scoring="relu2" if kind == "longvq-relu2" else "softmax"))
 
 
@@ -84,7 +91,7 @@ def _estimate(kind: str, last: tuple | None, length: int) -> tuple[float | None,
     """Forward and forward + backward seconds of ``kind`` at ``length``, from its last measured cell."""
     if last is None:
         return None, None
-    scale = (length / last[0]) ** (2 if kind == BASELINE else 1)
+    scale = (length / last[0]) ** (2 if kind in BASELINES else 1)
     fwd = last[1] * scale
     return fwd, (last[2] * scale if last[2] is not None else 3 * fwd)
 
@@ -120,22 +127,25 @@ def _run_kind(kind: str, cfg: LongVQBenchConfig, log, rows: list[dict], saved) -
 
 
 def ratios(rows: list[dict]) -> list[dict]:
-    """Per length and LongVQ kind: the transformer's time over the kind's (``forward_speedup``,
-    ``fwd_bwd_speedup``) and the kind's peak memory over the transformer's (``memory_fraction``); measured cells
+    """Per length, LongVQ kind and measured baseline: the baseline's time over the kind's (``forward_speedup``,
+    ``fwd_bwd_speedup``) and the kind's peak memory rise over the baseline's (``memory_fraction``); measured cells
     only (a figure is left out where either cell lacks it)."""
     by_key = {(r["layer"], r["T"]): r for r in rows if r.get("status") == "ok"}
     out = []
     for (kind, length), row in by_key.items():
-        base = by_key.get((BASELINE, length))
-        if kind == BASELINE or base is None:
+        if kind in BASELINES:
             continue
-        entry = {"layer": kind, "T": length}
-        for key in ("forward_s", "fwd_bwd_s"):
-            if key in row and key in base:
-                entry[key.replace("_s", "_speedup")] = base[key] / row[key]
-        if row.get("peak_rss_rise_bytes") and base.get("peak_rss_rise_bytes"):
-            entry["memory_fraction"] = row["peak_rss_rise_bytes"] / base["peak_rss_rise_bytes"]
-        out.append(entry)
+        for baseline in BASELINES:
+            base = by_key.get((baseline, length))
+            if base is None:
+                continue
+            entry = {"layer": kind, "T": length, "baseline": baseline}
+            for key in ("forward_s", "fwd_bwd_s"):
+                if key in row and key in base:
+                    entry[key.replace("_s", "_speedup")] = base[key] / row[key]
+            if row.get("peak_rss_rise_bytes") and base.get("peak_rss_rise_bytes"):
+                entry["memory_fraction"] = row["peak_rss_rise_bytes"] / base["peak_rss_rise_bytes"]
+            out.append(entry)
     return out
 
 

@@ -211,31 +211,39 @@ def decode_table(result: dict) -> str:
 
 def longvq_table(result: dict) -> str:
     cfg, m = result["config"], result["config"]["model"]
+    # one group of ratio columns per baseline measured, the fused one first (transformer_vq.bench.longvq.BASELINES)
+    baselines = [b for b in ("transformer", "transformer-dense") if any(r["layer"] == b for r in result["rows"])]
+    columns = "".join(f" fwd speedup vs {b} | fwd+bwd speedup vs {b} | memory vs {b} |" for b in baselines)
     lines = [
         f"### One LongVQ block vs one full-attention block (encoders), {cfg['precision']}, B={cfg['batch_size']} "
         f"d_model={m['d_model']} d_qk={m['d_qk']} d_v={m['d_v']} d_ffn={m['d_ffn']} ema_dim={m['ema_dim']} "
         f"S={m['n_code']} L={m['block_len']} norm={m['norm']}",
         "",
-        "| layer | T | forward | fwd tokens/s | fwd+bwd | fwd+bwd tokens/s | peak RSS (rise) | fwd speedup vs transformer "
-        "| fwd+bwd speedup vs transformer | memory vs transformer | parameters | load |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| layer | T | forward | fwd tokens/s | fwd+bwd | fwd+bwd tokens/s | peak RSS (rise) |{columns} parameters "
+        "| load |",
+        "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (3 * len(baselines) + 2),
     ]
-    ratio = {(r["layer"], r["T"]): r for r in result.get("ratios", [])}
+    ratio = {(r["layer"], r["T"], r.get("baseline", "transformer")): r for r in result.get("ratios", [])}
     for row in result["rows"]:
         status = _cell_status(row)
         head = f"| {row['layer']} | {row['T']} |"
         if status:
-            lines.append(f"{head} {status} | | | | | | | | | |")
+            lines.append(f"{head} {status} |" + " |" * (3 * len(baselines) + 6))
             continue
         bwd = (_seconds(row["fwd_bwd_s"]), f"{row['fwd_bwd_tokens_per_s']:,.0f}") if "fwd_bwd_s" in row else (
             f"skipped (est. {_seconds(row['estimated_fwd_bwd_s'])})" if row.get("estimated_fwd_bwd_s") else "-", "-")
-        rss = memory_text(row)
-        r = ratio.get((row["layer"], row["T"]), {})
-        figures = [f"{r[k]:.2f}x" if k in r else "-" for k in ("forward_speedup", "fwd_bwd_speedup", "memory_fraction")]
+        figures = []
+        for baseline in baselines:
+            r = ratio.get((row["layer"], row["T"], baseline), {})
+            figures += [f"{r[k]:.2f}x" if k in r else "-" for k in ("forward_speedup", "fwd_bwd_speedup",
+                                                                    "memory_fraction")]
+        figures.append(f"{row['parameters']:,}")
         lines.append(f"{head} {_seconds(row['forward_s'])} | {row['forward_tokens_per_s']:,.0f} | {bwd[0]} | {bwd[1]} "
-                     f"| {rss} | {' | '.join(figures)} | {row['parameters']:,} | {row.get('load_average_1min', '-')} |")
-    return "\n".join(lines + ["", "Speedup: the transformer's time over the layer's; memory: the layer's rise of the RSS "
-                                  "over the transformer's (LongVQ's Table 2, Text 4k: 5.3x and 0.1x)."]
+                     f"| {memory_text(row)} | {' | '.join(figures)} | {row.get('load_average_1min', '-')} |")
+    return "\n".join(lines + ["", "Speedup: the baseline's time over the layer's; memory: the layer's rise of the RSS "
+                                  "over the baseline's. transformer: PyTorch's fused attention (no T x T scores); "
+                                  "transformer-dense: its scores built whole, the baseline of LongVQ's Table 2 (Text "
+                                  "4k: 5.3x and 0.1x)."]
                      + [""] + machine_lines(result))
 
 

@@ -9,7 +9,7 @@ import torch
 
 from transformer_vq.config import ConfigError, LongVQConfig, longvq_preset
 from transformer_vq.models.baselines.classifiers import (TransformerClassifier, TransformerVQEncoderClassifier,
-                                                        key_masked_attention)
+                                                        dense_key_masked_attention, key_masked_attention)
 from transformer_vq.models.longvq.layer import LongVQLayer, SequenceNorm
 from transformer_vq.models.longvq.model import LongVQClassifier, LongVQLM
 from transformer_vq.nn.pooling import masked_mean
@@ -262,12 +262,14 @@ def test_transformer_baseline_attention_equals_its_oracle(padded):
         mask[0, 7:], mask[1, 2:5], mask[2] = False, False, False
     fused = key_masked_attention(q, k, v, mask)
     oracle, _ = full_bidir_attention(q * 4 ** -0.5, k, v, block_len=4, mask=mask)
-    torch.testing.assert_close(fused, oracle, rtol=1e-12, atol=1e-12)
+    dense = dense_key_masked_attention(q, k, v, mask)  # the speed tables' materialized baseline: the same function
     cotangent = torch.randn(fused.shape, generator=gen, dtype=torch.float64)
-    grads = torch.autograd.grad((fused * cotangent).sum(), (q, k, v))
     expected = torch.autograd.grad((oracle * cotangent).sum(), (q, k, v))
-    for got, want in zip(grads, expected):
-        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for out in (fused, dense):
+        torch.testing.assert_close(out, oracle, rtol=1e-12, atol=1e-12)
+        grads = torch.autograd.grad((out * cotangent).sum(), (q, k, v))
+        for got, want in zip(grads, expected):
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_transformer_vq_encoder_pools_the_library_encoder():
