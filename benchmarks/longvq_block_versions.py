@@ -11,8 +11,8 @@ for this checkout as it is) timing the block ``KIND`` (``longvq``, ``longvq-relu
 to round, two cells, each in a fresh process: the forward pass alone (eval, no gradients) and forward + backward
 (train; gradients of the weights and the input): one warm-up call, one timed call, and the cell's peak RSS rise over
 the RSS after its imports (so a forward's peak is the forward's own). The table gives per length the median seconds
-over rounds, the median of the per-round ratios to the ``--baseline`` variant (same round, same load) and the
-highest peak rise; with the others' load meanwhile.
+over rounds, the median of the per-round ratios to each ``--baseline`` variant (same round, same load; e.g. the fused
+``transformer`` and the materialized ``transformer-dense``) and the highest peak rise; with the others' load meanwhile.
 """
 
 from __future__ import annotations
@@ -69,10 +69,42 @@ def run(src: Path, kind: str, length: int, config: dict, backward: bool) -> dict
     return row
 
 
+def ratio_rows(samples: dict, variants: dict, baselines: list[str]) -> list[dict]:
+    """One row per (variant, T, mode): its seconds, median, highest peak rise, and against each baseline the median of
+    the per-round time ratios (``speedup_vs[b]``) and the ratio of the highest peak rises (``memory_vs[b]``)."""
+    rows = []
+    for (label, length, mode), got in samples.items():
+        peak = max(p for _, p in got)
+        row = {"variant": label, **{k: variants[label][k] for k in ("rev", "kind", "commit")}, "T": length,
+               "mode": mode, "seconds": [s for s, _ in got], "median_s": statistics.median(s for s, _ in got),
+               "peak_rise_bytes": peak, "speedup_vs": {}, "memory_vs": {}}
+        for baseline in baselines:
+            base = samples[baseline, length, mode]
+            row["speedup_vs"][baseline] = statistics.median(b / s for (s, _), (b, _) in zip(got, base))
+            row["memory_vs"][baseline] = peak / max(p for _, p in base)
+        rows.append(row)
+    return rows
+
+
+def table_lines(rows: list[dict], labels: list[str], baselines: list[str]) -> list[str]:
+    """The markdown table: per length and mode, every variant's median, speed and memory against each baseline."""
+    speed = "".join(f" speed vs {b} |" for b in baselines)
+    memory = "".join(f" memory vs {b} |" for b in baselines)
+    lines = [f"| T | mode | variant (rev, block) | median s |{speed} peak rise MiB |{memory}",
+             "|---:|---|---|---:|" + "---:|" * (2 * len(baselines) + 1)]
+    for row in sorted(rows, key=lambda r: (r["T"], r["mode"], labels.index(r["variant"]))):
+        speeds = " | ".join(f"{row['speedup_vs'][b]:.2f}x" for b in baselines)
+        memories = " | ".join(f"{row['memory_vs'][b]:.2f}x" for b in baselines)
+        lines.append(f"| {row['T']} | {row['mode']} | {row['variant']} ({row['commit'][:7]}, {row['kind']}) | "
+                     f"{row['median_s']:.3f} | {speeds} | {row['peak_rise_bytes'] / 2**20:.0f} | {memories} |")
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variant", nargs="+", required=True, help="LABEL=REV:KIND")
-    parser.add_argument("--baseline", help="the label the ratios are taken against (default: the last variant)")
+    parser.add_argument("--baseline", nargs="+", help="the labels the ratios are taken against, a column group each "
+                                                      "(default: the last variant)")
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--preset", default="lra-text", choices=sorted(LONGVQ_BENCH_PRESETS))
@@ -83,7 +115,9 @@ def main(argv=None) -> int:
         label, _, rest = text.partition("=")
         rev, _, kind = rest.rpartition(":")
         variants[label] = {"rev": rev, "kind": kind}
-    baseline = args.baseline or list(variants)[-1]
+    baselines = args.baseline or [list(variants)[-1]]
+    if not set(baselines) <= set(variants):
+        parser.error(f"--baseline: {sorted(set(baselines) - set(variants))} not among the variants' labels")
     cfg = LongVQBenchConfig(model=LONGVQ_BENCH_PRESETS[args.preset])
     config = asdict(cfg)
     samples = {}  # (label, T, mode) -> list of (seconds, peak rise bytes)
@@ -104,27 +138,15 @@ def main(argv=None) -> int:
                     print(f"T={length} round {r} {label}: fwd {fwd['forward_s']:.3f} s "
                           f"({fwd['peak_rss_rise_bytes'] / 2**20:.0f} MiB), fwd+bwd {both['fwd_bwd_s']:.3f} s "
                           f"({both['peak_rss_rise_bytes'] / 2**20:.0f} MiB)", flush=True)
-    rows = []
-    for (label, length, mode), got in samples.items():
-        base = samples[baseline, length, mode]
-        rows.append({"variant": label, **{k: variants[label][k] for k in ("rev", "kind", "commit")}, "T": length,
-                     "mode": mode, "seconds": [s for s, _ in got], "median_s": statistics.median(s for s, _ in got),
-                     "speedup_vs_baseline": statistics.median(b / s for (s, _), (b, _) in zip(got, base)),
-                     "peak_rise_bytes": max(p for _, p in got),
-                     "memory_vs_baseline": max(p for _, p in got) / max(p for _, p in base)})
+    rows = ratio_rows(samples, variants, baselines)
     summary = load.summary()
     record = {"machine": machine_info(measure_peak=False), "model": asdict(cfg.model), "batch_size": cfg.batch_size,
-              "baseline": baseline, "rounds": args.rounds, "others_load": summary, "rows": rows,
+              "baselines": baselines, "rounds": args.rounds, "others_load": summary, "rows": rows,
               "command": " ".join(["python", *sys.argv])}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record, indent=1, default=str))
-    lines = ["| T | mode | variant (rev, block) | median s | speed vs " + baseline + " | peak rise MiB | memory vs "
-             + baseline + " |", "|---:|---|---|---:|---:|---:|---:|"]
-    for row in sorted(rows, key=lambda r: (r["T"], r["mode"], labels.index(r["variant"]))):
-        lines.append(f"| {row['T']} | {row['mode']} | {row['variant']} ({row['commit'][:7]}, {row['kind']}) | "
-                     f"{row['median_s']:.3f} | {row['speedup_vs_baseline']:.2f}x | {row['peak_rise_bytes'] / 2**20:.0f} "
-                     f"| {row['memory_vs_baseline']:.2f}x |")
+    lines = table_lines(rows, labels, baselines)
     m = record["machine"]
     text = (f"# One block, several versions, interleaved\n\n`{record['command']}`\n\nMachine: {m['cpu']}, "
             f"{m['logical_cpus']} logical CPUs, {m['torch_threads']} torch threads, torch {m['torch']}, python "
