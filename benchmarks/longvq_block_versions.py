@@ -100,6 +100,38 @@ def table_lines(rows: list[dict], labels: list[str], baselines: list[str]) -> li
     return lines
 
 
+def plot(record: dict, path: Path) -> None:
+    """Per baseline, one panel: every other variant's speed ratio against T (forward solid, forward + backward dashed)
+    and its memory ratio (dotted), with 1x marked: where a curve is above the line the variant is faster or, for
+    memory, larger."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    baselines = record["baselines"]
+    fig, axes = plt.subplots(1, len(baselines), figsize=(5.5 * len(baselines), 4.2), squeeze=False)
+    for ax, baseline in zip(axes[0], baselines):
+        for label in dict.fromkeys(r["variant"] for r in record["rows"] if r["variant"] != baseline):
+            for mode, key, style in (("fwd", "speedup_vs", "-"), ("fwd+bwd", "speedup_vs", "--"),
+                                     ("fwd+bwd", "memory_vs", ":")):
+                rows = sorted((r for r in record["rows"] if r["variant"] == label and r["mode"] == mode),
+                              key=lambda r: r["T"])
+                name = f"{label}: {'memory' if key == 'memory_vs' else 'speed'} ({mode})"
+                ax.plot([r["T"] for r in rows], [r[key][baseline] for r in rows], style, marker="o", label=name)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length T")
+        ax.set_ylabel(f"ratio against {baseline}")
+        ax.set_title(f"against {baseline}")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variant", nargs="+", required=True, help="LABEL=REV:KIND")
@@ -146,6 +178,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record, indent=1, default=str))
+    plot(record, out.with_suffix(".png"))
     lines = table_lines(rows, labels, baselines)
     m = record["machine"]
     text = (f"# One block, several versions, interleaved\n\n`{record['command']}`\n\nMachine: {m['cpu']}, "

@@ -9,7 +9,7 @@ from benchscripts import benchmark_script
 MIB = 2**20
 
 
-def test_ratios_and_table_against_two_baselines():
+def test_ratios_table_and_plot_against_two_baselines(tmp_path):
     script = benchmark_script("longvq_block_versions")
     variants = {label: {"rev": "WORKTREE", "kind": kind, "commit": "abcdef0123"}
                 for label, kind in (("longvq", "longvq"), ("sdpa", "transformer"), ("dense", "transformer-dense"))}
@@ -29,3 +29,5 @@ def test_ratios_and_table_against_two_baselines():
                         "| memory vs sdpa | memory vs dense |")
     assert lines[2] == "| 4096 | fwd | longvq (abcdef0, longvq) | 1.000 | 1.00x | 3.00x | 90 | 2.00x | 0.10x |"
     assert {line.count("|") for line in lines} == {10}
+    script.plot({"baselines": ["sdpa", "dense"], "rows": list(rows.values())}, tmp_path / "ratios.png")
+    assert (tmp_path / "ratios.png").read_bytes()[:4] == b"\x89PNG"
