@@ -171,6 +171,9 @@ class DecodeBenchConfig(BenchConfig):
 _LONGVQ = _common("Seed of the weights and the embeddings.", 120.0, "Run each cell in its own process (peak memory "
                                                                    "per cell; out-of-memory reported, not fatal).")
 LONGVQ_LAYERS = ("longvq", "longvq-relu2", "transformer", "transformer-dense")
+LONGVQ_BASELINES = ("transformer", "transformer-dense")
+"""The full-attention blocks of ``tvq bench longvq`` (fused, then scores built whole): what the LongVQ kinds are
+compared with, a group of ratios each, in this order."""
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ block on random embeddings ``[B, T, d_model]`` with an all-real mask:
 
 Memory is the cell's peak RSS and its rise above the RSS after the imports (see :mod:`transformer_vq.bench.isolate`):
 weights, inputs and the autograd graph of the forward + backward pass. The ratios are per length and baseline: the
-baseline's time over each LongVQ kind's (speed) and each LongVQ kind's rise of memory over the baseline's (memory). A cell whose time, extrapolated from the same kind at the previous length (linearly for
-LongVQ, quadratically for the transformer), exceeds the budget is skipped with its estimate.
+baseline's time over each LongVQ kind's (speed) and each LongVQ kind's rise of memory over the baseline's (memory).
+A cell whose time, extrapolated from the same kind at the previous length (linearly for LongVQ, quadratically for
+the transformers), exceeds the budget is skipped with its estimate.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import asdict
 
 import torch
 
-from transformer_vq.bench.config import LongVQBenchConfig
+from transformer_vq.bench.config import LONGVQ_BASELINES as BASELINES, LongVQBenchConfig
 from transformer_vq.bench.isolate import budget_plan, host_options, run_cell
 from transformer_vq.bench.machine import median_seconds
 from transformer_vq.bench.report import memory_text, progress_note
@@ -34,10 +35,6 @@ from transformer_vq.bench.result import finish_result, no_progress, start_result
 # imported with this module, so that their import is part of a cell's baseline memory, not of its peak
 from transformer_vq.models.baselines.classifiers import TransformerEncoderLayer, dense_key_masked_attention
 from transformer_vq.models.longvq.layer import LongVQBlock
-
-BASELINES = ("transformer", "transformer-dense")
-"""The full-attention blocks (fused, then scores built whole): what the LongVQ kinds are compared with."""
-
 
 def build_layer(kind: str, cfg: LongVQBenchConfig) -> torch.nn.Module:
     """One block of ``kind`` at the benchmark's widths, seeded by ``cfg.seed``."""

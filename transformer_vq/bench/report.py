@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from transformer_vq import fileio
+from transformer_vq.bench.config import LONGVQ_BASELINES
 
 
 def _seconds(x: float | None) -> str:
@@ -211,8 +212,8 @@ def decode_table(result: dict) -> str:
 
 def longvq_table(result: dict) -> str:
     cfg, m = result["config"], result["config"]["model"]
-    # one group of ratio columns per baseline measured, the fused one first (transformer_vq.bench.longvq.BASELINES)
-    baselines = [b for b in ("transformer", "transformer-dense") if any(r["layer"] == b for r in result["rows"])]
+    # one group of ratio columns per baseline measured, the fused one first
+    baselines = [b for b in LONGVQ_BASELINES if any(r["layer"] == b for r in result["rows"])]
     columns = "".join(f" fwd speedup vs {b} | fwd+bwd speedup vs {b} | memory vs {b} |" for b in baselines)
     lines = [
         f"### One LongVQ block vs one full-attention block (encoders), {cfg['precision']}, B={cfg['batch_size']} "
