@@ -4,15 +4,16 @@ time and peak memory, interleaved round by round (issue 22, item 3: the paper's 
     python benchmarks/longvq_block_versions.py --variant before=REV:longvq after=WORKTREE:longvq \
         sdpa=WORKTREE:transformer [--lengths 4k 8k 16k] [--rounds 3] --out benchmarks/results/NAME
 
-A variant is ``LABEL=REV:KIND``: the package ``transformer_vq/`` of git revision ``REV`` (``git archive``; ``WORKTREE``
-for this checkout as it is) timing the block ``KIND`` (``longvq``, ``longvq-relu2``, ``transformer``,
-``transformer-dense``) with that revision's ``tvq bench longvq`` cell (``transformer_vq.bench.longvq:longvq_cell``) at the widths of this checkout's
-``--preset`` (default ``lra-text``), fp32, batch 1. Each round runs, for every variant in an order rotating from round
-to round, two cells, each in a fresh process: the forward pass alone (eval, no gradients) and forward + backward
-(train; gradients of the weights and the input): one warm-up call, one timed call, and the cell's peak RSS rise over
-the RSS after its imports (so a forward's peak is the forward's own). The table gives per length the median seconds
-over rounds, the median of the per-round ratios to each ``--baseline`` variant (same round, same load; e.g. the fused
-``transformer`` and the materialized ``transformer-dense``) and the highest peak rise; with the others' load meanwhile.
+A variant is ``LABEL=REV:KIND``: the package ``transformer_vq/`` of git revision ``REV`` (``git archive``;
+``WORKTREE`` for this checkout as it is) timing the block ``KIND`` (``longvq``, ``longvq-relu2``, ``transformer``,
+``transformer-dense``) with that revision's ``tvq bench longvq`` cell (``transformer_vq.bench.longvq:longvq_cell``) at
+the widths of this checkout's ``--preset`` (default ``lra-text``), fp32, batch 1. Each round runs, for every variant
+in an order rotating from round to round, two cells, each in a fresh process: the forward pass alone (eval, no
+gradients) and forward + backward (train; gradients of the weights and the input): one warm-up call, one timed call,
+and the cell's peak RSS rise over the RSS after its imports (so a forward's peak is the forward's own). The table
+gives per length the median seconds over rounds, the median of the per-round ratios to each ``--baseline`` variant
+(same round, same load; e.g. the fused ``transformer`` and the materialized ``transformer-dense``) and the highest
+peak rise; with the others' load meanwhile.
 """
 
 from __future__ import annotations

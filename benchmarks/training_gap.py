@@ -7,7 +7,8 @@ its validation bits per byte at each evaluation, against a reference cell, from 
 Each ``--cell`` names a cell and its runs (one per seed) trained on the same data in the same order (same seeds,
 batch and sequence settings), so a step's training batch is the same bytes for every cell and the per-step ratio is
 not noise from the data. Runs are paired by position: a cell of k runs is compared with the reference's first k, so
-give every cell's runs in the same seed order. Step ranges default to doubling ones from 60 steps (1-60, 61-120, 121-240, ...). Writes
+give every cell's runs in the same seed order. Step ranges default to doubling ones from 60 steps (1-60, 61-120,
+121-240, ...). Writes
 ``NAME.json`` (per cell and seed: the training bpb per range and the validation curve), ``NAME.md`` (the tables: mean
 over seeds, the ratio to the reference; the reference's own rows in bpb) and ``NAME.png`` (the ratio to the reference
 over training: training bpb in 60-step means, validation points). None of the figures is a timing.
@@ -89,16 +90,25 @@ def validation_steps(result: dict) -> list[int]:
     return sorted({v["step"] for rs in result["cells"].values() for r in rs for v in r["validation"]})
 
 
+def validation_at(run: dict, step: int) -> float | None:
+    return next((v["bits_per_byte"] for v in run["validation"] if v["step"] == step), None)
+
+
 def validation_mean(runs: list[dict], step: int) -> float | None:
-    return seed_mean([next((v["bits_per_byte"] for v in r["validation"] if v["step"] == step), None) for r in runs])
+    return seed_mean([validation_at(r, step) for r in runs])
+
+
+def paired_reference(cells: dict, ref: str, runs: list[dict]) -> list[dict]:
+    """The reference's runs a cell's ``runs`` are compared with: the same seeds, paired by position."""
+    return cells[ref][:len(runs)]
 
 
 def table(result: dict) -> str:
     cells, ref = result["cells"], result["reference"]
     labels = [f"{lo}-{hi}" for lo, hi in result["ranges"]]
     mean = {c: [seed_mean([r["ranges"][i] for r in rs]) for i in range(len(labels))] for c, rs in cells.items()}
-    paired = {c: [seed_mean([r["ranges"][i] for r in cells[ref][:len(rs)]]) for i in range(len(labels))]
-              for c, rs in cells.items()}  # the reference's runs paired with the cell's, seed by seed
+    paired = {c: [seed_mean([r["ranges"][i] for r in paired_reference(cells, ref, rs)]) for i in range(len(labels))]
+              for c, rs in cells.items()}
     lines = [f"## Training bits per byte by step range (mean of seeds), as a ratio to `{ref}`'s same seeds", "",
              "| cell | seeds | " + " | ".join(labels) + " |", "|---|---:|" + "---:|" * len(labels)]
     for c, rs in cells.items():
@@ -106,14 +116,14 @@ def table(result: dict) -> str:
         lines.append(f"| {c}{' (bpb)' if c == ref else ''} | {len(rs)} | " + " | ".join(row) + " |")
     steps = validation_steps(result)
     lines += ["", "## Validation bits per byte at each evaluation (seeds; mean; ratio to the same seeds' mean of "
-              f"`{ref}`)", "", "| cell | " + " | ".join(f"step {s}" for s in steps) + " |", "|---|" + "---|" * len(steps)]
+              f"`{ref}`)", "", "| cell | " + " | ".join(f"step {s}" for s in steps) + " |",
+              "|---|" + "---|" * len(steps)]
     for c, rs in cells.items():
         row = []
         for s in steps:
-            seeds = [next((v["bits_per_byte"] for v in r["validation"] if v["step"] == s), None) for r in rs]
-            m = validation_mean(rs, s)
-            each = " / ".join("-" if v is None else f"{v:.4f}" for v in seeds)
-            row.append(f"{each}; **{'-' if m is None else f'{m:.4f}'}** ({ratio_text(m, validation_mean(cells[ref][:len(rs)], s))})")
+            m, base = validation_mean(rs, s), validation_mean(paired_reference(cells, ref, rs), s)
+            each = " / ".join("-" if v is None else f"{v:.4f}" for v in (validation_at(r, s) for r in rs))
+            row.append(f"{each}; **{'-' if m is None else f'{m:.4f}'}** ({ratio_text(m, base)})")
         lines.append(f"| {c} | " + " | ".join(row) + " |")
     machine = result["machine"]
     notes = [f"- {key}: {text}" for key, text in result["notes"].items()]
@@ -137,12 +147,12 @@ def plot(result: dict, path: Path) -> Path:
         if c == ref:
             continue
         color = f"C{i}"
+        base = paired_reference(cells, ref, rs)
         mine = [seed_mean([range_mean(r["bpb"], s, s + SMOOTH - 1) for r in rs]) for s in starts]
-        ref_train = [seed_mean([range_mean(r["bpb"], s, s + SMOOTH - 1) for r in cells[ref][:len(rs)]]) for s in starts]
+        ref_train = [seed_mean([range_mean(r["bpb"], s, s + SMOOTH - 1) for r in base]) for s in starts]
         points = [(s + SMOOTH / 2, m / r) for s, m, r in zip(starts, mine, ref_train) if m is not None and r]
         ax.plot(*zip(*points), color=color, label=f"{c}: training bpb ({SMOOTH}-step means)")
-        val = [(s, validation_mean(rs, s), validation_mean(cells[ref][:len(rs)], s))
-               for s in validation_steps(result)]
+        val = [(s, validation_mean(rs, s), validation_mean(base, s)) for s in validation_steps(result)]
         val = [(s, m / r) for s, m, r in val if m is not None and r is not None]
         if val:
             ax.plot(*zip(*val), "o", color=color, label=f"{c}: validation bpb")
