@@ -53,9 +53,11 @@ def matmul_gflops(dtype: torch.dtype = torch.float32, max_size: int = 2048, repe
     size, sync = 256, synchronizer(device)
     max_size *= 1 if device == "cpu" else 8
     while True:
-        gen = torch.Generator().manual_seed(0)
-        a = torch.randn(size, size, generator=gen).to(device, dtype)
-        b = torch.randn(size, size, generator=gen).to(device, dtype)
+        # drawn where they are multiplied: a GPU's 16k x 16k operands drawn on the CPU took seconds each, every cell
+        # of a benchmark measures this rate, and on an H100 the draws alone ran the GPU tests past their limits
+        gen = torch.Generator(device=device).manual_seed(0)
+        a = torch.randn(size, size, generator=gen, device=device, dtype=dtype)
+        b = torch.randn(size, size, generator=gen, device=device, dtype=dtype)
         out = torch.empty(size, size, dtype=dtype, device=device)
         if device != "cpu":
             torch.mm(a, b, out=out)  # a GPU's first product of a size pays for library setup and kernel selection
