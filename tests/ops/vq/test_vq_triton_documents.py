@@ -19,7 +19,7 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no CUDA and TRITON_INTERPRET is not 1: the kernels cannot run here", allow_module_level=True)
 pytest.importorskip("triton")
 
-from opsutil import doc_start_mask, make_vq_inputs  # noqa: E402
+from opsutil import assert_as_close_as, doc_start_mask, make_vq_inputs, same_reduction_tol  # noqa: E402
 
 from transformer_vq.ops.vq import vq_attention, vq_attention_naive  # noqa: E402
 
@@ -60,7 +60,8 @@ def test_packed_float32_matches_the_masked_formula_and_eager():
     torch.testing.assert_close(out, want, rtol=TOL, atol=TOL)
     assert_grads_close(out, want, torch.randn_like(out), leaves, TOL)
     torch.testing.assert_close(state.cache_count, want_state.cache_count, rtol=0, atol=0)
-    torch.testing.assert_close(state.cache_mean, want_state.cache_mean, rtol=0, atol=0)  # the same torch scan
+    order = same_reduction_tol(out.device)  # the same torch scan
+    torch.testing.assert_close(state.cache_mean, want_state.cache_mean, rtol=order, atol=order)
     assert torch.equal(state.recent_start, want_state.recent_start)
 
 
@@ -98,13 +99,17 @@ def test_packed_on_cuda_at_real_sizes_matches_eager_float32(dtype):
     starts = [sorted({0, *torch.randint(0, 700, (12,), generator=gen).tolist(), 64, 128, 129}) for _ in range(2)]
     doc_start = doc_start_mask(starts, 700).to(DEVICE)
     leaves, z, codebook = inputs(seed=3, dtype=torch.float32, shape=shape, d_k=64, d_v=96)
-    low = [x.detach().to(dtype).requires_grad_() for x in leaves]
-    out, _ = run(low, z, codebook.to(dtype), "triton", doc_start, block_len=64)
-    want, _ = run(leaves, z, codebook, "eager", doc_start, block_len=64)
-    # bfloat16 keeps 8 bits: about 1e-2 relative on O(1) outputs; float32 multiplies in full precision ("ieee").
-    tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
-    torch.testing.assert_close(out.float(), want, rtol=tol, atol=tol)
-    cotangent = torch.randn_like(want)
-    grads = torch.autograd.grad(out, low, cotangent.to(dtype))
-    for name, a, b in zip(NAMES, grads, torch.autograd.grad(want, leaves, cotangent)):
-        torch.testing.assert_close(a.float(), b, rtol=2 * tol, atol=2 * tol, msg=lambda m: f"grad {name}: {m}")
+    # every run starts from the same rounded inputs (the keys stay codewords)
+    leaves, codebook = [x.detach().to(dtype) for x in leaves], codebook.to(dtype)
+    results = {}
+    for backend, dt in (("triton", dtype), ("eager", torch.float32), ("eager", dtype)):
+        given = [x.to(dt).requires_grad_() for x in leaves]
+        out, _ = run(given, z, codebook.to(dt), backend, doc_start, block_len=64)
+        cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(4)).to(dtype).to(DEVICE, dt)
+        results[backend, dt] = (out, *torch.autograd.grad(out, given, cotangent))
+    fused, want, yardstick = results["triton", dtype], results["eager", torch.float32], results["eager", dtype]
+    for name, got, expected, eager_low in zip(("out", *NAMES), fused, want, yardstick):
+        if dtype == torch.float32:  # multiplied in full precision ("ieee"): a few ulps of the eager operator
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
+        else:
+            assert_as_close_as(got, expected, eager_low, name=name)
