@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from transformer_vq.nn.token_mean import token_mean
+
 
 @dataclass
 class QuantizerOutput:
@@ -78,11 +80,11 @@ class VectorQuantizer(nn.Module):
         k_hat_value = codebook[torch.arange(G, device=k.device)[None, :, None], z]  # (B, G, T, D)
         k_hat = k + (k_hat_value.to(k.dtype) - k).detach()  # straight-through estimator (Def. 2.6)
 
-        weights = torch.ones(B, T, dtype=torch.float32, device=k.device) if mask is None else mask.float()
         sq_dist = (k.float() - k_hat_value.float()).pow(2).sum(dim=-1).sum(dim=1)  # (B, T), summed over groups
-        commit_loss = (sq_dist * weights).sum() / weights.sum().clamp(min=1.0)
+        commit_loss = token_mean(sq_dist, mask)
 
         if self.training:
+            weights = torch.ones(B, T, dtype=torch.float32, device=k.device) if mask is None else mask.float()
             self._accumulate(k.detach(), z, weights)
         return QuantizerOutput(k_hat=k_hat, z=z, commit_loss=commit_loss, codebook=codebook)
 

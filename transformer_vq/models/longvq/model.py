@@ -15,6 +15,7 @@ from transformer_vq.models.longvq.layer import LongVQBlock
 from transformer_vq.models.tvq.model import ModelOutput, ModelState, TransformerVQ
 from transformer_vq.nn.codebooks import Codebooks
 from transformer_vq.nn.pooling import ClassifierOutput, PoolingHead, check_inputs
+from transformer_vq.nn.token_mean import token_mean
 
 
 class LongVQBackbone(nn.Module):
@@ -89,8 +90,7 @@ class LongVQLM(Codebooks, nn.Module):
             check_inputs(targets, loss_mask, self.cfg.vocab_size, name="targets")
             ce = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)).flatten(0, 1),
                                  targets.flatten(), reduction="none")
-            weights = torch.ones_like(ce) if loss_mask is None else loss_mask.flatten().to(ce.dtype)
-            result.ce_loss = (ce * weights).sum() / weights.sum().clamp(min=1.0)
+            result.ce_loss = token_mean(ce, None if loss_mask is None else loss_mask.flatten())
             result.loss = result.ce_loss + self.cfg.commit_coef * commit_loss
         return result
 

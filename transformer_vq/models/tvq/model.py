@@ -17,6 +17,7 @@ from transformer_vq.nn.norm import rms_norm
 from transformer_vq.nn.position import sinusoids
 from transformer_vq.nn.quantizer import VectorQuantizer
 from transformer_vq.nn.sampling import sample_next_token
+from transformer_vq.nn.token_mean import token_mean
 from transformer_vq.ops.documents import document_starts
 
 
@@ -131,8 +132,7 @@ class TransformerVQ(Codebooks, nn.Module):
             loss_mask = mask if loss_mask is None else loss_mask
             logits_acc = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 at least, under autocast
             ce = F.cross_entropy(logits_acc.reshape(B * T, -1), targets.reshape(B * T), reduction="none")
-            weights = torch.ones_like(ce) if loss_mask is None else loss_mask.reshape(B * T).float()
-            result.ce_loss = (ce * weights).sum() / weights.sum().clamp(min=1.0)
+            result.ce_loss = token_mean(ce, None if loss_mask is None else loss_mask.reshape(B * T))
             result.loss = result.ce_loss + self.cfg.commit_coef * commit_loss
         return result
 
