@@ -15,7 +15,7 @@
 # limit still leaves what it finished (the benchmarks rewrite their JSON and table after every cell; pytest's output is
 # unbuffered). The first session on a GPU (2026-11-26) lost its verify output and the op table to a run of separate
 # stages whose pytest output sat in a pipe's buffer when its limit struck; this layout is what it taught.
-# Limits in seconds: VERIFY_S, OP_S, MODEL_S (defaults 170, 190, 170).
+# Limits in seconds: VERIFY_S, OP_S, MODEL_S (defaults 280, 150, 140: with the machine's start, one call's 10 minutes).
 set -uo pipefail
 stage=${1:?usage: bash benchmarks/gpu_session.sh all|verify|op|model}
 out=${OUT:-benchmarks/results}
@@ -31,11 +31,14 @@ machine() {
 }
 
 verify() {
-  # every test gets a limit, so one slow test cannot eat the stage (pytest-timeout is in the GPU image)
+  # Each test gets a limit, so one cannot eat the stage, and the session one short of the stage's, so that pytest
+  # itself stops and prints which tests failed and why (pytest-timeout is in the GPU image): the second session on a
+  # GPU (2026-11-27) lost its verify output to the stage's kill. 90 s a test: Triton compiles a kernel's backward on
+  # first use, seen over 40 s on an H100. The fused kernels' tests first: they had never passed on a GPU.
   local limit=()
-  "$py" -c "import pytest_timeout" 2>/dev/null && limit=(--timeout 60)
-  "$py" -m pytest -q -p no:cacheprovider -m "not slow" "${limit[@]}" -rfE --durations 15 \
-    tests/gpu tests/ops/vq/test_vq_triton.py tests/ops/vq/test_vq_triton_documents.py
+  "$py" -c "import pytest_timeout" 2>/dev/null && limit=(--timeout 90 --session-timeout $(( ${VERIFY_S:-280} - 25 )))
+  "$py" -m pytest -v -p no:cacheprovider -m "not slow" "${limit[@]}" -rfE --tb=short --durations 15 \
+    tests/ops/vq/test_vq_triton.py tests/ops/vq/test_vq_triton_documents.py tests/gpu
 }
 
 op() {
@@ -75,9 +78,9 @@ pack() {  # everything but the tarball itself into one file
 case "$stage" in
   all)
     set -m  # each stage in its own process group, so its limit stops its children (benchmark cells) too
-    timed verify "${VERIFY_S:-170}"; pack
-    timed op "${OP_S:-190}"; pack
-    timed model "${MODEL_S:-170}"; pack ;;
+    timed verify "${VERIFY_S:-280}"; pack
+    timed op "${OP_S:-150}"; pack
+    timed model "${MODEL_S:-140}"; pack ;;
   verify|op|model) machine; "$stage" ;;
   *) echo "unknown stage $stage: use all, verify, op or model" >&2; exit 2 ;;
 esac
