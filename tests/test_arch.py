@@ -113,7 +113,7 @@ def test_shared_fields_have_the_same_rules_in_both_model_configs():
     tvq = {f.name: f for f in dataclasses.fields(TransformerVQConfig)}
     shared = [f for f in dataclasses.fields(LongVQConfig) if f.name in tvq]
     assert {f.name for f in shared} == {"vocab_size", "d_model", "d_v", "n_layers", "n_code", "block_len", "causal",
-                                        "commit_coef", "ema_rate"}
+                                        "commit_coef", "ema_rate", "dead_code_restart"}
     for field in shared:
         rules = {k: v for k, v in field.metadata.items() if k not in ("help", "applies")}
         assert rules == {k: v for k, v in tvq[field.name].metadata.items() if k not in ("help", "applies")}, field.name

@@ -70,8 +70,8 @@ ARCHS: tuple[Arch, ...] = (
          "transformer_vq.models.longvq.model:LongVQClassifier", CLASSIFY_PRESETS, frozenset({"classify eval", "codebook"})),
     Arch("classify", "transformer", "a full-attention Transformer classifier (baseline)", LongVQConfig,
          "transformer_vq.models.baselines.classifiers:TransformerClassifier", CLASSIFY_PRESETS, frozenset({"classify eval"}),
-         refused_options={**dict.fromkeys(("n_code", "ema_rate", "commit_coef"), "it has no codebook (softmax "
-                                          "attention over unquantized keys)"),
+         refused_options={**dict.fromkeys(("n_code", "ema_rate", "commit_coef", "dead_code_restart"),
+                                          "it has no codebook (softmax attention over unquantized keys)"),
                           "d_v": "its heads split d_model (it has no separate value width)",
                           "ema_dim": NO_SSM, "ema_timescale": NO_SSM, "scoring": "its attention is softmax",
                           "norm": "its norms are layer norms",

@@ -53,6 +53,8 @@ class LongVQConfig:
                                 training_only=True)
     ema_rate: float = option(0.99, "Codebook EMA rate (Sec. 5: 0.99).", min=0.0, max=1.0, min_open=True,
                              max_open=True, training_only=True)
+    dead_code_restart: int = option(0, "Re-seed codes unused for this many codebook updates from recent keys "
+                                       "(0 = off).", min=0, training_only=True, off=0)
 
     def __post_init__(self):
         extra = []

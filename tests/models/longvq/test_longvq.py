@@ -13,6 +13,7 @@ from transformer_vq.models.baselines.classifiers import (TransformerClassifier, 
 from transformer_vq.models.longvq.layer import LongVQLayer, SequenceNorm
 from transformer_vq.models.longvq.model import LongVQClassifier, LongVQLM
 from transformer_vq.nn.pooling import masked_mean
+from transformer_vq.nn.quantizer import VectorQuantizer
 from transformer_vq.ops.full.bidir import full_bidir_attention
 
 TOL = dict(rtol=1e-10, atol=1e-10)  # float64: the linear-time forms are exact rewritings
@@ -250,6 +251,16 @@ def test_classifiers_share_the_codebook_interface():
               (LongVQClassifier, TransformerClassifier, TransformerVQEncoderClassifier)}
     # 4 statistics per quantizer: one per LongVQ block, one per gated attention unit, none for the Transformer
     assert counts == {"LongVQClassifier": 8, "TransformerClassifier": 0, "TransformerVQEncoderClassifier": 16}
+
+
+def test_dead_code_restart_reaches_every_quantizer():
+    cfg = longvq_preset("tiny", **CLASSIFIER, dead_code_restart=7)
+    for model in (LongVQClassifier(cfg), TransformerVQEncoderClassifier(cfg), LongVQLM(longvq_preset(
+            "tiny", dead_code_restart=7))):
+        restarts = [m.dead_code_restart for m in model.modules() if isinstance(m, VectorQuantizer)]
+        assert restarts and set(restarts) == {7}, type(model).__name__
+    assert {m.dead_code_restart for m in LongVQClassifier(longvq_preset("tiny", **CLASSIFIER)).modules()
+            if isinstance(m, VectorQuantizer)} == {0}  # off by default
 
 
 @pytest.mark.parametrize("padded", [False, True])

@@ -108,7 +108,7 @@ class TransformerVQEncoderClassifier(Codebooks, nn.Module):
         self.encoder = TransformerVQ(TransformerVQConfig(
             vocab_size=cfg.vocab_size, d_model=cfg.d_model, d_k=cfg.d_qk, d_v=cfg.d_v, n_layers=cfg.n_layers,
             n_code=cfg.n_code, block_len=cfg.block_len, causal=False, tie_embeddings=True, dropres=cfg.dropout,
-            commit_coef=cfg.commit_coef, ema_rate=cfg.ema_rate))
+            commit_coef=cfg.commit_coef, ema_rate=cfg.ema_rate, dead_code_restart=cfg.dead_code_restart))
 
     def forward(self, ids: torch.Tensor, *, mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 attention: str = "linear") -> ClassifierOutput:

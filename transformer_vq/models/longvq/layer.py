@@ -117,7 +117,8 @@ class LongVQLayer(nn.Module):
         self.first_distance = 0 if cfg.causal else 1 - 2 * L
         self.local_bias = nn.Parameter(torch.zeros(2 * L - self.first_distance))
         # codewords start at the scale of the normalized keys, whose entries are ~Dqk^-1/4
-        self.quantizer = VectorQuantizer(1, cfg.n_code, Dqk, ema_rate=cfg.ema_rate, init_scale=Dqk ** -0.25)
+        self.quantizer = VectorQuantizer(1, cfg.n_code, Dqk, ema_rate=cfg.ema_rate,
+                                         dead_code_restart=cfg.dead_code_restart, init_scale=Dqk ** -0.25)
 
     def forward(self, x: torch.Tensor, *, state: LongVQLayerState | None = None, mask: torch.Tensor | None = None,
                 attention: str = "linear") -> LongVQLayerOutput:
