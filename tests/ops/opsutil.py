@@ -175,6 +175,21 @@ def check_documents(op, naive, n_head, n_group, length=37):
             torch.testing.assert_close(out[row:row + 1, :, a:b], alone, rtol=1e-10, atol=1e-10)
 
 
+def low_precision_runs(attend, leaves, codebook, dtype, device, seed=5):
+    """``(fused, want, yardstick)``: the output and the gradients of every leaf, of the fused kernels in ``dtype``, of
+    the eager operator in float32 and of the eager operator in ``dtype``, all from the same inputs rounded to ``dtype``
+    (``codebook`` too, a constant: the keys stay codewords) and the same cotangent. ``attend(backend, leaves,
+    codebook)`` returns the operator's output; the checks are :func:`assert_as_close_as`."""
+    leaves, codebook = [x.detach().to(dtype) for x in leaves], codebook.to(dtype)
+    results = {}
+    for backend, dt in (("triton", dtype), ("eager", torch.float32), ("eager", dtype)):
+        given = [x.to(dt).requires_grad_() for x in leaves]
+        out = attend(backend, given, codebook.to(dt))
+        cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(dtype).to(device, dt)
+        results[backend, dt] = (out, *torch.autograd.grad(out, given, cotangent))
+    return results["triton", dtype], results["eager", torch.float32], results["eager", dtype]
+
+
 def assert_as_close_as(got, want, yardstick, *, factor=2.0, name="output"):
     """``got`` (a fused kernel in a low precision) is as close to ``want`` (float32) as ``yardstick`` (the eager
     operator in the same low precision) is, within ``factor``: by the root-mean-square error and by the largest.

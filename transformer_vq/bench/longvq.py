@@ -36,6 +36,7 @@ from transformer_vq.bench.result import finish_result, no_progress, start_result
 from transformer_vq.models.baselines.classifiers import TransformerEncoderLayer, dense_key_masked_attention
 from transformer_vq.models.longvq.layer import LongVQBlock
 
+
 def build_layer(kind: str, cfg: LongVQBenchConfig) -> torch.nn.Module:
     """One block of ``kind`` at the benchmark's widths, seeded by ``cfg.seed``."""
     torch.manual_seed(cfg.seed)

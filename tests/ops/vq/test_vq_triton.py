@@ -18,7 +18,8 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no CUDA and TRITON_INTERPRET is not 1: the kernels cannot run here", allow_module_level=True)
 pytest.importorskip("triton")
 
-from opsutil import assert_as_close_as, assert_same_state, make_vq_inputs, same_reduction_tol, vq_grid_id  # noqa: E402
+from opsutil import (assert_as_close_as, assert_same_state, low_precision_runs, make_vq_inputs,  # noqa: E402
+                     same_reduction_tol, vq_grid_id)
 
 from transformer_vq import GatedAttentionUnit, TransformerVQ, preset  # noqa: E402
 from transformer_vq.config import ConfigError  # noqa: E402
@@ -78,20 +79,14 @@ def check_low_precision(params, dtype, d_k, d_v):
     """The fused kernels in ``dtype`` are as close to the eager operator in float32, outputs and gradients, as the
     eager operator in ``dtype`` is (the same rounded inputs for all three)."""
     B, H, G, T, L, S = params
-    q, k_hat, z, v, codebook, bias = make_vq_inputs(B, H, G, T, L, S, Dk=d_k, Dv=d_v, dtype=torch.float32)
-    low = [x.to(DEVICE, dtype) if x.is_floating_point() else x.to(DEVICE) for x in (q, k_hat, z, v, codebook, bias)]
+    q, k_hat, z, v, codebook, bias = (x.to(DEVICE) for x in make_vq_inputs(B, H, G, T, L, S, Dk=d_k, Dv=d_v,
+                                                                             dtype=torch.float32))
 
-    def leaves(dt):
-        return tuple(x.to(dt).requires_grad_(i != 4) if x.is_floating_point() else x for i, x in enumerate(low))
+    def attend(backend, leaves, book):
+        return vq_attention(*leaves, block_len=L, z=z, codebook=book, backend=backend)[0]
 
-    results = {}
-    for backend, dt in (("triton", dtype), ("eager", torch.float32), ("eager", dtype)):
-        inputs = leaves(dt)
-        out, _ = run(inputs, L, backend)
-        cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(dtype).to(DEVICE, dt)
-        results[backend, dt] = (out, *grads(out, inputs, cotangent))
-    fused, want, yardstick = results["triton", dtype], results["eager", torch.float32], results["eager", dtype]
-    for name, got, expected, eager_low in zip("out q k_hat v bias".split(), fused, want, yardstick):
+    runs = low_precision_runs(attend, [q, k_hat, v, bias], codebook, dtype, DEVICE)
+    for name, got, expected, eager_low in zip("out q k_hat v bias".split(), *runs):
         assert_as_close_as(got, expected, eager_low, name=name)
 
 

@@ -19,7 +19,8 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no CUDA and TRITON_INTERPRET is not 1: the kernels cannot run here", allow_module_level=True)
 pytest.importorskip("triton")
 
-from opsutil import assert_as_close_as, doc_start_mask, make_vq_inputs, same_reduction_tol  # noqa: E402
+from opsutil import (assert_as_close_as, doc_start_mask, low_precision_runs, make_vq_inputs,  # noqa: E402
+                     same_reduction_tol)
 
 from transformer_vq.ops.vq import vq_attention, vq_attention_naive  # noqa: E402
 
@@ -99,16 +100,9 @@ def test_packed_on_cuda_at_real_sizes_matches_eager_float32(dtype):
     starts = [sorted({0, *torch.randint(0, 700, (12,), generator=gen).tolist(), 64, 128, 129}) for _ in range(2)]
     doc_start = doc_start_mask(starts, 700).to(DEVICE)
     leaves, z, codebook = inputs(seed=3, dtype=torch.float32, shape=shape, d_k=64, d_v=96)
-    # every run starts from the same rounded inputs (the keys stay codewords)
-    leaves, codebook = [x.detach().to(dtype) for x in leaves], codebook.to(dtype)
-    results = {}
-    for backend, dt in (("triton", dtype), ("eager", torch.float32), ("eager", dtype)):
-        given = [x.to(dt).requires_grad_() for x in leaves]
-        out, _ = run(given, z, codebook.to(dt), backend, doc_start, block_len=64)
-        cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(4)).to(dtype).to(DEVICE, dt)
-        results[backend, dt] = (out, *torch.autograd.grad(out, given, cotangent))
-    fused, want, yardstick = results["triton", dtype], results["eager", torch.float32], results["eager", dtype]
-    for name, got, expected, eager_low in zip(("out", *NAMES), fused, want, yardstick):
+    runs = low_precision_runs(lambda backend, given, book: run(given, z, book, backend, doc_start, block_len=64)[0],
+                              leaves, codebook, dtype, DEVICE, seed=4)
+    for name, got, expected, eager_low in zip(("out", *NAMES), *runs):
         if dtype == torch.float32:  # multiplied in full precision ("ieee"): a few ulps of the eager operator
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
         else:
