@@ -58,15 +58,17 @@ def tvq_process(args: list[str], *, one_thread: bool = True) -> subprocess.Popen
                             stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
 
 
-def torchrun(args: list[str], nproc: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`torchrun --nproc_per_node NPROC -m transformer_vq ARGS` on CPU (gloo), one thread per worker.
+def torchrun(args: list[str], nproc: int = 2, timeout: float = 300,
+             entry: tuple[str, ...] = ("-m", "transformer_vq")) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node NPROC -m transformer_vq ARGS` on CPU (gloo), one thread per worker (``entry``:
+    what each worker runs instead of ``-m transformer_vq``, e.g. a script's path).
 
     A run still going after ``timeout`` seconds fails the test with every process's Python stack: the launcher and its
     workers run with ``faulthandler`` on (``PYTHONFAULTHANDLER``), and each is sent SIGABRT (a hang once seen in CI,
     one worker waiting in gloo after the other had exited, left nothing to go on)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               "-m", "transformer_vq", *args]
+               *entry, *args]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                           cwd=REPO) as proc:
         try:

@@ -120,6 +120,11 @@ class Trainer:
         self.eval_logged = False  # whether the validation of this step is in metrics.jsonl already
         self.validated_here = False  # whether this call validated (every worker: the DDP workers but rank 0 don't)
 
+    def release_data_parallel(self) -> None:
+        """Drop DDP's wrapper (its C++ reducer holds the process group), before the group is destroyed: see
+        :func:`~transformer_vq.train.parallel.distributed.teardown_distributed`. The trainer cannot train after."""
+        self.forward = None
+
     # ---- hooks ---------------------------------------------------------------------------------------
 
     def forward_backward(self) -> Step:

@@ -4,6 +4,7 @@ global batch (gradients averaged, codebook statistics summed, each worker readin
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
@@ -60,3 +61,13 @@ def test_two_workers_resume_mid_batch_bitwise(corpus_file, tmp_path):
     assert "resumed from" in proc.stdout and "at step 3" in proc.stdout
     resumed = {r["step"]: r["loss"] for r in read_metrics(run_dir)}
     assert resumed == {step: reference[step] for step in range(4, 9)}
+
+
+def test_the_process_group_ends_inside_the_teardown(corpus_file, tmp_path):
+    """The root of a hang at exit seen in CI: DDP's C++ reducer held the gloo process group after
+    ``destroy_process_group``, so the group was destroyed when the trainer was freed, holding the GIL while it joined
+    a gloo thread that needed the GIL. The trainer now drops its DDP wrapper first: the group, and its threads, end
+    inside the teardown (whose release of the group lets go of the GIL), whatever still holds the trainer."""
+    worker = Path(__file__).with_name("teardown_worker.py")
+    out = torchrun([str(corpus_file), str(tmp_path / "run")], entry=(str(worker),)).stdout
+    assert out.count("gloo threads left after the teardown: []") == 2, out

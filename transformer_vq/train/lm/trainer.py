@@ -68,6 +68,7 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
     dist_info = setup_distributed(device.type, cfg.train.parallel, cfg.train.context_parallel)
     if device.type == "cuda":
         device = torch.device("cuda", dist_info.local_rank)
+    trainer = None
     try:
         # locked before anything slow (loading the corpus): a second training is refused at once
         with hold_run_dir(cfg.train.resolved_run_dir(), dist_info):
@@ -81,6 +82,8 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
                            validation=trainer.validation if done else None, sample=trainer.sample if done else None,
                            tokens_per_s=trainer.tokens_per_s)
     finally:
+        if trainer is not None:  # on the way out of an error too: a traceback keeps the trainer alive
+            trainer.release_data_parallel()
         teardown_distributed(dist_info)
 
 

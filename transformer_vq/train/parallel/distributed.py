@@ -17,6 +17,7 @@ right because each worker's loss is the mean over an equal share of the tokens.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -131,5 +132,15 @@ def data_parallel(model: torch.nn.Module, info: Distributed, device: torch.devic
 
 
 def teardown_distributed(info: Distributed) -> None:
+    """Destroy the process groups; the caller has dropped its :func:`data_parallel` wrapper first.
+
+    Why the order matters (a hang seen in CI, then reproduced here with its C stacks): a gloo process group joins
+    its worker threads when it is destroyed, and a worker may still be releasing a finished collective whose tensors
+    were made in Python, which takes the GIL. The group's Python object releases the GIL before it destroys the
+    group; DDP's C++ reducer, which holds the group too, does not. Whichever lets go last destroys it: if that is the
+    reducer (freed after ``destroy_process_group``), the main thread joins the worker while holding the GIL the
+    worker waits for, and the process never exits. So the wrapper goes first (collected here with any reference
+    cycle it sits in) and the group's Python objects, released by ``destroy_process_group``, go last."""
     if (info.enabled or info.fsdp) and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
