@@ -58,6 +58,8 @@ def test_options_of_another_operator_are_refused(attn_type):
     ("keys", r"must be \[B, G, T, Dk\] = \[2, G, 11, 6\], got \[2, 2, 10, 6\]"),
     ("values", r"v must be \[B, G, T, Dv\] with B, G, T of k(_hat)? \[2, 2, 11\], got \[2, 1, 11, 7\]"),
     ("block_len", "block_len must be a positive integer, got 0"),
+    ("block_len_bool", "block_len must be a positive integer, got True"),
+    ("no_bias", r"bias must be a \[B, H, T, 2L\] tensor \(zeros for none\), got NoneType"),
     ("empty", r"q must hold at least one position \(T >= 1\)"),
 ])
 def test_bad_shapes_are_named(attn_type, defect, message):
@@ -73,8 +75,30 @@ def test_bad_shapes_are_named(attn_type, defect, message):
         v = v[:, :1]
     elif defect == "block_len":
         block_len = 0
+    elif defect == "block_len_bool":
+        block_len = True
+    elif defect == "no_bias":
+        bias = None
     elif defect == "empty":
         q, k_hat, z, v, bias = (x[:, :, :0] for x in (q, k_hat, z, v, bias))
     options = OPTIONS[attn_type] if OPTIONS[attn_type] is not None else {"z": z, "codebook": codebook}
     with pytest.raises(ValueError, match=message):
         KERNELS[attn_type](q, k_hat, v, bias, block_len=block_len, **options)
+
+
+@pytest.mark.parametrize("attn_type", ATTN_TYPES)
+def test_a_state_of_another_operator_or_other_sizes_is_refused(attn_type):
+    """Continuing a call means the same operator, sequences and sizes: anything else is named, not a torch error
+    from deep inside (or, for a state of another block layout, numbers of neither)."""
+    q, k_hat, z, v, codebook, bias = make_vq_inputs(B, H, G, T, L, S)
+    other = next(t for t in ATTN_TYPES if type(call(t, q, k_hat, v, bias, z=z, codebook=codebook)[1]) is not type(
+        call(attn_type, q, k_hat, v, bias, z=z, codebook=codebook)[1]))
+    _, foreign = call(other, q[:, :, :7], k_hat[:, :, :7], v[:, :, :7], bias[:, :, :7], z=z[:, :, :7],
+                      codebook=codebook)
+    rest = [x[:, :, 7:] for x in (q, k_hat, v, bias, z)]
+    with pytest.raises(ValueError, match="state must be the .* a previous call of this operator returned, got"):
+        call(attn_type, *rest[:4], z=rest[4], codebook=codebook, state=foreign)
+    _, own = call(attn_type, q[:, :, :7], k_hat[:, :, :7], v[:, :, :7], bias[:, :, :7], z=z[:, :, :7],
+                  codebook=codebook)
+    with pytest.raises(ValueError, match=r"state\.\w+ is \[2, .*\], this call needs \[1, "):
+        call(attn_type, *(x[:1] for x in rest[:4]), z=rest[4][:1], codebook=codebook, state=own)

@@ -48,8 +48,10 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_len: int, key_name: str = "k") -> None:
     """The checks of :func:`check_inputs` that do not involve the bias (an operator may take none)."""
-    if not isinstance(block_len, int) or block_len < 1:
-        raise ValueError(f"block_len must be a positive integer, got {block_len!r}")
+    check_positive_int(block_len, "block_len")
+    for name, tensor in (("q", q), (key_name, k), ("v", v)):
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"{name} must be a tensor, got {type(tensor).__name__}")
     if q.dim() != 4:
         raise ValueError(f"q must be [B, H, T, Dk], got shape {list(q.shape)}")
     batch, n_head, length, d_k = q.shape
@@ -67,6 +69,30 @@ def check_bias(q: torch.Tensor, bias: torch.Tensor, block_len: int, window_block
     """``bias`` must be ``[B, H, T, window_blocks * L]`` (two blocks for the causal window)."""
     batch, n_head, length, _ = q.shape
     width = window_blocks * block_len
+    if not isinstance(bias, torch.Tensor):
+        raise ValueError(f"bias must be a [B, H, T, {window_blocks}L] tensor (zeros for none), got "
+                         f"{type(bias).__name__}")
     if bias.shape != (batch, n_head, length, width):
         raise ValueError(f"bias must be [B, H, T, {window_blocks}L] = [{batch}, {n_head}, {length}, {width}], "
                          f"got {list(bias.shape)}")
+
+
+def check_positive_int(value, name: str) -> None:
+    """Raise ``ValueError`` unless ``value`` is an integer ``>= 1`` (a lengths' check; ``True`` is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_state(state, state_type: type, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Raise ``ValueError`` unless ``state`` is a ``state_type`` (what this operator returns) whose tensors named in
+    ``shapes`` have those shapes (``-1``: any size): a state continues the same sequences with the same sizes.
+    Shapes only: nothing is read from the device."""
+    if not isinstance(state, state_type):
+        raise ValueError(f"state must be the {state_type.__name__} a previous call of this operator returned, got "
+                         f"{type(state).__name__}")
+    for name, shape in shapes.items():
+        got = tuple(getattr(state, name).shape)
+        if len(got) != len(shape) or any(want not in (-1, size) for want, size in zip(shape, got)):
+            needed = ", ".join("*" if want == -1 else str(want) for want in shape)
+            raise ValueError(f"state.{name} is {list(got)}, this call needs [{needed}]: a state continues the same "
+                             f"sequences with the same batch, heads and widths")

@@ -98,3 +98,11 @@ def test_flash_packed_documents(n_head, n_group, chunk_len):
                     lambda *x, doc_start=None: flash_attention_naive(*x, block_len=BLOCK_LEN, chunk_len=chunk_len,
                                                                      doc_start=doc_start),
                     n_head, n_group)
+
+
+@pytest.mark.parametrize("norm_len", [0, -2, 2.5, True])
+def test_norm_len_must_be_a_positive_integer(norm_len):
+    """The scores are divided by ``norm_len``: 0 gave NaN everywhere, a negative one flipped their sign."""
+    q, k, v, bias = make_inputs(2, 1, 12)
+    with pytest.raises(ValueError, match=f"norm_len must be a positive integer, got {norm_len!r}"):
+        flash_quad_attention(q, k, v, bias, block_len=BLOCK_LEN, norm_len=norm_len)

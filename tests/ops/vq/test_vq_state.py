@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from opsutil import DOC_STARTS, assert_same_state, doc_start_mask, make_vq_inputs, vq_grid_id
@@ -82,3 +84,67 @@ def test_no_grad_segments_equal_one_call(monkeypatch, reduction, documents, rows
     assert calls == [per_segment * L] * (blocks // per_segment) + [blocks % per_segment * L] * (blocks % per_segment > 0)
     torch.testing.assert_close(got, want.detach(), rtol=1e-12, atol=1e-12)
     assert_same_state(state, want_state.detach(), 1e-12)
+
+
+def test_a_state_of_another_block_length_is_refused():
+    """Which keys a state holds verbatim and which it summarizes depends on ``L``: continuing it with another ``L``
+    gives numbers of neither operator (a longer ``L`` ran without error before the state recorded its own)."""
+    B, H, G, T, L, S = 1, 2, 1, 16, 4, 3
+    q, k_hat, z, v, codebook, bias = make_vq_inputs(B, H, G, T, L, S)
+    _, state = vq_attention(q[:, :, :8], k_hat[:, :, :8], v[:, :, :8], bias[:, :, :8], block_len=L, z=z[:, :, :8],
+                            codebook=codebook)
+    assert state.block_len == L and state.detach().block_len == L
+    for other in (8, 6, 2):
+        q2, k2, z2, v2, _, bias2 = make_vq_inputs(B, H, G, T, other, S)
+        with pytest.raises(ValueError, match=f"state was built with block_len=4, got block_len={other}"):
+            vq_attention(q2[:, :, 8:], k2[:, :, 8:], v2[:, :, 8:], bias2[:, :, 8:], block_len=other,
+                         z=z2[:, :, 8:], codebook=codebook, state=state)
+
+
+def test_states_that_do_not_record_a_block_length_still_continue():
+    """``block_len`` None: a state saved before it was recorded (a checkpoint's carried state), or an empty state
+    from ``empty(offset=...)``: accepted, with the same numbers as before."""
+    B, H, G, T, L, S = 2, 2, 1, 19, 4, 3
+    q, k_hat, z, v, codebook, bias = make_vq_inputs(B, H, G, T, L, S)
+    whole, _ = vq_attention(q, k_hat, v, bias, block_len=L, z=z, codebook=codebook)
+    first, state = vq_attention(q[:, :, :9], k_hat[:, :, :9], v[:, :, :9], bias[:, :, :9], block_len=L,
+                                z=z[:, :, :9], codebook=codebook)
+    rest, _ = vq_attention(q[:, :, 9:], k_hat[:, :, 9:], v[:, :, 9:], bias[:, :, 9:], block_len=L, z=z[:, :, 9:],
+                           codebook=codebook, state=dataclasses.replace(state, block_len=None))
+    torch.testing.assert_close(torch.cat([first, rest], dim=2), whole, rtol=1e-12, atol=1e-12)
+    assert attention.VQAttentionState.empty(B, G, S, 6, 7, dtype=torch.float64, offset=5).block_len is None
+
+
+@pytest.mark.parametrize("defect, message", [
+    ("batch", r"state.cache_count is \[2, 1, 3\], this call needs \[1, 1, 3\]"),
+    ("values", r"state.cache_mean is \[2, 1, 3, 7\], this call needs \[2, 1, 3, 5\]"),
+    ("codebook", r"state.cache_count is \[2, 1, 3\], this call needs \[2, 1, 4\]"),
+    ("window", r"state holds 18 window keys, at most 2 \* block_len - 1 = 7"),
+])
+def test_a_state_of_other_sizes_is_refused(defect, message):
+    B, H, G, T, L, S = 2, 2, 1, 12, 4, 3
+    q, k_hat, z, v, codebook, bias = make_vq_inputs(B, H, G, T, L, S)
+    _, state = vq_attention(q[:, :, :6], k_hat[:, :, :6], v[:, :, :6], bias[:, :, :6], block_len=L, z=z[:, :, :6],
+                            codebook=codebook)
+    rest = [x[:, :, 6:] for x in (q, k_hat, z, v, bias)]
+    if defect == "batch":
+        rest = [x[:1] for x in rest]
+    elif defect == "values":
+        rest[3] = rest[3][..., :5]
+    elif defect == "codebook":
+        codebook = torch.cat([codebook, codebook[:, :1]], dim=1)
+    elif defect == "window":
+        state = dataclasses.replace(state, **{name: torch.cat([getattr(state, name)] * 3, dim=-2 if name in (
+            "recent_k", "recent_v") else -1) for name in ("recent_k", "recent_v", "recent_z", "recent_start")})
+    q2, k2, z2, v2, bias2 = rest
+    with pytest.raises(ValueError, match=message):
+        vq_attention(q2, k2, v2, bias2, block_len=L, z=z2, codebook=codebook, state=state)
+
+
+def test_codes_outside_the_codebook_are_named():
+    q, k_hat, z, v, codebook, bias = make_vq_inputs(1, 2, 1, 8, 4, 3)
+    for bad in (3, -1):
+        z_bad = z.clone()
+        z_bad[0, 0, 5] = bad
+        with pytest.raises(ValueError, match=rf"z must lie in \[0, S\) = \[0, 3\), got codes from {min(bad, 0)} to"):
+            vq_attention(q, k_hat, v, bias, block_len=4, z=z_bad, codebook=codebook)

@@ -38,9 +38,9 @@ import torch
 import torch.nn.functional as F
 
 from transformer_vq.ops.flash.state import FlashState
-from transformer_vq.ops.full.state import KVCache
+from transformer_vq.ops.full.state import KVCache, continue_cache
 from transformer_vq.ops.documents import check_doc_start, segment_ids
-from transformer_vq.ops.protocol import check_inputs
+from transformer_vq.ops.protocol import check_inputs, check_positive_int, check_state
 from transformer_vq.ops.window import row_blocks, window_bias
 
 
@@ -80,8 +80,9 @@ def flash_quad_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias
     check_inputs(q, k, v, bias, block_len)
     check_doc_start(doc_start, q.shape[0], q.shape[2])
     norm_len = block_len if norm_len is None else norm_len
+    check_positive_int(norm_len, "norm_len")  # the scores are divided by it: 0 would give NaN, < 0 flip their sign
     offset = 0 if state is None else state.offset
-    cache = KVCache.start(k, v, doc_start) if state is None else state.extend(k, v, doc_start)
+    cache = continue_cache(state, k, v, doc_start)
     outputs = []
     # One absolute block of query rows at a time keeps the score matrix at [L, T], never [T, T].
     for start, stop, _ in row_blocks(offset, q.shape[2], block_len):
@@ -115,13 +116,15 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: tor
     """
     check_inputs(q, k, v, bias, block_len)
     check_doc_start(doc_start, q.shape[0], q.shape[2])
-    if not isinstance(chunk_len, int) or chunk_len < 1:
-        raise ValueError(f"chunk_len must be a positive integer, got {chunk_len!r}")
+    check_positive_int(chunk_len, "chunk_len")
     batch, n_head, length, d_k = q.shape
     n_group, d_v = k.shape[1], v.shape[-1]
     if state is None:
         state = FlashState(q.new_zeros(batch, n_group, d_k, d_v), 0, chunk_len, k[:, :, :0], v[:, :, :0])
-    elif state.chunk_len != chunk_len:
+    else:
+        check_state(state, FlashState, {"kv_sum": (batch, n_group, d_k, d_v), "chunk_k": (batch, n_group, -1, d_k),
+                                        "chunk_v": (batch, n_group, -1, d_v)})
+    if state.chunk_len != chunk_len:
         raise ValueError(f"state was built with chunk_len={state.chunk_len}, got chunk_len={chunk_len}")
     # Lay the open chunk and this call's positions on a grid of whole chunks aligned to absolute positions.
     opened = state.chunk_k.shape[2]

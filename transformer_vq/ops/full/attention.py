@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from transformer_vq.ops.documents import check_doc_start
-from transformer_vq.ops.full.state import KVCache
+from transformer_vq.ops.full.state import KVCache, continue_cache
 from transformer_vq.ops.protocol import check_inputs
 from transformer_vq.ops.window import row_blocks, window_bias
 
@@ -47,7 +47,7 @@ def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
     check_inputs(q, k, v, bias, block_len)
     check_doc_start(doc_start, q.shape[0], q.shape[2])
     offset = 0 if state is None else state.offset
-    cache = KVCache.start(k, v, doc_start) if state is None else state.extend(k, v, doc_start)
+    cache = continue_cache(state, k, v, doc_start)
     gqa = k.shape[1] != q.shape[1]
     outputs = []
     for start, stop, window in row_blocks(offset, q.shape[2], block_len):

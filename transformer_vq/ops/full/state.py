@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from transformer_vq.ops.documents import segment_ids
+from transformer_vq.ops.protocol import check_state
 
 
 @dataclass
@@ -49,3 +50,14 @@ class KVCache:
         """Bytes held by the cache (grows linearly with the number of positions)."""
         held = [self.k, self.v] + ([] if self.segment is None else [self.segment])
         return sum(t.nelement() * t.element_size() for t in held)
+
+
+def continue_cache(state: KVCache | None, k: torch.Tensor, v: torch.Tensor,
+                   doc_start: torch.Tensor | None = None) -> KVCache:
+    """The cache after a call on ``k [B, G, T, Dk]``, ``v [B, G, T, Dv]``: :meth:`KVCache.start` without a state,
+    else ``state`` extended, once it is checked to be a :class:`KVCache` of the same batch, groups and widths."""
+    if state is None:
+        return KVCache.start(k, v, doc_start)
+    (batch, groups, _, d_k), d_v = k.shape, v.shape[-1]
+    check_state(state, KVCache, {"k": (batch, groups, -1, d_k), "v": (batch, groups, -1, d_v)})
+    return state.extend(k, v, doc_start)

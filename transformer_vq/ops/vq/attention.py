@@ -26,7 +26,7 @@ from transformer_vq.config import ATTN_BACKENDS, REDUCTIONS
 from transformer_vq.ops.documents import check_doc_start
 from transformer_vq.ops.protocol import check_inputs
 from transformer_vq.ops.vq.kernels import attend_blocks, attend_within_block
-from transformer_vq.ops.vq.state import VQAttentionState
+from transformer_vq.ops.vq.state import VQAttentionState, check_vq_state
 
 
 def vq_attention(
@@ -69,7 +69,7 @@ def vq_attention(
     """
     _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores)
     T, L = q.shape[2], block_len
-    state, doc_start = _starting_state(state, doc_start, q, v, codebook)
+    state, doc_start = _starting_state(state, doc_start, q, v, codebook, L)
     within_kernel, blocks_kernel = _kernels(backend, q, code_scores, compressive_cache, cache_bias)
     codebook = codebook.detach()
     # On a GPU, or under autograd (the backward keeps every piece's tensors anyway), one piece of whole blocks; on a
@@ -122,15 +122,16 @@ every call. Under autograd nothing is gained (the backward keeps every piece's t
 GPU wants the blocks of a call in parallel, so there a call is one piece."""
 
 
-def _starting_state(state, doc_start, q, v, codebook):
+def _starting_state(state, doc_start, q, v, codebook, block_len):
     """The state to start from (empty at the start of the sequences) and the document starts of this call: zeros
     rather than ``None`` when a document begun in an earlier call is still in the window (its earlier keys stay
     hidden)."""
     (B, _, T, Dk), (G, S) = q.shape, codebook.shape[:2]
     check_doc_start(doc_start, B, T)
     if state is None:
-        state = VQAttentionState.empty(B, G, S, Dk, v.shape[-1], dtype=v.dtype, device=v.device)
-    elif doc_start is None and (torch.compiler.is_compiling() or bool(state.recent_start.any())):
+        return VQAttentionState.empty(B, G, S, Dk, v.shape[-1], dtype=v.dtype, device=v.device), doc_start
+    check_vq_state(state, B, G, S, Dk, v.shape[-1], block_len)
+    if doc_start is None and (torch.compiler.is_compiling() or bool(state.recent_start.any())):
         # compiled, the host-side test would break the graph at every call: take the masked path, which gives the
         # same numbers where no document begins
         doc_start = torch.zeros(B, T, dtype=torch.bool, device=q.device)
@@ -196,3 +197,16 @@ def check_codes(k_hat: torch.Tensor, z: torch.Tensor, codebook: torch.Tensor) ->
         raise ValueError(f"z must be [B, G, T] = [{B}, {G}, {T}], got {list(z.shape)}")
     if z.dtype != torch.long:
         raise ValueError(f"z must be int64 shortcodes, got {z.dtype}")
+    # The range is read on a CPU only: elsewhere reading it would synchronize the device at every call (every token
+    # of every layer when decoding); there an out-of-range code trips the device's own index assertion instead.
+    if z.device.type == "cpu" and not torch.compiler.is_compiling():
+        check_code_range(z, codebook.shape[1], "z", "S")
+
+
+def check_code_range(codes: torch.Tensor, n_code: int, name: str, size_name: str) -> None:
+    """Raise ``ValueError`` unless every one of ``codes`` lies in ``[0, n_code)`` (reads them: a host sync)."""
+    if codes.numel() == 0:
+        return
+    low, high = int(codes.min()), int(codes.max())
+    if low < 0 or high >= n_code:
+        raise ValueError(f"{name} must lie in [0, {size_name}) = [0, {n_code}), got codes from {low} to {high}")

@@ -88,7 +88,7 @@ def compose(state: VQAttentionState, summary: ChunkSummary, block_len: int) -> V
     count, mean = merge(count, mean, summary.count, summary.mean)
     return VQAttentionState(state.offset + summary.length, count, mean,
                             summary.last_k.to(state.recent_k.dtype), summary.last_v.to(state.recent_v.dtype),
-                            summary.last_z, state.recent_start.new_zeros(summary.last_z.shape[0], L))
+                            summary.last_z, state.recent_start.new_zeros(summary.last_z.shape[0], L), L)
 
 
 def prefix_states(state: VQAttentionState, summaries: list[ChunkSummary], block_len: int) -> list[VQAttentionState]:

@@ -170,7 +170,7 @@ def attend_within_block(q, k_hat, z, v, codebook, bias, L, state: VQAttentionSta
             count, mean = summarize(codes[:, :, :L], values[:, :, :L], S, cache_mean.dtype, weight)
             cache_count, cache_mean = merge(cache_count, cache_mean, count, mean)
         keys, values, codes, starts = keys[:, :, L:], values[:, :, L:], codes[:, :, L:], starts[:, L:]
-    return out, VQAttentionState(offset + t, cache_count, cache_mean, keys, values, codes, starts)
+    return out, VQAttentionState(offset + t, cache_count, cache_mean, keys, values, codes, starts, L)
 
 
 def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, reduction, code_scores=None,
@@ -218,7 +218,7 @@ def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, re
     out = softmax_combine(parts, in_place=not grad)  # (B, G, N, R, L, Dv)
     out = out.transpose(2, 3).reshape(B, H, T, Dv).to(q.dtype)
     return out, VQAttentionState(state.offset + T, final_count, final_mean,
-                                 k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:], starts[:, -L:])
+                                 k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:], starts[:, -L:], L)
 
 
 def block_starts(z, L, state: VQAttentionState, doc_start) -> torch.Tensor:

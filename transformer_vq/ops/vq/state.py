@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
+
+from transformer_vq.ops.protocol import check_state
 
 
 @dataclass
@@ -33,6 +35,10 @@ class VQAttentionState:
     recent_start: torch.Tensor
     """``[B, W]`` bool: which of them began a document (packed documents, :mod:`transformer_vq.ops.documents`);
     the per-code cache always summarizes only the document of the last key it holds."""
+    block_len: int | None = None
+    """The block length ``L`` of the calls that made it: which keys are in the window and which are summarized
+    depends on it, so a call with another ``L`` is refused. ``None`` for a state that holds no key yet (any ``L``
+    may start from it) and for states saved before it was recorded."""
 
     @classmethod
     def empty(cls, batch: int, groups: int, n_code: int, d_k: int, d_v: int, *, dtype: torch.dtype,
@@ -52,13 +58,28 @@ class VQAttentionState:
 
     def detach(self) -> "VQAttentionState":
         """A copy cut from the autograd graph (truncated backprop between training windows)."""
-        return VQAttentionState(
-            self.offset, *(getattr(self, f.name).detach() for f in fields(self) if f.name != "offset")
-        )
+        return replace(self, **{name: tensor.detach() for name, tensor in self._tensors().items()})
 
     def nbytes(self) -> int:
         """Memory held by the state's tensors, in bytes."""
-        return sum(
-            getattr(self, f.name).numel() * getattr(self, f.name).element_size()
-            for f in fields(self) if f.name != "offset"
-        )
+        return sum(tensor.numel() * tensor.element_size() for tensor in self._tensors().values())
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+
+
+def check_vq_state(state, batch: int, groups: int, n_code: int, d_k: int, d_v: int, block_len: int) -> None:
+    """Raise ``ValueError`` unless ``state`` can continue a call of these sizes: a :class:`VQAttentionState` of the
+    same block length, batch, groups, codebook size and key and value widths, its window at most ``2L - 1`` keys."""
+    window = state.recent_k.shape[2] if isinstance(state, VQAttentionState) and state.recent_k.dim() == 4 else -1
+    check_state(state, VQAttentionState, {
+        "cache_count": (batch, groups, n_code), "cache_mean": (batch, groups, n_code, d_v),
+        "recent_k": (batch, groups, window, d_k), "recent_v": (batch, groups, window, d_v),
+        "recent_z": (batch, groups, window), "recent_start": (batch, window),
+    })
+    if state.block_len is not None and state.block_len != block_len:
+        raise ValueError(f"state was built with block_len={state.block_len}, got block_len={block_len}: which keys "
+                         f"a state holds in its window and which it summarizes depends on the block length")
+    if window >= 2 * block_len:
+        raise ValueError(f"state holds {window} window keys, at most 2 * block_len - 1 = {2 * block_len - 1} "
+                         f"for block_len={block_len}")

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from transformer_vq.ops.vq.attention import check_code_range
+
 
 def code_pair_table(codebook_q: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
     """``T[h] = C_Q[h] C_K[h // R]^T``: ``[H, S_q, S_k]`` from ``codebook_q [H, S_q, Dk]``, ``codebook [G, S_k, Dk]``.
@@ -77,8 +79,6 @@ def check_query_codes(q_hat: torch.Tensor, z_q: torch.Tensor, codebook_q: torch.
         raise ValueError(f"z_q must be [B, H, T] = [{B}, {H}, {T}], got {list(z_q.shape)}")
     if z_q.dtype != torch.long:
         raise ValueError(f"z_q must be int64 shortcodes, got {z_q.dtype}")
-    low, high = int(z_q.min()), int(z_q.max())
-    if low < 0 or high >= S_q:
-        raise ValueError(f"z_q must lie in [0, S_q) = [0, {S_q}), got codes from {low} to {high}")
+    check_code_range(z_q, S_q, "z_q", "S_q")
     if table is not None and table.shape != (H, S_q, codebook.shape[1]):
         raise ValueError(f"table must be [H, S_q, S_k] = [{H}, {S_q}, {codebook.shape[1]}], got {list(table.shape)}")

@@ -43,7 +43,7 @@ def attend_blocks_fused(q, k_hat, z, v, codebook, bias, L, state: VQAttentionSta
     ids = (None, None) if docs is None else (docs.segment, docs.cache_segment)
     out = FusedVQAttention.apply(q, k_all, v_all, bias, codebook, log_count, prefix_mean[:, :, :-1], L, has_prev, *ids)
     return out, VQAttentionState(state.offset + z.shape[2], prefix_count[:, :, -1], prefix_mean[:, :, -1],
-                                 k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:], starts[:, -L:])
+                                 k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:], starts[:, -L:], L)
 
 
 def check_fused_inputs(q: torch.Tensor, code_scores, compressive_cache: bool) -> None:
