@@ -44,7 +44,7 @@ import torch
 
 from transformer_vq import fileio
 from transformer_vq.models.tvq.compile import compile_units
-from transformer_vq.train.checkpoint.resume import (checkpoint_to_resume, refuse_changed_data,
+from transformer_vq.train.checkpoint.resume import (checkpoint_to_resume, refuse_changed_fields,
                                                    refuse_fresh_over_checkpoints, refuse_steps_below)
 from transformer_vq.train.checkpoint.rundir import writing
 from transformer_vq.train.checkpoint.store import (CHECKPOINTS_DIR, Checkpoint, save_checkpoint, save_sharded_checkpoint,
@@ -269,16 +269,29 @@ class Trainer:
             return
         refuse_steps_below(ckpt.path, ckpt.step, self.tc.steps)
         self.check_checkpoint(ckpt)
-        refuse_changed_data(ckpt.config.get("train", {}), self.tc, ckpt.path)
+        refuse_changed_fields(ckpt.config.get("train", {}), self.tc, ckpt.path)
         state = ckpt.state
         ckpt.load_training_state(self.model, self.optimizer, sharded=self.dist.fsdp)
         self.scheduler.load_state_dict(state["scheduler"])
+        self._apply_schedule_of_config()
         self.step, self.nonfinite_run = ckpt.step, int(state["nonfinite_run"])
         self.validated_at = state.get("validated_at")  # absent from checkpoints of before it was saved
         if "rng" not in skip:
             self._restore_rng(state["rng"])
         self.load_checkpoint_state(state, skip)
         self.log(f"resumed from {ckpt.path} at step {self.step}")
+
+    def _apply_schedule_of_config(self) -> None:
+        """The optimizer's and the scheduler's saved states bring back the peak learning rate and the weight decay
+        they were saved with; flags given with --resume apply on top of the saved config (docs/training.md), so this
+        run's config sets them again, at the point of the schedule the checkpoint reached (a no-op without such
+        flags). The lr a diverged run was told to lower takes effect."""
+        peak, groups = self.tc.peak_lr, self.optimizer.param_groups
+        factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+        for group, weight_decay in zip(groups, (self.tc.weight_decay, 0.0)):  # optim.param_groups' order
+            group.update(weight_decay=weight_decay, initial_lr=peak, lr=peak * factor)
+        self.scheduler.base_lrs = [peak] * len(groups)
+        self.scheduler._last_lr = [group["lr"] for group in groups]  # what get_last_lr() reports until the next step
 
     def _restore_rng(self, saved: list) -> None:
         if len(saved) == self.dist.world_size:

@@ -59,17 +59,27 @@ def refuse_steps_below(path: Path, step: int, steps: int) -> None:
                           f"give --steps {step} to finish it as it is, or above {step} to train further")
 
 
-def refuse_changed_data(saved_train: dict, train, path) -> None:
+KEPT_ON_RESUME = {
+    "optimizer": "the checkpoint holds that optimizer's state (its moments), which another optimizer cannot take",
+    "update_len": "a step is one window of update_len tokens, and a checkpoint taken inside a batch continues at its "
+                  "window with the state carried into it",
+}
+"""Training fields a resumed run keeps, beside those that define its data, and why."""
+
+
+def refuse_changed_fields(saved_train: dict, train, path) -> None:
     """Refuse (:class:`ConfigError`) to resume the run whose checkpoint at ``path`` saved training fields
-    ``saved_train`` with ``train`` (a training config) when a field that defines the run's data (marked
-    ``defines_data``: the dataset, its options, the seed of its order, a language model's sequence length) differs:
-    the resumed run would read another dataset, or the same one in another order, from the saved position."""
+    ``saved_train`` with ``train`` (a training config) when a field the run must keep differs: one that defines the
+    run's data (marked ``defines_data``: the dataset, its options, the seed of its order, a language model's
+    sequence length; the resumed run would read another dataset, or the same one in another order, from the saved
+    position) or one of :data:`KEPT_ON_RESUME`. Checked before anything of the checkpoint is loaded or written."""
     for field in dataclasses.fields(train):
-        if not field.metadata.get("defines_data") or field.name not in saved_train:
+        reason = (f"{field.name} defines the run's data, which a resumed run keeps" if field.metadata.get("defines_data")
+                  else KEPT_ON_RESUME.get(field.name))
+        if reason is None or field.name not in saved_train:
             continue
         saved, now = saved_train[field.name], json.loads(json.dumps(getattr(train, field.name)))  # as saved
         if saved != now:
             raise ConfigError(f"{flag_of(field)}: the run in {path} was trained with {field.name} {saved!r} and this "
-                              f"run asks for {now!r}; {field.name} defines the run's data, which a resumed run keeps: "
-                              f"leave it out (or give {saved!r}) to continue, or start a new run with another "
-                              f"--run-dir")
+                              f"run asks for {now!r}; {reason}: leave it out (or give {saved!r}) to continue, or "
+                              f"start a new run with another --run-dir")

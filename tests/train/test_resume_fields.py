@@ -1,0 +1,51 @@
+"""What flags given with ``--resume`` do to the run they continue: the fields a resumed run must keep are refused
+before anything is loaded or written (a change of optimizer once crashed mid-step and left a config.json that broke
+every later resume), and the learning rate and weight decay, which the checkpoint's optimizer and scheduler used to
+bring back silently, take effect."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from trainutil import read_metrics, tiny_config
+from transformer_vq.config import ConfigError
+from transformer_vq.train import train
+from transformer_vq.train.checkpoint import latest_checkpoint
+
+
+@pytest.fixture(scope="module")
+def two_steps(corpus_file, tmp_path_factory):
+    """A run of 2 steps of 2 windows each: its checkpoint falls at a batch boundary (step 2)."""
+    run_dir = tmp_path_factory.mktemp("resume-fields") / "run"
+    assert train(tiny_config(corpus_file, run_dir, "steps=2")).exit_code == 0
+    return run_dir
+
+
+@pytest.mark.parametrize("field, value, saved", [("optimizer", "adafactor", "'adamw'"),
+                                                 ("update_len", "32", "16")])
+def test_fields_a_resumed_run_keeps_are_refused_before_anything_is_written(corpus_file, two_steps, field, value,
+                                                                            saved):
+    config = (two_steps / "config.json").read_text()
+    overrides = ("steps=4", f"{field}={value}", *(("lr=none",) if field == "optimizer" else ()))
+    with pytest.raises(ConfigError, match=rf"^--{field.replace('_', '-')}: the run in .* was trained with {field} "
+                                          rf"{saved} and this run asks for .*{value}"):
+        train(tiny_config(corpus_file, two_steps, *overrides), resume="auto")
+    assert (two_steps / "config.json").read_text() == config
+
+
+def test_learning_rate_and_weight_decay_given_with_resume_take_effect(corpus_file, two_steps, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    shutil.copytree(two_steps, run_dir, dirs_exist_ok=True)  # a copy: the fixture's run stays at step 2
+    config = json.loads((run_dir / "config.json").read_text())
+    config["train"]["run_dir"] = str(run_dir)
+    (run_dir / "config.json").write_text(json.dumps(config))
+    assert train(tiny_config(corpus_file, run_dir, "steps=3", "lr=1e-4", "weight_decay=0.5"),
+                 resume="auto").exit_code == 0
+    step3 = next(r for r in read_metrics(run_dir) if r.get("step") == 3 and "lr" in r)
+    warmup = config["train"]["warmup_steps"]
+    assert step3["lr"] == pytest.approx(1e-4 * 3 / warmup, rel=1e-12)  # the schedule of the new peak, at step 3
+    groups = latest_checkpoint(run_dir / "checkpoints").state["optimizer"]["param_groups"]
+    assert [g["weight_decay"] for g in groups] == [0.5, 0.0] and groups[0]["initial_lr"] == 1e-4
