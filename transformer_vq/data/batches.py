@@ -146,6 +146,15 @@ def check_vocab(tokens: np.ndarray, vocab_size: int, split: str) -> None:
         )
 
 
+def check_decodable(corpus: Corpus, vocab_size: int) -> None:
+    """Raise a clear error when a model of ``vocab_size`` token ids could emit ids ``corpus`` cannot decode: a larger
+    vocabulary trains (the data never holds those ids), then fails at the end-of-run sample and in ``tvq sample``."""
+    if vocab_size > corpus.vocab_size:
+        raise ValueError(f"--vocab-size: the model has {vocab_size} token ids and the {corpus.name} corpus "
+                         f"{corpus.vocab_size}: the ids above {corpus.vocab_size - 1} could be sampled and never "
+                         f"decoded; set --vocab-size {corpus.vocab_size}")
+
+
 def packed_documents(corpus: Corpus, split: str) -> np.ndarray:
     """The document starts of ``split`` for packing, or a ``DataError`` when the corpus records none."""
     documents = corpus.documents.get(split)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from transformer_vq.config import RunConfig
-from transformer_vq.data.batches import check_vocab, corpus_batches, packed_documents
+from transformer_vq.data.batches import check_decodable, check_vocab, corpus_batches, packed_documents
 from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte, corpus_tokens_per_word
 from transformer_vq.train.checkpoint.rundir import hold_run_dir
 from transformer_vq.train.device import training_device
@@ -95,6 +95,7 @@ class LMTrainer(Trainer):
         self.corpus = load_corpus_for(tc)
         for split in ("train", "validation"):
             check_vocab(self.corpus.split(split), cfg.model.vocab_size, split)
+        check_decodable(self.corpus, cfg.model.vocab_size)
         self.batches = corpus_batches(self.corpus, "train", batch_size=tc.batch_size, seq_len=tc.seq_len,
                                       seed=tc.seed, rank=dist_info.data_rank, world_size=dist_info.data_world,
                                       documents=packed_documents(self.corpus, "train") if tc.pack else None)
