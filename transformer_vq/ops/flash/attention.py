@@ -96,6 +96,19 @@ def flash_quad_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias
     return torch.cat(outputs, dim=2), cache
 
 
+def _starting_state(state: FlashState | None, q, k, v, chunk_len: int) -> FlashState:
+    """The state a call starts from: empty, or ``state`` once checked to continue these sizes and chunk length."""
+    check_positive_int(chunk_len, "chunk_len")
+    (batch, n_group, _, d_k), d_v = k.shape, v.shape[-1]
+    if state is None:
+        return FlashState(q.new_zeros(batch, n_group, d_k, d_v), 0, chunk_len, k[:, :, :0], v[:, :, :0])
+    check_state(state, FlashState, {"kv_sum": (batch, n_group, d_k, d_v), "chunk_k": (batch, n_group, -1, d_k),
+                                    "chunk_v": (batch, n_group, -1, d_v)})
+    if state.chunk_len != chunk_len:
+        raise ValueError(f"state was built with chunk_len={state.chunk_len}, got chunk_len={chunk_len}")
+    return state
+
+
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *, block_len: int,
                     state: FlashState | None = None, chunk_len: int,
                     doc_start: torch.Tensor | None = None) -> tuple[torch.Tensor, FlashState]:
@@ -116,16 +129,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: tor
     """
     check_inputs(q, k, v, bias, block_len)
     check_doc_start(doc_start, q.shape[0], q.shape[2])
-    check_positive_int(chunk_len, "chunk_len")
+    state = _starting_state(state, q, k, v, chunk_len)
     batch, n_head, length, d_k = q.shape
     n_group, d_v = k.shape[1], v.shape[-1]
-    if state is None:
-        state = FlashState(q.new_zeros(batch, n_group, d_k, d_v), 0, chunk_len, k[:, :, :0], v[:, :, :0])
-    else:
-        check_state(state, FlashState, {"kv_sum": (batch, n_group, d_k, d_v), "chunk_k": (batch, n_group, -1, d_k),
-                                        "chunk_v": (batch, n_group, -1, d_v)})
-    if state.chunk_len != chunk_len:
-        raise ValueError(f"state was built with chunk_len={state.chunk_len}, got chunk_len={chunk_len}")
     # Lay the open chunk and this call's positions on a grid of whole chunks aligned to absolute positions.
     opened = state.chunk_k.shape[2]
     k_all = torch.cat([state.chunk_k, k], dim=2)  # [B, G, r + T, Dk]
