@@ -257,6 +257,7 @@ def test_longvq_bench_figures(tmp_path):
     assert ("| fwd speedup vs transformer | fwd+bwd speedup vs transformer | memory vs transformer | fwd speedup vs "
             "transformer-dense | fwd+bwd speedup vs transformer-dense | memory vs transformer-dense |") in text
     assert "| longvq-relu2 | 32 |" in text and "| transformer | 16 |" in text
+    assert "Scoring: longvq with softmax, longvq-relu2 with relu2 (--layers decides it)." in text
     widths = {line.count("|") for line in text.splitlines() if line.startswith("| ")}
     assert widths == {16}  # 15 columns in every row, header and separator included
     paths = write_report(result, tmp_path, "lvq")
@@ -282,8 +283,8 @@ def test_cli_longvq_nests_a_longvq_config():
     from transformer_vq.cli.bench import bench_config
 
     cfg = bench_config(build_parser().parse_args(["bench", "longvq", "--preset", "tiny", "--d-model", "64",
-                                                  "--scoring", "relu2", "--layers", "longvq", "--lengths", "4k"]))
-    assert cfg.model == LONGVQ_BENCH_PRESETS["tiny"].replace(d_model=64, scoring="relu2")
+                                                  "--norm", "scale", "--layers", "longvq", "--lengths", "4k"]))
+    assert cfg.model == LONGVQ_BENCH_PRESETS["tiny"].replace(d_model=64, norm="scale")
     assert (cfg.model.n_layers, cfg.model.causal, cfg.layers, cfg.lengths) == (1, False, ("longvq",), (4096,))
     default = LongVQBenchConfig()
     assert default.model == LONGVQ_BENCH_PRESETS["lra-text"]  # Mega's LRA Text widths, the paper's codebook size

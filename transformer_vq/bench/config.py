@@ -2,16 +2,19 @@
 
 Each nests the model it measures (a :class:`~transformer_vq.config.TransformerVQConfig`, or a
 :class:`~transformer_vq.config.LongVQConfig` for ``tvq bench longvq``: a preset plus overrides, whose fields are flags
-too: ``--block-len``, ``--flash-chunk-len``). Kept free of torch so that ``tvq --help`` stays fast.
+too: ``--block-len``, ``--flash-chunk-len``), and says which of the model's fields its cells read
+(:meth:`BenchConfig.cells`, :mod:`transformer_vq.bench.reads`): a model flag no cell reads is refused. Kept free of
+torch so that ``tvq --help`` stays fast.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from transformer_vq.bench.reads import Cell, refuse_unread
 from transformer_vq.config import (ATTN_TYPES, HEAD_TYPES, LONGVQ_PRESETS, OP_METHODS, PRECISIONS, PRESETS,
-                                   LongVQConfig, TransformerVQConfig, longvq_preset)
-from transformer_vq.config.fields import check, kinds, option
+                                   TRAINING_ONLY_FIELDS, ConfigError, LongVQConfig, TransformerVQConfig, longvq_preset)
+from transformer_vq.config.fields import check, fields_of, kinds, option
 
 # The small model of the training and decoding benchmarks (minutes on a CPU); its dropouts are off.
 BENCH_MODEL = PRESETS["small"].replace(n_layers=1, n_code=128, block_len=128, flash_chunk_len=128, dropsin=0.0)
@@ -45,6 +48,31 @@ class BenchConfig:
 
         return build(cls, {**values, "model": cls.model_class().from_dict(values["model"])}, "bench")
 
+    def cells(self) -> list[Cell]:
+        """Each kind of cell the benchmark runs, as far as its model goes (:mod:`transformer_vq.bench.reads`)."""
+        raise NotImplementedError
+
+    def refuse_unread(self, given) -> None:
+        """Refuse (:class:`~transformer_vq.config.ConfigError`) the model fields named in ``given`` (the flags the
+        user gave) that no cell of this benchmark honors, naming each flag and why."""
+        refuse_unread(self.model, self.cells(), given)
+
+
+def _cell(model: dict, sets: dict[str, str], unread: dict[str, str]) -> Cell:
+    """A :class:`Cell` running ``model`` (its fields, those the benchmark sets included), whose fields ``sets`` are set
+    by the benchmark's flags and so never read from the model's own flags, and which never reads ``unread``."""
+    return Cell(context=model, sets=sets,
+                unread={**{name: f"{flag} sets it for each cell" for name, flag in sets.items()}, **unread})
+
+
+def _per_model(cfg, name: str, model):
+    """The model of cell ``name`` (of ``--models``), built by ``model()``: a combination the model refuses is refused
+    up front, naming the cell, rather than failing that cell's process."""
+    try:
+        return model()
+    except ConfigError as err:
+        check(cfg, [("models", f"{name}: {err}")])  # raises, naming the flag
+
 
 def _common(seed_help: str, budget_s: float, isolate_help: str):
     return dict(
@@ -63,6 +91,17 @@ def _common(seed_help: str, budget_s: float, isolate_help: str):
 def _device(what: str):
     return option("cpu", f"Where {what} runs: 'cpu' or 'cuda'.", choices=BENCH_DEVICES)
 
+
+OP_METHOD_MODELS = {
+    **{m: {"attn_type": "vq", "causal": True} for m in ("vq-serial", "vq-matmul", "vq-assoc", "vq-triton", "vq-qk")},
+    "sdpa": {"attn_type": "full", "causal": True}, "full": {"attn_type": "full", "causal": True},
+    "flash": {"attn_type": "flash", "causal": True}, "flash_quad": {"attn_type": "flash_quad", "causal": True},
+    **{m: {"attn_type": "vq", "causal": False} for m in ("vq-bidir", "vq-qk-bidir")},
+    "sdpa-bidir": {"attn_type": "full", "causal": False},
+}
+"""Each method of ``tvq bench op`` as the model fields it stands for (SDPA: exact softmax, as ``full``)."""
+OP_READS = ("n_head", "head_type", "d_k", "d_v", "n_code", "block_len", "flash_chunk_len")
+"""The model fields the methods of ``tvq bench op`` read (the sizes of their inputs); every other is refused."""
 
 _OP = _common("Seed of the random inputs.", 120.0, "Run each cell in its own process (peak memory per cell; "
                                                    "out-of-memory reported, not fatal).")
@@ -103,6 +142,14 @@ class OpBenchConfig(BenchConfig):
     def __post_init__(self):
         check(self)
 
+    def cells(self) -> list[Cell]:
+        """One kind per method: the method decides the attention (attn_type, causal); only the sizes are read."""
+        why = (f"tvq bench op times the methods named by --methods on inputs of the layer's sizes "
+               f"({', '.join(OP_READS)}); this field is not read by them")
+        unread = {name: why for name in fields_of(TransformerVQConfig) if name not in OP_READS}
+        return [_cell({**self.model.to_dict(), **OP_METHOD_MODELS[m]}, dict.fromkeys(OP_METHOD_MODELS[m], "--methods"),
+                      unread) for m in self.methods]
+
 
 _TRAIN = _common("Seed of the weights and the tokens.", 120.0, "Run each cell in its own process (peak memory "
                                                               "per cell; out-of-memory reported, not fatal).")
@@ -138,6 +185,26 @@ class TrainBenchConfig(BenchConfig):
                or m.partition("/")[2] not in HEAD_TYPES]
         check(self, [("models", f"must be attn_type/head_type pairs with attn_type in {', '.join(ATTN_TYPES)} "
                                 f"and head_type in {', '.join(HEAD_TYPES)}, got {m!r}") for m in bad[:1]])
+        for name in self.models:
+            self.cell_model(name)
+
+    def cell_model(self, name: str) -> TransformerVQConfig:
+        """The model ``attn_type/head_type`` of ``--models`` at the benchmark's sizes."""
+        attn_type, head_type = name.split("/")
+        return _per_model(self, name, lambda: self.model.replace(
+            attn_type=attn_type, head_type=head_type, n_head=1 if head_type == "shga" else self.model.n_head))
+
+    def cells(self) -> list[Cell]:
+        """One kind per model of ``--models``, which sets its attn_type and head_type (and one head for shga)."""
+        cells = []
+        for model in map(self.cell_model, self.models):
+            unread = {}
+            if model.head_type == "shga":
+                unread["n_head"] = "a shga model has one head, and --models names no mqa or mha model"
+            if not model.causal:  # a causal model's mask_rate is refused where it applies: only to encoders
+                unread["mask_rate"] = "tvq bench train times next-token steps, which mask no token"
+            cells.append(_cell(model.to_dict(), {"attn_type": "--models", "head_type": "--models"}, unread))
+        return cells
 
 
 _DECODE = _common("Seed of the weights, the prompt and the sampling.", 300.0,
@@ -165,7 +232,22 @@ class DecodeBenchConfig(BenchConfig):
     seed: int = _DECODE["seed"]
 
     def __post_init__(self):
-        check(self)
+        encoder = ("tvq bench decode generates tokens, and an encoder (causal false) has no decoding state to "
+                   "generate from; leave out --no-causal")
+        check(self, [(None, encoder)] if not self.model.causal else [])
+        for name in self.models:
+            self.cell_model(name)
+
+    def cell_model(self, attn_type: str) -> TransformerVQConfig:
+        """The model with attention ``attn_type`` of ``--models`` at the benchmark's sizes."""
+        return _per_model(self, attn_type, lambda: self.model.replace(attn_type=attn_type))
+
+    def cells(self) -> list[Cell]:
+        """One kind per attn_type of ``--models``; decoding trains nothing, so the fields that act only in training
+        are not read (``reduction`` and ``attn_backend`` are training-only too, but the prompt is read with them)."""
+        why = "tvq bench decode trains nothing, and this field acts only in training"
+        unread = {name: why for name in TRAINING_ONLY_FIELDS - {"reduction", "attn_backend"}}
+        return [_cell(self.cell_model(name).to_dict(), {"attn_type": "--models"}, unread) for name in self.models]
 
 
 _LONGVQ = _common("Seed of the weights and the embeddings.", 120.0, "Run each cell in its own process (peak memory "
@@ -174,6 +256,18 @@ LONGVQ_LAYERS = ("longvq", "longvq-relu2", "transformer", "transformer-dense")
 LONGVQ_BASELINES = ("transformer", "transformer-dense")
 """The full-attention blocks of ``tvq bench longvq`` (fused, then scores built whole): what the LongVQ kinds are
 compared with, a group of ratios each, in this order."""
+LONGVQ_SCORING = {"longvq": "softmax", "longvq-relu2": "relu2"}
+"""The scoring each LongVQ block kind of ``tvq bench longvq`` times (``--layers`` decides it, not ``--scoring``)."""
+TRANSFORMER_READS = ("d_model", "d_qk", "d_ffn", "dropout", "causal")
+"""The LongVQ model fields the full-attention block of ``tvq bench longvq`` is built from."""
+ONE_BLOCK_UNREAD = {
+    **dict.fromkeys(("vocab_size", "n_layers", "n_classes"), "tvq bench longvq times one block on random embeddings, "
+                                                             "which this field does not change"),
+    "commit_coef": "it weighs the commitment loss of a whole model; the benchmark adds one block's unweighted",
+    # dead_code_restart is read: in training mode the block keeps recent keys for it, part of the timed step
+    "ema_rate": "it acts in codebook updates, which the timed block does not make",
+}
+"""The LongVQ model fields one LongVQ block, as ``tvq bench longvq`` times it, does not read."""
 
 
 @dataclass(frozen=True)
@@ -209,3 +303,14 @@ class LongVQBenchConfig(BenchConfig):
             f"got d_model={m.d_model}, d_qk={m.d_qk}" if "transformer" in self.layers and m.d_model % m.d_qk else None,
         ]
         check(self, [(None, text) for text in problems if text])
+
+    def cells(self) -> list[Cell]:
+        """One kind per block of ``--layers``: a LongVQ block with the scoring its kind names, or a full-attention
+        block built from a few of the widths."""
+        scoring = ", ".join(f"{kind}: {s}" for kind, s in LONGVQ_SCORING.items())
+        sets = {"scoring": "--layers"}
+        unread = {"scoring": f"--layers sets it for each block ({scoring})", **ONE_BLOCK_UNREAD}
+        transformer = {name: f"the {', '.join(LONGVQ_BASELINES)} blocks read only {', '.join(TRANSFORMER_READS)}"
+                       for name in fields_of(LongVQConfig) if name not in TRANSFORMER_READS}
+        return [_cell({**self.model.to_dict(), "scoring": LONGVQ_SCORING[kind]}, sets, unread)
+                if kind in LONGVQ_SCORING else _cell(self.model.to_dict(), {}, transformer) for kind in self.layers]

@@ -24,14 +24,8 @@ from transformer_vq.bench.machine import synchronizer
 from transformer_vq.bench.memory import PeakMemory, rss_bytes
 from transformer_vq.bench.report import memory_text, progress_note
 from transformer_vq.bench.result import finish_result, no_progress, start_result
-from transformer_vq.config import TransformerVQConfig
 
 QUADRATIC = ("full", "flash_quad")
-
-
-def model_config(cfg: DecodeBenchConfig, attn_type: str) -> TransformerVQConfig:
-    """The single-head model with attention ``attn_type`` at the benchmark's sizes."""
-    return cfg.model.replace(attn_type=attn_type)
 
 
 @torch.no_grad()
@@ -49,7 +43,7 @@ def decode_cell(model: str, config: dict) -> dict:
     cfg = DecodeBenchConfig.from_dict(config)
     torch.manual_seed(cfg.seed)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.precision]
-    net = TransformerVQ(model_config(cfg, model)).to(cfg.device, dtype).eval()
+    net = TransformerVQ(cfg.cell_model(model)).to(cfg.device, dtype).eval()
     gen = torch.Generator().manual_seed(cfg.seed)
     contexts = sorted(cfg.contexts)
     prompt = torch.randint(0, 256, (1, contexts[-1]), generator=gen).to(cfg.device)

@@ -23,10 +23,14 @@ from transformer_vq.hostmem import retain_freed_memory
 _OOM_WORDS = ("can't allocate memory", "out of memory", "not enough memory", "memoryerror", "bad_alloc")
 
 
-def _call(target: str, kwargs: dict, device: str) -> dict:
-    """``target(**kwargs)``'s result with the cell's peak memory on ``device``."""
+def _load(target: str):
+    """The function ``module:function`` names (its imports are not part of the cell)."""
     module_name, function_name = target.split(":")
-    function = getattr(importlib.import_module(module_name), function_name)  # imports are not part of the cell
+    return getattr(importlib.import_module(module_name), function_name)
+
+
+def _call(function, kwargs: dict, device: str) -> dict:
+    """``function(**kwargs)``'s result with the cell's peak memory on ``device``."""
     with PeakMemory(device) as peak:
         result = function(**kwargs)
     return {**result, **peak.figures()}
@@ -34,6 +38,22 @@ def _call(target: str, kwargs: dict, device: str) -> dict:
 
 def _is_oom(error: BaseException) -> bool:
     return isinstance(error, MemoryError) or any(w in str(error).lower() for w in _OOM_WORDS)
+
+
+def _failure(error: BaseException) -> dict:
+    """A failed cell's row: out of memory or another error, with the error's message."""
+    return {"status": "oom" if _is_oom(error) else "error", "error": f"{type(error).__name__}: {error}"[:300]}
+
+
+def _start_failure(error: BaseException, limit: int) -> dict:
+    """A cell whose process could not import its code: under an address-space limit that is the limit being too
+    small for torch's libraries to even map (``failed to map segment``), not the cell running out of memory."""
+    if not (_is_oom(error) or "map segment" in str(error)):
+        return _failure(error)
+    why = f"{type(error).__name__}: {str(error)[:120]}"
+    return {"status": "error", "error": f"--mem-limit-gib {limit / 2**30:g} is too small for a cell's process to even "
+                                        f"start (importing its code failed: {why}); raise --mem-limit-gib, or give 0 "
+                                        f"for no limit"}
 
 
 def _child() -> None:
@@ -46,9 +66,14 @@ def _child() -> None:
     if request.get("retain_memory"):
         retain_freed_memory()
     try:
-        result = _call(request["target"], request["kwargs"], request["device"])
-    except Exception as error:  # noqa: BLE001 - any failure of a cell is reported in its row
-        result = {"status": "oom" if _is_oom(error) else "error", "error": f"{type(error).__name__}: {error}"[:300]}
+        function = _load(request["target"])
+    except Exception as error:  # noqa: BLE001 - reported in the cell's row
+        result = _start_failure(error, limit) if limit else _failure(error)
+    else:
+        try:
+            result = _call(function, request["kwargs"], request["device"])
+        except Exception as error:  # noqa: BLE001 - any failure of a cell is reported in its row
+            result = _failure(error)
     print("\n@@RESULT@@" + json.dumps(result))
 
 
@@ -97,9 +122,9 @@ def _run(target, kwargs, isolate, timeout_s, device, mem_limit_gib, retain_memor
         if retain_memory:
             retain_freed_memory()
         try:
-            return _call(target, kwargs, device)
+            return _call(_load(target), kwargs, device)
         except Exception as error:  # noqa: BLE001
-            return {"status": "oom" if _is_oom(error) else "error", "error": f"{type(error).__name__}: {error}"[:300]}
+            return _failure(error)
     request = {"target": target, "kwargs": kwargs, "device": device, "retain_memory": retain_memory,
                "mem_limit_bytes": int(mem_limit_gib * 2**30) if mem_limit_gib else None}
     try:

@@ -27,7 +27,7 @@ from dataclasses import asdict
 
 import torch
 
-from transformer_vq.bench.config import LONGVQ_BASELINES as BASELINES, LongVQBenchConfig
+from transformer_vq.bench.config import LONGVQ_BASELINES as BASELINES, LONGVQ_SCORING, LongVQBenchConfig
 from transformer_vq.bench.isolate import budget_plan, host_options, run_cell
 from transformer_vq.bench.machine import median_seconds
 from transformer_vq.bench.report import memory_text, progress_note
@@ -44,7 +44,7 @@ def build_layer(kind: str, cfg: LongVQBenchConfig) -> torch.nn.Module:
         return TransformerEncoderLayer(cfg.model)
     if kind == "transformer-dense":
         return TransformerEncoderLayer(cfg.model, attend=dense_key_masked_attention)
-    return LongVQBlock(cfg.model.replace(scoring="relu2" if kind == "longvq-relu2" else "softmax"))
+    return LongVQBlock(cfg.model.replace(scoring=LONGVQ_SCORING[kind]))
 
 
 def _apply(layer: torch.nn.Module, x: torch.Tensor, mask: torch.Tensor,

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import torch
 
-from transformer_vq.bench.config import OpBenchConfig
+from transformer_vq.bench.config import OP_METHOD_MODELS, OpBenchConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-CAUSAL_VQ = ("vq-serial", "vq-matmul", "vq-assoc", "vq-triton", "vq-qk")
-NONCAUSAL_VQ = ("vq-bidir", "vq-qk-bidir")
+CAUSAL_VQ = tuple(m for m, model in OP_METHOD_MODELS.items() if model == {"attn_type": "vq", "causal": True})
+NONCAUSAL_VQ = tuple(m for m, model in OP_METHOD_MODELS.items() if model == {"attn_type": "vq", "causal": False})
 
 
 def is_vq(method: str) -> bool:

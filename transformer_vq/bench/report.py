@@ -7,10 +7,12 @@ plots is read from them, so a saved JSON file, loaded again, regenerates the tab
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from transformer_vq import fileio
-from transformer_vq.bench.config import LONGVQ_BASELINES
+from transformer_vq.bench.config import LONGVQ_BASELINES, LONGVQ_SCORING
+from transformer_vq.config import ConfigError
 
 
 def _seconds(x: float | None) -> str:
@@ -241,7 +243,9 @@ def longvq_table(result: dict) -> str:
         figures.append(f"{row['parameters']:,}")
         lines.append(f"{head} {_seconds(row['forward_s'])} | {row['forward_tokens_per_s']:,.0f} | {bwd[0]} | {bwd[1]} "
                      f"| {memory_text(row)} | {' | '.join(figures)} | {row.get('load_average_1min', '-')} |")
-    return "\n".join(lines + ["", "Speedup: the baseline's time over the layer's; memory: the layer's rise of the RSS "
+    scoring = ", ".join(f"{kind} with {s}" for kind, s in LONGVQ_SCORING.items())
+    return "\n".join(lines + ["", f"Scoring: {scoring} (--layers decides it). "
+                                  "Speedup: the baseline's time over the layer's; memory: the layer's rise of the RSS "
                                   "over the baseline's. transformer: PyTorch's fused attention (no T x T scores); "
                                   "transformer-dense: its scores built whole, the baseline of LongVQ's Table 2 (Text "
                                   "4k: 5.3x and 0.1x)."]
@@ -302,17 +306,38 @@ def plot(result: dict, path: Path) -> None:
     m = result["machine"]
     ax.set_title(f"tvq bench {kind} - {m['cpu']}, {m['torch_threads']} threads, torch {m['torch']}", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax)
     if kind == "train":  # on a linear axis from 0, flat tokens/s looks flat (a log axis magnifies a 9% range)
         ax.set_yscale("linear")
         ax.set_ylim(bottom=0)
         mem.set_xlabel("sequence length T")
         mem.set_ylabel("peak memory of a step (GiB)")
         mem.grid(True, alpha=0.3)
-        mem.legend(fontsize=8)
+        _legend(mem)
     fig.tight_layout()
     fileio.save_png(fig, path, dpi=110)
     plt.close(fig)
+
+
+def _legend(ax) -> None:
+    """The legend of ``ax``, when a line was drawn (none when no cell succeeded: matplotlib would warn of it)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
+def report_dir(path: str | Path) -> Path:
+    """``path`` made as the directory of a report (``--out``); :class:`~transformer_vq.config.ConfigError` when it
+    cannot hold the report's files: a benchmark checks it before its first cell, so that the run is not lost."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out: {path} is a file, not a directory; remove it or choose another path")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"--out: cannot make the directory {path} ({err.strerror}); choose another path") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out: cannot write in {path} (permission denied); choose another path")
+    return path
 
 
 def write_report(result: dict, out_dir: str | Path, name: str | None = None) -> dict[str, Path]:
@@ -320,8 +345,7 @@ def write_report(result: dict, out_dir: str | Path, name: str | None = None) -> 
 
     The default name is ``<benchmark>-<date>-<cpu threads>`` so results of different days and machines sit side by side.
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = report_dir(out_dir)
     if name is None:
         m = result["machine"]
         name = f"{result['benchmark']}-{m['date_utc'][:10]}-{m['hostname']}-{m['logical_cpus']}cpu"

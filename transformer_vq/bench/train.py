@@ -36,16 +36,8 @@ from transformer_vq.bench.machine import median_seconds
 from transformer_vq.bench.memory import PeakMemory
 from transformer_vq.bench.report import memory_text, peak_gib, progress_note
 from transformer_vq.bench.result import finish_result, no_progress, start_result
-from transformer_vq.config import TransformerVQConfig
 
 QUADRATIC = ("full", "flash_quad")
-
-
-def model_config(cfg: TrainBenchConfig, model: str) -> TransformerVQConfig:
-    """The model ``attn_type/head_type`` at the benchmark's sizes."""
-    attn_type, head_type = model.split("/")
-    return cfg.model.replace(attn_type=attn_type, head_type=head_type,
-                             n_head=1 if head_type == "shga" else cfg.model.n_head)
 
 
 def _config(config: dict) -> TrainBenchConfig:
@@ -57,7 +49,7 @@ def _training_step(cfg: TrainBenchConfig, model: str):
     from transformer_vq.models.tvq.model import TransformerVQ
 
     torch.manual_seed(cfg.seed)
-    net = TransformerVQ(model_config(cfg, model)).to(cfg.device).train()
+    net = TransformerVQ(cfg.cell_model(model)).to(cfg.device).train()
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
     autocast = torch.autocast(torch.device(cfg.device).type, dtype=torch.bfloat16, enabled=cfg.precision == "bfloat16")
 

@@ -3,7 +3,8 @@ against a full-attention block; write table, JSON and plot.
 
 Each benchmark's flags are the fields of its config dataclass (``transformer_vq.bench.config``) and of the model it
 nests (``--preset`` plus model fields such as ``--block-len``; the model class is the type of the config's ``model``
-field: a Transformer-VQ config, or a LongVQ config with the LongVQ presets). Every run prints a markdown table and writes
+field: a Transformer-VQ config, or a LongVQ config with the LongVQ presets); a model flag that no cell of the benchmark
+reads is refused by name. Every run prints a markdown table and writes
 ``NAME.json`` (machine, commit, versions and every figure), ``NAME.md`` and ``NAME.png`` to ``--out``, after every
 row, so that a run stopped part way keeps its finished rows (marked partial). Lengths
 accept a ``k`` suffix (``8k`` = 8192). See docs/benchmarks.md for how to read the results.
@@ -54,25 +55,29 @@ def add_parser(subparsers):
 
 def bench_config(args):
     """The benchmark config the arguments describe: its default model (or ``--preset``) with the model flags on
-    top, and the benchmark flags."""
+    top, and the benchmark flags; a model flag the benchmark does not read is refused."""
     from transformer_vq.bench import config
     from transformer_vq.config.flags import given
 
     cls = getattr(config, BENCHES[args.bench][0])
     model_cls = cls.model_class()
     model = config.MODEL_PRESETS[model_cls][args.preset] if args.preset else cls().model
-    return cls(model=model.replace(**given(args, model_cls)), **given(args, cls))
+    model_flags = given(args, model_cls)
+    cfg = cls(model=model.replace(**model_flags), **given(args, cls))
+    cfg.refuse_unread(model_flags)  # a model flag no cell reads would change nothing: refused, not ignored
+    return cfg
 
 
 def run(args) -> int:
     import importlib
 
-    from transformer_vq.bench.report import failed_cells, table, write_report
+    from transformer_vq.bench.report import failed_cells, report_dir, table, write_report
     from transformer_vq.cli.batch import batch_status
     from transformer_vq.cli.errors import check_device
 
     cfg = bench_config(args)
     check_device(getattr(cfg, "device", "cpu"))  # before any cell starts
+    report_dir(args.out)  # likewise: a report that cannot be written is refused before the run, not after it
     module_name, function_name = BENCHES[args.bench][1].split(":")
     # the files are rewritten after every row: a run stopped part way (a timeout, a lent GPU's lease ending, Ctrl-C)
     # leaves what it measured, marked partial
