@@ -51,10 +51,18 @@ def test_a_resumed_config_keeps_its_recipe():
     assert resumed.recipe == base.recipe and resumed.model == base.model and resumed.train.lr == 1e-2
 
 
-def test_a_preset_over_a_resumed_config_keeps_its_training_fields_and_drops_the_recipe():
+def test_a_preset_over_a_resumed_config_keeps_its_training_fields_and_their_recipe_record():
     base = build(train={"data": "digits"})
     restarted = build(base=base, preset="small")
-    assert restarted.recipe == {} and restarted.model.norm == "layer" and restarted.train == base.train
+    assert restarted.model.norm == "layer" and restarted.train == base.train
+    assert restarted.recipe == {"model": {}, "train": dict(DIGITS.train)}  # the preset replaced the model's fields
+
+
+def test_a_resumed_configs_recipe_record_drops_the_fields_given_now():
+    base = build(train={"data": "digits"})
+    resumed = build(base=base, model={"dropout": 0.1}, train={"lr": 3e-3})
+    assert (resumed.model.dropout, resumed.train.lr, resumed.train.grad_clip) == (0.1, 3e-3, 1.0)
+    assert resumed.recipe == {"model": {"norm": "batch"}, "train": {"grad_clip": 1.0}}
 
 
 def test_listops_takes_its_recipe():
@@ -85,3 +93,16 @@ def test_the_command_line_records_and_announces_the_recipe(tmp_path, capsys):
     help_text = pytest.raises(SystemExit, main, ["classify", "train", "--help"])
     assert help_text.value.code == 0
     assert "longvq on digits: norm batch" in " ".join(capsys.readouterr().out.split())
+
+
+def test_resuming_with_a_preset_keeps_the_runs_training_fields_and_recipe_record(tmp_path):
+    pytest.importorskip("sklearn")
+    run, small = tmp_path / "run", ["--d-model", "16", "--d-v", "16", "--d-ffn", "16", "--batch-size", "4"]
+    common = ["classify", "train", "--data", "digits", "--run-dir", str(run), "--device", "cpu", *small]
+    assert main([*common, "--steps", "1"]) == 0
+    # the recipe's model fields given as flags: the preset replaces the model's fields, which must match the run's
+    assert main([*common, "--steps", "2", "--resume", "auto", "--preset", "small", "--norm", "batch", "--dropout",
+                 "0", "--warmup-steps", "7"]) == 0
+    saved = json.loads((run / "config.json").read_text())
+    assert (saved["train"]["lr"], saved["train"]["grad_clip"], saved["train"]["warmup_steps"]) == (1e-2, 1.0, 7)
+    assert saved["recipe"] == {"model": {}, "train": {"lr": 1e-2, "grad_clip": 1.0}}

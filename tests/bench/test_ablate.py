@@ -16,6 +16,7 @@ from transformer_vq.ablate.cells import cell_config
 from transformer_vq.ablate.report import command_line
 from transformer_vq.config import ConfigError
 from transformer_vq.config.ablate import MATRICES
+from transformer_vq.data import DataError
 
 TINY = Matrix("tiny", "two codebook sizes", {"S4": ("n_code=4",), "S8": ("n_code=8",)}, reference="S8",
               base=("block_len=8",))
@@ -166,3 +167,23 @@ def test_unknown_cells_are_refused_before_anything_is_written(tmp_path):
     with pytest.raises(ConfigError, match=r"cells 'S16' are not in matrix 'tiny' \(S4, S8\)"):
         run_ablation(tiny_settings(tmp_path, cells=("S8", "S16")), matrix=TINY, isolate=False, log=lambda *a: None)
     assert not (tmp_path / "work").exists()
+
+
+def test_a_set_of_a_field_the_cells_set_is_refused_before_anything_is_written(tmp_path):
+    """The cell's own value is applied after --set and wins: the override would change nothing, and the report
+    would show the cell's value."""
+    with pytest.raises(ConfigError) as err:
+        run_ablation(tiny_settings(tmp_path, overrides=("d_model=32", "n_code=16")), matrix=TINY, isolate=False,
+                     log=lambda *a: None)
+    assert str(err.value) == ("--set n_code=16: cell 'S4' of matrix 'tiny' sets n_code=4 itself, and a cell's own "
+                              "value wins over --set; leave --set n_code out, or leave out the cells that set it "
+                              "(--cells)")
+    assert not (tmp_path / "work").exists()
+
+
+def test_an_unknown_data_option_is_refused_before_anything_is_written(tmp_path):
+    """The dataset's own option check runs before the first cell, as --set's does (not once per cell and seed)."""
+    with pytest.raises(DataError, match=r"^dataset 'shakespeare' has no option 'bogus'; its options are: fractions"):
+        run_ablation(tiny_settings(tmp_path, data_options={"bogus": 3}), matrix=TINY, isolate=False,
+                     log=lambda *a: None)
+    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()

@@ -3,6 +3,8 @@ unknown device or command, missing arguments), through the real entry point wher
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -77,3 +79,13 @@ def test_real_entry_point(tmp_path, argv, message):
     proc = tvq(argv, cwd=tmp_path)
     assert (proc.returncode, proc.stderr, proc.stdout) == (2, message + "\n", "")
 
+
+
+def test_resume_with_a_preset_keeps_the_runs_training_fields(corpus, tmp_path):
+    """--preset on a resume replaces the model's fields; the run's learning rate and clip stay (as tvq classify
+    train --resume --preset keeps a classifier's: tests/test_recipes.py), and a flag still changes them."""
+    run = tmp_path / "run"
+    assert main(tiny_train(corpus, run, "--lr", "5e-3", "--grad-clip", "0.5")) == 0
+    assert main(tiny_train(corpus, run, "--resume", "auto", "--steps", "3", "--grad-clip", "0.25")) == 0
+    saved = json.loads((run / "config.json").read_text())["train"]
+    assert (saved["lr"], saved["grad_clip"], saved["steps"]) == (5e-3, 0.25, 3)

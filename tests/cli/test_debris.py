@@ -44,5 +44,5 @@ def test_prune_killed_midway_leaves_no_half_checkpoint(capsys, corpus, finished_
     names = sorted(p.name for p in root.iterdir())
     assert names[:2] == [".trash-step_00000002-" + names[0].rsplit("-", 1)[1], "latest"], names
     assert names[2:] == ["step_00000003"]
-    resume(capsys, corpus, finished_run, 4)
-    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000003", "step_00000004"]
+    resume(capsys, corpus, finished_run, 4)  # the resumed run keeps its --keep-ckpts 1 (its saved training field)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000004"]

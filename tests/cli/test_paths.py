@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from cliutil import error_line, run_cli, tiny_train
+from transformer_vq.config import classify_config, load_config
+from transformer_vq.config.load import RESUME_HINT
 
 NAME_RULE = "--name: must name one directory (not empty, '.' or '..', without '/')"
 NO_CKPT = ("no checkpoint found in {path}; pass a run directory written by `tvq train` (it has a checkpoints/ "
@@ -160,9 +162,33 @@ def test_corrupted_run_config(capsys, corpus, finished_run):
     (finished_run / "config.json").write_text('{"model": {"d_model": 32,')
     line = error_line(capsys, ["train", "--resume", "--run-dir", str(finished_run), "--steps", "4"])
     assert line == (f"error: {finished_run / 'config.json'} is not a run's saved config (config.json): invalid JSON "
-                    f"at line 1, column 26 (Expecting property name enclosed in double quotes); restore it from "
-                    f"config.json of one of the run's checkpoints/step_* directories, or pass --preset/--config to "
-                    f"start over")
+                    f"at line 1, column 26 (Expecting property name enclosed in double quotes); {RESUME_HINT}")
+    # --preset no longer skips the saved config (it replaces the model's fields only): the file is read all the same
+    assert error_line(capsys, ["train", "--resume", "--run-dir", str(finished_run), "--preset", "tiny"]) == line
+
+
+def test_classify_train_resuming_a_broken_run_config(capsys, tmp_path):
+    (tmp_path / "config.json").write_text('{"task": "classify", "model": {}, "train": {"arch": "longvq"}, "x": 1}')
+    line = error_line(capsys, ["classify", "train", "--resume", "--run-dir", str(tmp_path)])
+    assert line == (f"error: {tmp_path / 'config.json'} is not a valid run config (a classification run config is a "
+                    f"mapping with 'model' and 'train' (and 'task', 'recipe')); {RESUME_HINT}")
+
+
+@pytest.mark.parametrize("command, other", [("train", "classify"), ("classify train", "lm")])
+def test_resuming_a_run_of_the_other_task_names_its_command(capsys, tmp_path, command, other):
+    """Each training command, given a run of the other one, names it (as tvq eval and tvq classify eval do) rather
+    than calling the config damaged."""
+    cfg = (load_config("tiny") if other == "lm" else
+           classify_config(n_classes=2, vocab_size=5, preset="tiny", train={"arch": "transformer"}))
+    (tmp_path / "config.json").write_text(cfg.to_json())
+    line = error_line(capsys, [*command.split(), "--resume", "auto", "--run-dir", str(tmp_path), "--steps", "5"])
+    held, continues, task = ((f"a Transformer-VQ language model (a run of tvq train --arch tvq)", "classifiers",
+                              "tvq train") if other == "lm" else
+                             ("a full-attention Transformer classifier (baseline) (a run of tvq classify train --arch "
+                              "transformer)", "language models", "tvq classify train"))
+    assert line == (f"error: --resume: {tmp_path / 'config.json'} holds {held}, and tvq {command} continues "
+                    f"{continues} only; continue this run with {task} --resume, or start a new one with another "
+                    f"--run-dir")
 
 
 @pytest.mark.parametrize("command", ["eval", "sample"])

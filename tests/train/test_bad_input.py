@@ -7,6 +7,7 @@ import os
 import pytest
 
 from transformer_vq.cli import main
+from transformer_vq.config.load import RESUME_HINT
 
 
 def run_train(capsys, *sets: str, preset: str = "tiny") -> str:
@@ -113,5 +114,4 @@ def test_corrupted_run_config(capsys, tmp_path):
     assert main(["train", "--resume", "--run-dir", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (f"error: {run_dir / 'config.json'} is not a run's saved config (config.json): invalid JSON at line "
-                   f"1, column 26 (Expecting property name enclosed in double quotes); restore it from config.json of "
-                   f"one of the run's checkpoints/step_* directories, or pass --preset/--config to start over")
+                   f"1, column 26 (Expecting property name enclosed in double quotes); {RESUME_HINT}")

@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 from trainutil import read_metrics, tiny_config
+from transformer_vq.cli import main
 from transformer_vq.config import ConfigError
 from transformer_vq.train import train
 from transformer_vq.train.checkpoint import latest_checkpoint
@@ -49,3 +50,19 @@ def test_learning_rate_and_weight_decay_given_with_resume_take_effect(corpus_fil
     assert step3["lr"] == pytest.approx(1e-4 * 3 / warmup, rel=1e-12)  # the schedule of the new peak, at step 3
     groups = latest_checkpoint(run_dir / "checkpoints").state["optimizer"]["param_groups"]
     assert [g["weight_decay"] for g in groups] == [0.5, 0.0] and groups[0]["initial_lr"] == 1e-4
+
+
+def test_resume_path_continues_the_run_it_names(two_steps, tmp_path, monkeypatch, capsys):
+    """``--resume PATH`` starts from the config of the run PATH names and writes into it: it used to read the
+    default run directory's config (a misleading --seq-len refusal) or continue the other run inside it."""
+    run_dir = tmp_path / "moved"
+    shutil.copytree(two_steps, run_dir)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--resume", str(run_dir / "checkpoints" / "step_00000002"), "--steps", "3"]) == 0
+    assert latest_checkpoint(run_dir / "checkpoints").step == 3 and not (tmp_path / "runs").exists()
+    other = tmp_path / "other"
+    shutil.copytree(two_steps, other)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir), "--run-dir", str(other), "--steps", "4"]) == 2
+    assert "already holds checkpoints of another run" in capsys.readouterr().err
+    assert latest_checkpoint(other / "checkpoints").step == 2

@@ -35,6 +35,7 @@ from transformer_vq.config import ConfigError
 from transformer_vq.config.ablate import MATRICES, AblateConfig, Matrix, default_of
 from transformer_vq.config.fields import fields_of
 from transformer_vq.train.checkpoint.rundir import wait_until_free
+from transformer_vq.train.lm.build import check_corpus_options
 from transformer_vq.train.signals import PARENT_ENV
 
 POLL_S = 2.0
@@ -58,6 +59,8 @@ def run_ablation(cfg: AblateConfig, *, matrix: Matrix | None = None, isolate: bo
     work = Path(cfg.resolved_work_dir())
     jobs = [(cell, seed) for cell in matrix.cells for seed in cfg.seeds]
     configs = {job: cell_config(cfg, matrix, *job, work) for job in jobs}
+    for run_cfg in configs.values():  # the dataset's own checks of --data-option, before any cell or report
+        check_corpus_options(run_cfg.train)
     _hold_settings(work, cfg, whole)  # the whole matrix's: a run with other --cells continues the same one
     parallel = cfg.jobs > 1 and isolate
     progress = _Progress(len(jobs), cfg.steps, log, parallel=parallel)

@@ -4,7 +4,9 @@ on a classification dataset, and evaluate its checkpoints (docs/longvq.md, "Clas
 ``train``: every training field and every model field is a flag (``--arch``, ``--data``, ``--steps``,
 ``--d-model``, ...); ``--preset`` picks the starting model (default ``small`` with the dataset's recipe for the arch,
 where it has one: transformer_vq.config.recipes); the number of classes and the vocabulary come from the dataset.
-``--resume`` without ``--preset`` continues the run's saved config with the given flags on top. ``eval``: accuracy, loss, per-class accuracy and a confusion-matrix PNG of a split.
+``--resume`` continues the run's saved config with the given flags on top (``--preset`` then replaces its model
+fields, and its training fields and recipe record stay the run's). ``eval``: accuracy, loss, per-class accuracy and a
+confusion-matrix PNG of a split.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def _add_train(jobs) -> None:
 
     parser = jobs.add_parser("train", help="train a classifier", description=__doc__)
     parser.add_argument("--preset", choices=list(CLASSIFY_PRESETS),
-                        help=f"model preset, made an encoder (--no-causal), with the training fields' defaults. "
+                        help=f"model preset, made an encoder (--no-causal), with the training fields' defaults (with "
+                             f"--resume: the run's). "
                              f"Default: {DEFAULT_PRESET} with the dataset's recipe for the arch where it has one "
                              f"({recipes_text()}; an encoder's only; your flags win; config.json records what it "
                              f"set under 'recipe')")
@@ -65,23 +68,19 @@ def _add_eval(jobs) -> None:
 
 
 def build_config(args):
-    """``(config, dataset)`` of the arguments; resuming without ``--preset`` continues the run's saved config."""
-    from transformer_vq.config import ClassifyConfig, ClassifyTrainConfig, LongVQConfig, classify_config
-    from transformer_vq.config.flags import given
+    """``(config, dataset)`` of the arguments; resuming continues the run's saved config under the flags (with
+    ``--preset``, its training fields: the preset replaces the model's)."""
+    from transformer_vq.config import ClassifyTrainConfig, LongVQConfig, classify_config
     from transformer_vq.config.fields import build
+    from transformer_vq.config.flags import given
+    from transformer_vq.train.checkpoint.resume import resumed_base
     from transformer_vq.train.classify.build import load_classify_data
 
     model, train = given(args, LongVQConfig), given(args, ClassifyTrainConfig)
     base = None
-    if args.resume is not None and args.preset is None:
+    if args.resume is not None:
         where = {k: v for k, v in train.items() if k in ("name", "run_dir")}
-        saved = build(ClassifyTrainConfig, where, "train").resolved_run_dir() / "config.json"
-        if saved.is_file():
-            from transformer_vq.config.reading import read_json
-
-            base = ClassifyConfig.from_dict(read_json(saved, "a classification run's saved config (config.json)",
-                                                      "restore it from config.json of one of the run's "
-                                                      "checkpoints/step_* directories, or pass --preset"))
+        base = resumed_base(args.resume, where, ClassifyTrainConfig, "classify")
     if "data_options" in train:  # on top of the resumed run's
         train["data_options"] = {**(base.train.data_options if base else {}), **train["data_options"]}
     train_cfg = build(ClassifyTrainConfig, {**(base.train.to_dict() if base else {}), **train}, "train")

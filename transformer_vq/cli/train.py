@@ -4,8 +4,9 @@ Transformer-VQ model on Shakespeare).
 Every model field and every training field is a flag (``--block-len``, ``--n-code``, ``--attn-type``,
 ``--steps``, ``--lr``; booleans as ``--abs-pos``/``--no-abs-pos``; ``none`` for optional fields). Sources,
 later ones winning: ``--preset`` (model preset, default ``small``) < ``--config`` (YAML/TOML file) <
-``--set KEY=VALUE`` (any field, e.g. ``--set model.d_model=128``) < the field flags. ``--resume`` without
-``--preset``/``--config`` continues the run's saved config with the given flags and ``--set`` on top.
+``--set KEY=VALUE`` (any field, e.g. ``--set model.d_model=128``) < the field flags. ``--resume`` continues the
+run's saved config with ``--config``, ``--set`` and the flags on top (a preset, of ``--preset`` or the file,
+replaces its model fields; its training fields stay the run's unless given).
 ``--arch`` picks the model config class: the fields of both architectures are flags (the ones they share, such as
 ``--d-model``, once), and a field of the other architecture is refused by name.
 Data-parallel: ``torchrun --nproc_per_node N -m transformer_vq train ...``.
@@ -101,15 +102,15 @@ def _train_sets(args) -> dict:
 
 
 def _resume_base(args, values):
-    """The saved config of the run being resumed (None for a new run, or when --preset/--config start over)."""
-    from transformer_vq.config import TrainConfig, read_run_config
-    from transformer_vq.config.fields import build
+    """The saved config of the run being resumed (None for a new run, or a run directory without one): the starting
+    point under --config, --set and the flags (a preset replaces its model fields only)."""
+    from transformer_vq.config import TrainConfig
+    from transformer_vq.train.checkpoint.resume import resumed_base
 
-    if args.resume is None or args.preset is not None or args.config is not None:
+    if args.resume is None:
         return None
     where = {k: v for k, v in {**_train_sets(args), **values["train"]}.items() if k in ("name", "run_dir")}
-    saved = build(TrainConfig, where, "train").resolved_run_dir() / "config.json"
-    return read_run_config(saved) if saved.is_file() else None
+    return resumed_base(args.resume, where, TrainConfig, "lm")
 
 
 def _check_data_named(args, values, base) -> None:

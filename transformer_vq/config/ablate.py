@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 
 from transformer_vq.config.fields import ConfigError, check, fields_of, flag_of, option
+from transformer_vq.config.load import parse_override
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,8 @@ class AblateConfig:
                           "jobs); their records and the report are those of one at a time.", min=1)
     device: str = option("auto", "'auto', 'cpu' or 'cuda'.", choices=("auto", "cpu", "cuda"))
     overrides: tuple[str, ...] = option((), "Extra KEY=VALUE overrides applied to every cell (after the matrix's "
-                                            "base, before the cell's own).", flag="set", allow_empty=True)
+                                            "base; a field a cell sets itself is refused, as the cell's value would "
+                                            "win).", flag="set", allow_empty=True)
     work_dir: str | None = option(None, "Where the cells' run directories and finished records go (default "
                                         "runs/ablate-<matrix>); rerunning with the same one resumes the matrix.")
     out: str = option("benchmarks/results", "Directory of the report: <name>.json, <name>.md and the PNG plots.")
@@ -169,7 +171,21 @@ class AblateConfig:
         if unknown:
             raise ConfigError(f"cells {', '.join(map(repr, unknown))} are not in matrix {matrix.name!r} "
                               f"({', '.join(matrix.cells)})")
-        return dataclasses.replace(matrix, cells={c: matrix.cells[c] for c in self.cells or matrix.cells})
+        chosen = dataclasses.replace(matrix, cells={c: matrix.cells[c] for c in self.cells or matrix.cells})
+        self.refuse_overridden(chosen)
+        return chosen
+
+    def refuse_overridden(self, matrix: Matrix) -> None:
+        """Refuse (:class:`ConfigError`) an ``--set`` of a field that a cell of ``matrix`` sets itself: the cell's
+        own value wins (it is applied after ``--set``), so the override would change nothing there, silently."""
+        given = {parse_override(item)[:2]: item for item in self.overrides}
+        for cell, items in matrix.cells.items():
+            for item in items:
+                section, key, _ = parse_override(item)
+                if (section, key) in given:
+                    raise ConfigError(f"--set {given[section, key]}: cell {cell!r} of matrix {matrix.name!r} sets "
+                                      f"{item} itself, and a cell's own value wins over --set; leave --set {key} out, "
+                                      f"or leave out the cells that set it (--cells)")
 
     def resolved_name(self) -> str:
         return self.name or f"ablate-{self.matrix}"

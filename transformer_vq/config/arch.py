@@ -20,6 +20,8 @@ from transformer_vq.config.model import PRESETS, TransformerVQConfig
 
 TASKS = {"lm": "tvq train", "classify": "tvq classify train"}
 """What an architecture is trained for (language modeling, classification), with the command that trains it."""
+TRAINS = {"lm": "language models", "classify": "classifiers"}
+"""What the training command of each task trains, in words."""
 DEFAULT_ARCH = "tvq"
 """The architecture of a language-model run config that names none (every run written before LongVQ existed)."""
 DEFAULT_PRESET = "small"
@@ -127,9 +129,25 @@ def check_serves(config: dict, command: str, path) -> Arch:
     arch = run_arch(config)
     if command not in arch.commands:
         serves = ", ".join(f"tvq {c}" for c in sorted(arch.commands))
-        raise ConfigError(f"--ckpt: {path} holds {arch.title} (a run of {TASKS[arch.task]} --arch {arch.name}), "
-                          f"and tvq {command} reads {serving(command)}; for this run use {serves}")
+        raise ConfigError(f"--ckpt: {holds(arch, path)}, and tvq {command} reads {serving(command)}; for this run "
+                          f"use {serves}")
     return arch
+
+
+def check_trains(arch: Arch, task: str, path) -> None:
+    """Refuse (:class:`ConfigError`) to continue the run at ``path``, of architecture ``arch`` (:func:`run_arch` of
+    its config), with the training command of ``task`` when it is a run of the other task: the message names the
+    run's kind and the command that continues it (rather than the fields the other task's config lacks)."""
+    if arch.task != task:
+        raise ConfigError(f"--resume: {holds(arch, path)}, and {TASKS[task]} continues {TRAINS[task]} only; "
+                          f"continue this run with {TASKS[arch.task]} --resume, or start a new one with another "
+                          f"--run-dir")
+
+
+def holds(arch: Arch, path) -> str:
+    """The words refusals name a run with: ``runs/x holds a LongVQ classifier (a run of tvq classify train --arch
+    longvq)``."""
+    return f"{path} holds {arch.title} (a run of {TASKS[arch.task]} --arch {arch.name})"
 
 
 def arch_of(model) -> str:

@@ -128,35 +128,50 @@ class ClassifyConfig:
 def classify_config(*, n_classes: int, vocab_size: int, preset: str | None = None, model: dict | None = None,
                     train: dict | None = None, base: ClassifyConfig | None = None) -> ClassifyConfig:
     """A :class:`ClassifyConfig` for a dataset of ``n_classes`` classes and ``vocab_size`` token ids, with the fields
-    of ``model`` and ``train`` on top of a starting point: the saved config ``base`` of a run being resumed; else the
-    model ``preset`` (an encoder: ``causal`` false unless ``model`` says otherwise) with the training fields'
-    defaults (``base``'s, when given too); else (no preset) the ``small`` preset with the recipe of the run's arch and dataset
-    (:mod:`transformer_vq.config.recipes`) where there is one (an encoder's: not when ``model`` makes it causal),
-    recorded in ``recipe``. A field of ``model`` or ``train`` that the classifier does not read is refused
-    (:func:`~transformer_vq.config.arch.refuse_given`)."""
+    of ``model`` and ``train`` on top of a starting point: the saved config ``base`` of a run being resumed (its model
+    fields replaced by those of ``preset`` when one is named); else the model ``preset`` (an encoder: ``causal``
+    false unless ``model`` says otherwise) with the training fields' defaults; else (no preset) the ``small`` preset
+    with the recipe of the run's arch and dataset (:mod:`transformer_vq.config.recipes`) where there is one (an
+    encoder's: not when ``model`` makes it causal). ``recipe`` records the recipe's fields still in effect (a
+    resumed run's, less those ``model``, ``train`` or ``preset`` replace). A field of ``model`` or ``train`` that the
+    classifier does not read is refused (:func:`~transformer_vq.config.arch.refuse_given`)."""
     model, train = dict(model or {}), dict(train or {})
     given = sorted(set(model) & set(FROM_DATA))
     if given:
         raise ConfigError(f"model field(s) {', '.join(given)} come from the dataset; leave them out")
     if preset is not None and preset not in CLASSIFY_PRESETS:
         raise ConfigError(f"unknown classifier preset {preset!r}; available: {', '.join(CLASSIFY_PRESETS)}")
-    if base is not None and preset is None:
-        start, start_train, recipe = base.model.to_dict(), base.train.to_dict(), base.recipe
+    if base is not None:
+        # a preset replaces every model field, so none of the recipe's model fields is left in effect
+        recipe = recipe_left(base.recipe, None if preset is not None else model, train)
+        start = base.model.to_dict() if preset is None else preset_start(preset, {})
+        start_train = base.train.to_dict()
     else:
         plain = build(ClassifyTrainConfig, train, "train")  # the arch and dataset the recipe is looked up by
         # recipes are tuned for encoders (batch norm would let a causal model see later tokens)
         found = find_recipe(plain.arch, plain.data) if preset is None and not model.get("causal") else None
-        # the user's fields win: the recipe records only what it set
-        recipe = {} if found is None else {
-            "model": {k: v for k, v in found.model.items() if k not in model},
-            "train": {k: v for k, v in found.train.items() if k not in train}}
-        start = {**CLASSIFY_PRESETS[preset or DEFAULT_PRESET].to_dict(), "causal": False, **recipe.get("model", {})}
-        start_train = base.train.to_dict() if base is not None else recipe.get("train", {})
+        recipe = {} if found is None else recipe_left({"model": found.model, "train": found.train}, model, train)
+        start, start_train = preset_start(preset, recipe.get("model", {})), recipe.get("train", {})
     model_cfg = build(LongVQConfig, {**start, **model, "n_classes": n_classes, "vocab_size": vocab_size}, "model")
     cfg = ClassifyConfig(model=model_cfg, train=build(ClassifyTrainConfig, {**start_train, **train}, "train"),
                          recipe=recipe)
     refuse_given(find_arch("classify", cfg.arch), {LongVQConfig: model, ClassifyTrainConfig: train}, run_context(cfg))
     return cfg
+
+
+def preset_start(preset: str | None, recipe_model: dict) -> dict:
+    """The model fields a new classifier starts from: ``preset`` (default ``small``) as an encoder, under the
+    recipe's model fields."""
+    return {**CLASSIFY_PRESETS[preset or DEFAULT_PRESET].to_dict(), "causal": False, **recipe_model}
+
+
+def recipe_left(recipe: dict, model: dict | None, train: dict) -> dict:
+    """The part of ``recipe`` (``{"model": ..., "train": ...}``, or empty) still in effect under the user's fields:
+    the user's fields win, so they are not recorded as the recipe's; ``model`` None: none of its model fields is."""
+    if not recipe:
+        return {}
+    return {"model": {k: v for k, v in recipe["model"].items() if model is not None and k not in model},
+            "train": {k: v for k, v in recipe["train"].items() if k not in train}}
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ from __future__ import annotations
 import typing
 from pathlib import Path
 
-from transformer_vq.config.arch import (ARCHS, DEFAULT_ARCH, find_arch, foreign_fields, lm_preset, refuse_given,
-                                        run_context)
+from transformer_vq.config.arch import (ARCHS, DEFAULT_ARCH, check_trains, find_arch, foreign_fields, lm_preset,
+                                        refuse_given, run_arch, run_context)
+from transformer_vq.config.classify import ClassifyConfig
 from transformer_vq.config.fields import ConfigError, build, fields_of, unknown_message
 from transformer_vq.config.reading import UnreadableFile, read_json, read_text
 from transformer_vq.config.train import RunConfig, TrainConfig
@@ -40,9 +41,10 @@ def load_config(preset: str | None = None, file: str | Path | None = None,
     ``overrides``, then typed ``values`` (``{"model": {...}, "train": {...}}``, e.g. parsed flags), each later
     source winning. ``arch`` (else the file's, else ``base``'s, else ``tvq``) picks the model config class and its
     presets. With ``base`` (e.g. the saved config of a run being resumed) the starting point is ``base``
-    instead of the defaults, unless a preset is named. An option given where it does not apply is refused
-    (:func:`~transformer_vq.config.arch.refuse_given`), except the ``shared`` overrides (applied before
-    ``overrides``): the options of a sweep, meant for the runs they apply to (``tvq ablate``'s matrix-wide ones).
+    instead of the defaults; a named preset replaces its model fields only. An option given where it does not
+    apply is refused (:func:`~transformer_vq.config.arch.refuse_given`), except the ``shared`` overrides (applied
+    before ``overrides``): the options of a sweep, meant for the runs they apply to (``tvq ablate``'s matrix-wide
+    ones).
     Raises :class:`ConfigError` naming the bad key or value."""
     merged = {"model": {}, "train": dict(base.train.to_dict()) if base else {}}
     given = {section: set() for section in SECTIONS}  # the fields the user gave, checked for where they apply
@@ -75,16 +77,35 @@ def load_config(preset: str | None = None, file: str | Path | None = None,
 
 
 
-def read_run_config(path: str | Path) -> RunConfig:
-    """A run's saved ``config.json``; a damaged file is a :class:`ConfigError` naming it."""
+RESUME_HINT = ("restore it from config.json of one of the run's checkpoints/step_* directories, or delete it to "
+               "resume with the config that the flags (and --preset) build")
+
+
+def read_run_config(path: str | Path, task: str = "lm"):
+    """A run's saved ``config.json``: a :class:`RunConfig` (``task`` "lm") or a
+    :class:`~transformer_vq.config.ClassifyConfig` ("classify"). A damaged file is a :class:`ConfigError` naming it;
+    a run of the other task is one naming the command that continues it."""
     path = Path(path)
-    hint = ("restore it from config.json of one of the run's checkpoints/step_* directories, or pass "
-            "--preset/--config to start over")
-    saved = read_json(path, "a run's saved config (config.json)", hint)
+    saved = read_json(path, "a run's saved config (config.json)", RESUME_HINT)
     try:
-        return RunConfig.from_dict(saved)
+        arch = run_arch(saved)
+    except ConfigError as err:
+        raise ConfigError(f"{path} is not a valid run config ({err}); {RESUME_HINT}") from None
+    check_trains(arch, task, path)  # a run of the other task is not damaged: the message names its command
+    try:
+        return (RunConfig if task == "lm" else ClassifyConfig).from_dict(saved)
     except (ValueError, TypeError, AttributeError) as err:
-        raise ConfigError(f"{path} is not a valid run config ({err}); {hint}") from None
+        raise ConfigError(f"{path} is not a valid run config ({err}); {RESUME_HINT}") from None
+
+
+def resumed_config(run_dir: str | Path, task: str):
+    """The saved config of the run in ``run_dir`` that the training command of ``task`` resumes (None when it has
+    none yet: ``--resume auto`` then starts the run): the starting point of the resumed run's config, under the
+    flags. A model preset replaces its model fields; its training fields stay the run's (``load_config`` and
+    ``classify_config`` with ``base``), so a resumed run keeps its learning rate, clip, ... unless a flag changes
+    them."""
+    path = Path(run_dir) / "config.json"
+    return read_run_config(path, task) if path.is_file() else None
 
 
 def parse_data_options(items: typing.Sequence[str]) -> dict:

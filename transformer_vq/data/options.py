@@ -15,6 +15,7 @@ import collections.abc
 import dataclasses
 import inspect
 import os
+import pathlib
 import types
 import typing
 
@@ -35,16 +36,24 @@ class Rules:
     what: str | None = None
     """The rule in words, for the message, where the type and range alone would say less ("three positive numbers
     summing to 1")."""
+    with_data_path: bool | None = None
+    """Where the option applies: True only with ``data_path`` (it picks among released files), False only without
+    it (it shapes generated or fetched data), None either way. Given where it does not apply, it is refused rather
+    than ignored (:func:`refuse_misplaced`)."""
 
     def as_dict(self) -> dict:
-        """The rules a config field would hold in its metadata."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None and v is not False}
+        """The rules a config field would hold in its metadata: those set away from their defaults."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) != f.default}
 
 
 Positive = typing.Annotated[int, Rules(min=1)]
 """A size or count that must be at least 1."""
 NonNegative = typing.Annotated[int, Rules(min=0)]
 """A seed, or a count that may be 0."""
+WITH_PATH = Rules(with_data_path=True)
+"""Added to an option's annotation (``Annotated[str, WITH_PATH]``): it applies only with ``data_path``."""
+WITHOUT_PATH = Rules(with_data_path=False)
+"""Added to an option's annotation (``Annotated[Positive, WITHOUT_PATH]``): it applies only without ``data_path``."""
 Fractions = typing.Annotated[typing.Sequence[float], Rules(
     min=0.0, max=1.0, min_open=True, what="three positive numbers (train, validation, test) summing to 1")]
 """Train/validation/test fractions of a contiguous split."""
@@ -60,8 +69,9 @@ def declaration(hint) -> tuple[Kind, dict]:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         members = [a for a in typing.get_args(hint) if a is not type(None)]
         optional, hint = len(members) < len(typing.get_args(hint)), members[0]
-    if typing.get_origin(hint) is typing.Annotated:
-        hint, rules = typing.get_args(hint)[0], typing.get_args(hint)[1].as_dict()
+    if typing.get_origin(hint) is typing.Annotated:  # Annotated[Positive, WITHOUT_PATH]: one Rules each, merged
+        hint, *metadata = typing.get_args(hint)
+        rules = {k: v for r in metadata if isinstance(r, Rules) for k, v in r.as_dict().items()}
     origin = typing.get_origin(hint)
     if origin in (tuple, list, collections.abc.Sequence):
         element, element_rules = declaration(typing.get_args(hint)[0])
@@ -115,3 +125,31 @@ def checked_options(name: str, function, options: dict) -> dict:
             raise DataError(f"dataset {name!r}: option {key} {wrong}, got {value!r}; pass --data-option "
                             f"{key}=VALUE with such a value, or leave it out (default {default!r})")
     return out
+
+
+def refuse_misplaced(name: str, function, options: dict, data_path) -> None:
+    """Refuse (:class:`DataError`) an option of ``options`` that does not apply with this ``data_path`` (given or
+    None), by its declaration (``Rules.with_data_path``): the loader would ignore it, and the run would record it."""
+    known = declared(function)
+    for key in options:
+        where = known[key][1].get("with_data_path") if key in known else None
+        if where is None or where == (data_path is not None):
+            continue
+        if where:
+            raise DataError(f"dataset {name!r}: option {key} applies only with --data-path (it picks among the "
+                            f"released files) and none was given; leave --data-option {key} out, or pass "
+                            f"--data-path with the release")
+        raise DataError(f"dataset {name!r}: option {key} applies only without --data-path (it shapes the generated "
+                        f"or fetched data) and --data-path was given; leave --data-option {key} out, or leave out "
+                        f"--data-path")
+
+
+def identity(name: str, function, data_path, options: dict) -> dict:
+    """What identifies the data that ``function(data_path, **options)`` of dataset ``name`` loads: the name, the
+    resolved path and every option as its declared type, the defaults filled in (whether an option was given or
+    left at its default loads the same data), in the fields of a training config (``data``, ``data_path``,
+    ``data_options``)."""
+    defaults = {key: parameter.default for key, parameter in inspect.signature(function).parameters.items()
+                if key not in NOT_OPTIONS}
+    path = None if data_path is None else str(pathlib.Path(data_path).expanduser().resolve())
+    return {"data": name, "data_path": path, "data_options": {**defaults, **checked_options(name, function, options)}}

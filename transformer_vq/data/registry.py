@@ -11,7 +11,7 @@ import os
 
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
-from transformer_vq.data.options import checked_options
+from transformer_vq.data.options import checked_options, refuse_misplaced
 
 # name -> (module, loader function, one-line description)
 CORPORA = {
@@ -72,5 +72,8 @@ def load_corpus(name: str, *, data_path: str | os.PathLike | None = None,
 
 def call_loader(name: str, function, data_path, cache_dir, options: dict):
     """``function(data_path, cache_dir=cache_dir, **options)``, after checking every one of ``options`` against
-    its declaration in ``function``'s signature (:mod:`transformer_vq.data.options`)."""
-    return function(data_path, cache_dir=cache_dir, **checked_options(name, function, options))
+    its declaration in ``function``'s signature, and where it applies (with or without ``data_path``)
+    (:mod:`transformer_vq.data.options`)."""
+    checked = checked_options(name, function, options)
+    refuse_misplaced(name, function, checked, data_path)
+    return function(data_path, cache_dir=cache_dir, **checked)

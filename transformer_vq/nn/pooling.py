@@ -34,10 +34,12 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 
 def check_inputs(ids: torch.Tensor, mask: torch.Tensor | None, vocab_size: int, name: str = "ids") -> None:
-    """Raise ``ValueError`` unless ``ids`` is int64 ``[B, T]`` inside the vocabulary and ``mask`` bool ``[B, T]``."""
-    if ids.dim() != 2 or ids.dtype != torch.long or ids.shape[1] < 1:
-        raise ValueError(f"{name} must be a [batch, length] int64 tensor with length >= 1, got {tuple(ids.shape)} "
-                         f"{ids.dtype}")
+    """Raise ``ValueError`` unless ``ids`` is int64 ``[B, T]`` (``B, T >= 1``) inside the vocabulary and ``mask``
+    bool ``[B, T]``."""
+    # an empty batch is refused here: the vocabulary check below reduces over ids, which needs an element
+    if ids.dim() != 2 or ids.dtype != torch.long or ids.shape[0] < 1 or ids.shape[1] < 1:
+        raise ValueError(f"{name} must be a [batch, length] int64 tensor with batch >= 1 and length >= 1, got "
+                         f"{tuple(ids.shape)} {ids.dtype}")
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
         raise ValueError(f"{name} holds token id {low if low < 0 else high}, outside the vocabulary [0, {vocab_size})")

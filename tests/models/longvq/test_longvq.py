@@ -332,3 +332,13 @@ def test_model_input_errors():
     with pytest.raises(ValueError, match="d_model must be even and divisible by d_qk, got d_model=32, d_qk=12"):
         TransformerClassifier(longvq_preset("tiny", d_qk=12, **CLASSIFIER))
 
+
+@pytest.mark.parametrize("kind", [LongVQClassifier, TransformerClassifier, TransformerVQEncoderClassifier])
+@pytest.mark.parametrize("shape", [(0, 5), (2, 0)], ids=["empty-batch", "empty-sequences"])
+def test_an_empty_batch_or_sequence_is_refused_by_every_classifier(kind, shape):
+    model = kind(longvq_preset("tiny", **CLASSIFIER))
+    with pytest.raises(ValueError) as err:
+        model(torch.zeros(shape, dtype=torch.long))
+    assert str(err.value) == (f"ids must be a [batch, length] int64 tensor with batch >= 1 and length >= 1, got "
+                              f"{shape} torch.int64")
+

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from trainutil import read_metrics
-from transformer_vq.config import classify_config
+from transformer_vq.config import ConfigError, classify_config
 from transformer_vq.data.classify import load_classification
 from transformer_vq.train.checkpoint import BEST_DIR, latest_checkpoint
 from transformer_vq.train.classify import ClassifyTrainer, classify_train
@@ -176,3 +176,29 @@ def test_eval_scores_a_checkpoint_with_lagging_statistics_as_validation_did(digi
     assert scored.loss == pytest.approx(validated["loss"], rel=1e-5)
     as_saved = evaluate_examples(model, digits.split("validation"), n_classes=digits.n_classes, batch_size=64)
     assert as_saved.loss != pytest.approx(scored.loss, rel=1e-3)
+
+
+@pytest.mark.parametrize("loaded, named", [
+    (("listops", dict(n_train=20, n_validation=4, n_test=4, min_length=5, max_length=30)),
+     "the dataset given is 'listops' and the config names 'digits'"),
+    (("digits", dict(seed=5, test_size=100)),
+     "the dataset given is 'digits' with seed 5, test_size 100 and the config names 'digits' with seed 0, test_size "
+     "360"),
+], ids=["another-dataset", "other-options"])
+def test_a_dataset_other_than_the_configs_is_refused(tmp_path, loaded, named):
+    """The run records cfg.train's dataset and evaluates and resumes on it: training on another (here with the same
+    classes, and a vocabulary the model covers) would make its config.json false."""
+    name, options = loaded
+    data = load_classification(name, **options)
+    cfg = classify_config(n_classes=10, vocab_size=20, preset="tiny", train={**TRAIN, "run_dir": str(tmp_path / "r")})
+    with pytest.raises(ConfigError) as err:
+        classify_train(cfg, data=data)
+    assert str(err.value) == (f"data: {named}; a run records its config's dataset, and evaluates and resumes on it: "
+                              f"pass the dataset that load_classify_data(cfg.train) loads (or none), or set "
+                              f"cfg.train's data, data_path and data_options to the dataset's")
+    assert not (tmp_path / "r").exists()
+    # the same options written as the command line gives them (text) name the same data
+    same = classify_config(n_classes=10, vocab_size=20, preset="tiny", train={
+        **TRAIN, "data": name, "data_options": {k: str(v) for k, v in options.items()}, "steps": 1, "eval_every": 0,
+        "run_dir": str(tmp_path / "r")})
+    assert classify_train(same, data=data).exit_code == 0

@@ -119,7 +119,7 @@ def test_the_command_line_trains_evaluates_and_samples(corpus_file, tmp_path, ca
 def test_a_transformer_vq_model_cannot_resume_a_longvq_checkpoint(longvq_run, corpus_file, tmp_path, capsys):
     run_dir = tmp_path / "run"
     shutil.copytree(longvq_run, run_dir)
-    argv = ["train", "--resume", "auto", "--preset", "tiny"]
+    argv = ["train", "--resume", "auto", "--preset", "tiny", "--arch", "tvq"]  # the preset replaces the model
     for item in tiny_overrides(corpus_file, run_dir, "steps=8"):
         argv += ["--set", item]
     assert main(argv) == 2

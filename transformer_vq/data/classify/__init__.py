@@ -8,7 +8,7 @@ are :class:`Examples`, batched by :class:`ClassBatches` (training) and :func:`or
 
 from transformer_vq.data.classify.batching import ClassBatches, ordered_batches, pad_batch
 from transformer_vq.data.classify.examples import ClassificationData, Examples
-from transformer_vq.data.classify.registry import list_classification, load_classification
+from transformer_vq.data.classify.registry import dataset_identity, list_classification, load_classification
 
-__all__ = ["ClassBatches", "ClassificationData", "Examples", "list_classification", "load_classification",
-           "ordered_batches", "pad_batch"]
+__all__ = ["ClassBatches", "ClassificationData", "Examples", "dataset_identity", "list_classification",
+           "load_classification", "ordered_batches", "pad_batch"]

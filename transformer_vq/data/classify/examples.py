@@ -105,6 +105,9 @@ class ClassificationData:
         pad_id: the id batches put in padded positions (padding is told apart by the mask).
         class_names: a name per class where the dataset has them, else empty.
         metadata: JSON-serializable facts worth saving with a run (source, options, checksums).
+        identity: what :func:`~transformer_vq.data.classify.load_classification` loaded it as (its ``data``,
+            ``data_path`` and every one of its ``data_options``: ``dataset_identity``); None for data built by
+            hand, which no run config names.
     """
 
     name: str
@@ -115,6 +118,7 @@ class ClassificationData:
     pad_id: int = 0
     class_names: tuple[str, ...] = ()
     metadata: dict = field(default_factory=dict)
+    identity: dict | None = None
 
     def __post_init__(self):
         if set(self.splits) != set(SPLITS):

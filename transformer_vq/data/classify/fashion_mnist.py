@@ -19,6 +19,7 @@ import gzip
 import os
 import zlib
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from transformer_vq.data.classify.examples import ClassificationData, Examples, 
 from transformer_vq.data.classify.store import cached_splits
 from transformer_vq.data.debian import apt_download, read_deb_file
 from transformer_vq.data.errors import DataError
-from transformer_vq.data.options import Positive
+from transformer_vq.data.options import WITHOUT_PATH, Positive
 
 PACKAGE = "dataset-fashion-mnist"
 DEB_DIR = "usr/share/datasets/fashion-mnist"
@@ -114,7 +115,8 @@ def convert(source: Path, use_dpkg: bool | None) -> dict[str, Examples]:
 
 
 def load_fashion_mnist(data_path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
-                       validation_size: Positive = 5_000, apt_command: tuple[str, ...] | None = None,
+                       validation_size: Positive = 5_000,
+                       apt_command: Annotated[tuple[str, ...], WITHOUT_PATH] | None = None,
                        use_dpkg: bool | None = None) -> ClassificationData:
     """Fashion-MNIST as 784-token sequences (10 classes), fetched with apt on first use."""
     source = find_source(data_path, cache_dir, apt_command)

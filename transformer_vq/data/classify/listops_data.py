@@ -22,7 +22,7 @@ from transformer_vq.data.classify.examples import ClassificationData, Examples
 from transformer_vq.data.classify.release import find_release_files
 from transformer_vq.data.classify.store import ExamplesWriter, cached_splits
 from transformer_vq.data.errors import DataError
-from transformer_vq.data.options import NonNegative, Positive, Rules
+from transformer_vq.data.options import WITHOUT_PATH, NonNegative, Positive, Rules
 
 RELEASE_FILES = {"train": "basic_train.tsv", "validation": "basic_val.tsv", "test": "basic_test.tsv"}
 HEADER = "Source\tTarget"
@@ -57,14 +57,19 @@ def read_tsv(path: Path, scratch: Path) -> Examples:
     return out.finish()
 
 
+GeneratedCount = Annotated[Positive, WITHOUT_PATH]
+AtLeastTwo = Annotated[int, Rules(min=2), WITHOUT_PATH]
+
+
 def load_listops(data_path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
-                 n_train: Positive = 96_000, n_validation: Positive = 2_000, n_test: Positive = 2_000,
-                 seed: NonNegative = 0, max_depth: Annotated[int, Rules(min=2)] = 10, max_args: Annotated[int, Rules(min=2)] = 10,
-                 min_length: Positive = 500, max_length: Annotated[int, Rules(min=2)] = 2000) -> ClassificationData:
+                 n_train: GeneratedCount = 96_000, n_validation: GeneratedCount = 2_000,
+                 n_test: GeneratedCount = 2_000, seed: Annotated[NonNegative, WITHOUT_PATH] = 0,
+                 max_depth: AtLeastTwo = 10, max_args: AtLeastTwo = 10, min_length: GeneratedCount = 500,
+                 max_length: AtLeastTwo = 2000) -> ClassificationData:
     """ListOps: generated (default; sizes, seed and limits are options) or the LRA release (``data_path``).
 
-    Generation options are ignored when ``data_path`` is given; the release's longest expression
-    sets ``max_len`` then.
+    The generation options apply without ``data_path`` only (given with it, they are refused); the release's
+    longest expression sets ``max_len`` then.
     """
     if data_path is not None:
         files = find_release_files(data_path, RELEASE_FILES, what="ListOps", get_it=GET_IT)

@@ -30,7 +30,7 @@ from transformer_vq.data.classify.examples import ClassificationData, Examples
 from transformer_vq.data.classify.pathfinder_release import CLASS_NAMES, DIFFICULTIES, load_release
 from transformer_vq.data.classify.store import cached_splits
 from transformer_vq.data.errors import DataError
-from transformer_vq.data.options import NonNegative, Positive, Rules
+from transformer_vq.data.options import WITH_PATH, WITHOUT_PATH, NonNegative, Positive, Rules
 
 INK = 255
 MAX_SIDE = 256
@@ -142,16 +142,21 @@ def generate(n: int, *, seed: int, split: str, side: int = 32, dashes: int = 8, 
     return Examples.fixed(images, labels)
 
 
+GeneratedCount = Annotated[Positive, WITHOUT_PATH]
+
+
 def load_pathfinder(data_path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
-                    n_train: Positive = 10_000, n_validation: Positive = 1_000, n_test: Positive = 1_000,
-                    seed: NonNegative = 0, side: Annotated[int, Rules(min=8, max=MAX_SIDE)] = 32,
-                    dashes: Positive = 8, distractors: NonNegative = 4,
-                    curvature: Annotated[float, Rules(min=0.0)] = 0.35,
-                    difficulty: Annotated[str, Rules(choices=tuple(DIFFICULTIES))] = "hard") -> ClassificationData:
+                    n_train: GeneratedCount = 10_000, n_validation: GeneratedCount = 1_000,
+                    n_test: GeneratedCount = 1_000, seed: Annotated[NonNegative, WITHOUT_PATH] = 0,
+                    side: Annotated[int, Rules(min=8, max=MAX_SIDE), WITHOUT_PATH] = 32,
+                    dashes: GeneratedCount = 8, distractors: Annotated[NonNegative, WITHOUT_PATH] = 4,
+                    curvature: Annotated[float, Rules(min=0.0), WITHOUT_PATH] = 0.35,
+                    difficulty: Annotated[str, Rules(choices=tuple(DIFFICULTIES)), WITH_PATH] = "hard",
+                    ) -> ClassificationData:
     """Pathfinder: generated Pathfinder-style images (default) or the LRA release (``data_path``).
 
-    ``difficulty`` picks the release's folder (``easy``, ``intermediate``, ``hard``); the size
-    and drawing options apply to generation only.
+    ``difficulty`` picks the release's folder (``easy``, ``intermediate``, ``hard``) and applies with ``data_path``
+    only; the size and drawing options apply to generation only (each is refused where it does not apply).
     """
     if data_path is not None:
         return load_release(data_path, cache_dir=cache_dir, difficulty=difficulty)

@@ -13,6 +13,7 @@ import os
 
 from transformer_vq.data.classify.examples import ClassificationData
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.options import identity
 from transformer_vq.data.registry import call_loader
 
 PACKAGE = "transformer_vq.data.classify"
@@ -61,4 +62,14 @@ def load_classification(name: str, *, data_path: str | os.PathLike | None = None
     Raises:
         DataError: with a message naming the problem and the fix.
     """
-    return call_loader(name, classification_loader(name), data_path, cache_dir, options)
+    data = call_loader(name, classification_loader(name), data_path, cache_dir, options)
+    data.identity = dataset_identity(name, data_path, options)
+    return data
+
+
+def dataset_identity(name: str, data_path: str | os.PathLike | None = None, options: dict | None = None) -> dict:
+    """What identifies the dataset ``load_classification(name, data_path=data_path, **options)`` loads
+    (:attr:`ClassificationData.identity`): ``data``, ``data_path`` (resolved) and ``data_options`` (every option,
+    the defaults filled in). Equal for two calls that load the same data, whichever options they left at their
+    defaults."""
+    return identity(name, classification_loader(name), data_path, options or {})

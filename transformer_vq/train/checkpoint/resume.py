@@ -15,12 +15,31 @@ from transformer_vq.train.checkpoint.store import (CHECKPOINTS_DIR, STEP_DIR, Ch
 
 
 def refuse_fresh_over_checkpoints(ckpt_root: Path, run_dir: Path, resume: str | None) -> None:
-    """A new run (``resume`` None) must not write over another run's checkpoints: raise :class:`ConfigError`."""
-    if resume is None and list_checkpoints(ckpt_root):
+    """A new run (``resume`` None), or one resumed from another run's checkpoint (``--resume PATH`` with a
+    ``--run-dir`` of its own), must not write over another run's checkpoints: raise :class:`ConfigError`."""
+    if not list_checkpoints(ckpt_root):
+        return
+    if resume is None:
         raise ConfigError(
             f"run directory {run_dir} already holds checkpoints; continue that run with --resume auto, "
             f"or start a new one with another --run-dir (or --name)"
         )
+    if resume != "auto" and run_dir_named(resume).resolve() != Path(run_dir).resolve():
+        raise ConfigError(
+            f"--resume {resume}: run directory {run_dir} already holds checkpoints of another run, and the two runs' "
+            f"checkpoints and metrics would mix; leave out --run-dir/--name to continue in "
+            f"{run_dir_named(resume)}, or give a new --run-dir"
+        )
+
+
+def run_dir_named(resume: str | Path) -> Path:
+    """The run directory ``--resume PATH`` names: PATH itself, or ``RUN_DIR`` for ``RUN_DIR/checkpoints`` and
+    ``RUN_DIR/checkpoints/step_N`` (a checkpoint moved out of its run: the directory holding it). A resumed run
+    starts from this run's config, and writes into it unless ``--run-dir`` says otherwise."""
+    path = Path(resume)
+    if STEP_DIR.match(path.name):
+        path = path.parent
+    return path.parent if path.name == CHECKPOINTS_DIR else path
 
 
 def checkpoint_to_resume(ckpt_root: Path, resume: str, log) -> Checkpoint | None:
@@ -83,3 +102,18 @@ def refuse_changed_fields(saved_train: dict, train, path) -> None:
             raise ConfigError(f"{flag_of(field)}: the run in {path} was trained with {field.name} {saved!r} and this "
                               f"run asks for {now!r}; {reason}: leave it out (or give {saved!r}) to continue, or "
                               f"start a new run with another --run-dir")
+
+
+def resumed_base(resume: str, where: dict, train_cls, task: str):
+    """The saved config a resume continues (None where there is none): that of the run directory ``where`` (the
+    ``run_dir``/``name`` given, else the default) resolves to for ``--resume auto`` or when given; else that of the
+    run ``--resume PATH`` names, which the resumed run then writes into (not into the default run directory)."""
+    from transformer_vq.config.fields import build
+    from transformer_vq.config.load import resumed_config
+
+    if resume == "auto" or where:
+        return resumed_config(build(train_cls, where, "train").resolved_run_dir(), task)
+    run_dir = run_dir_named(resume)
+    base = resumed_config(run_dir, task)
+    return None if base is None else dataclasses.replace(
+        base, train=dataclasses.replace(base.train, run_dir=str(run_dir)))

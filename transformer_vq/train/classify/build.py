@@ -31,6 +31,35 @@ def check_data_fits(cfg: ClassifyConfig, data) -> None:
                           f"config with transformer_vq.config.classify_config from the dataset's sizes")
 
 
+def check_data_named(train_cfg: ClassifyTrainConfig, data) -> None:
+    """Refuse (:class:`ConfigError`) a loaded dataset other than the one ``train_cfg`` names (its ``data``,
+    ``data_path`` and ``data_options``): a run records its config's dataset, and evaluates and resumes on it."""
+    from transformer_vq.data.classify import dataset_identity
+
+    named = dataset_identity(train_cfg.data, train_cfg.data_path, train_cfg.data_options)
+    if data.identity == named:
+        return
+    if data.identity is None:
+        given = f"{data.name!r}, built by hand (not by load_classification),"
+    else:
+        given = describe_data(data.identity, named)
+    raise ConfigError(f"data: the dataset given is {given} and the config names {describe_data(named, data.identity)}; "
+                      f"a run records its config's dataset, and evaluates and resumes on it: pass the dataset that "
+                      f"load_classify_data(cfg.train) loads (or none), or set cfg.train's data, data_path and "
+                      f"data_options to the dataset's")
+
+
+def describe_data(identity: dict, other: dict | None) -> str:
+    """Dataset ``identity`` in words, with what differs from dataset ``other`` (of the same name): "'digits' with
+    seed 5, test_size 100"."""
+    if other is None or identity["data"] != other["data"]:
+        return repr(identity["data"])
+    differ = [f"{k} {v!r}" for k, v in identity["data_options"].items() if other["data_options"].get(k) != v]
+    if identity["data_path"] != other["data_path"]:
+        differ.insert(0, f"data_path {identity['data_path']!r}")
+    return f"{identity['data']!r} with {', '.join(differ)}"
+
+
 def build_classifier(cfg: ClassifyConfig) -> torch.nn.Module:
     """The classifier ``cfg.train.arch`` names (the registry's, :mod:`transformer_vq.config.arch`), built from
     ``cfg.model``."""

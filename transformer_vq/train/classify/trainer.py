@@ -25,8 +25,8 @@ from transformer_vq.data.classify import ClassBatches
 from transformer_vq.train.checkpoint.errors import CheckpointError
 from transformer_vq.train.checkpoint.rundir import hold_run_dir, writing
 from transformer_vq.train.checkpoint.store import BEST_DIR, Checkpoint, save_checkpoint
-from transformer_vq.train.classify.build import (build_classifier, check_data_fits, classify_config_of,
-                                                 load_classify_data)
+from transformer_vq.train.classify.build import (build_classifier, check_data_fits, check_data_named,
+                                                 classify_config_of, load_classify_data)
 from transformer_vq.train.classify.evaluate import ClassifyEvalResult, evaluate_examples, refresh_batch_norm
 from transformer_vq.train.device import training_device
 from transformer_vq.train.parallel.distributed import Distributed
@@ -49,7 +49,8 @@ def classify_train(cfg: ClassifyConfig, *, resume: str | None = None, data=None,
             dataset's sizes).
         resume: ``None`` for a new run (refused where the run directory has checkpoints), ``"auto"`` to continue
             from its latest complete checkpoint when there is one, or a run or checkpoint directory.
-        data: the loaded dataset, when the caller has it already (else ``cfg.train`` names it).
+        data: the loaded dataset, when the caller has it already (else ``cfg.train`` names it): the one
+            ``cfg.train`` names (its ``data``, ``data_path`` and ``data_options``; refused otherwise).
         _skip_restore: for tests only: parts of a checkpoint ({"data", "rng"}) not to restore.
 
     Raises :class:`~transformer_vq.train.guard.TrainingError`, :class:`CheckpointError` (``RunDirError`` for an
@@ -57,6 +58,8 @@ def classify_train(cfg: ClassifyConfig, *, resume: str | None = None, data=None,
     """
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("tvq classify trains in one process; run it without torchrun")
+    if data is not None:  # before the run directory is touched
+        check_data_named(cfg.train, data)
     device = training_device(cfg.train)
     with hold_run_dir(cfg.train.resolved_run_dir(), Distributed()):
         trainer = ClassifyTrainer(cfg, device, data)
@@ -108,10 +111,10 @@ class ClassifyTrainer(Trainer):
         data = self.data
         self.announce(f"{self.tc.arch} classifier", f"{data.name} ({len(data.split('train')):,} training examples, "
                       f"{data.n_classes} classes)", f"{self.tc.batch_size} examples on {self.device.type}", digits=3)
-        if self.cfg.recipe:
-            fields = {**self.cfg.recipe["model"], **self.cfg.recipe["train"]}
+        fields = {**self.cfg.recipe.get("model", {}), **self.cfg.recipe.get("train", {})}
+        if fields:
             self.log(f"{data.name}'s recipe for {self.tc.arch} set " + ", ".join(f"{k} {v}" for k, v in fields.items())
-                     + " (flags override it; --preset starts without it)", flush=True)
+                     + " (flags override it; a new run with --preset starts without it)", flush=True)
 
     def validate(self) -> ClassifyEvalResult:
         """Score the validation split, log it, and save a new best to RUN/best/. A batch-normed model first takes
