@@ -109,7 +109,8 @@ JOBS = {
     "sample-num-samples-zero": (["sample", "--num-samples", "0"], "--num-samples: must be a positive integer, got '0'"),
 }
 
-# (a `tvq bench op` or `tvq tokenizer` command, the error line): refused before any cell runs or file is written
+# (a `tvq bench op`, `tvq tokenizer` or `tvq demo` command, the error line): refused before any cell runs or file is
+# written
 TOOLS = {
     "bench-lengths-zero": (["bench", "op", "--lengths", "0"], "--lengths: must be a positive integer, got '0'"),
     "bench-lengths-negative": (["bench", "op", "--lengths", "-1"], "--lengths: must be a positive integer, got '-1'"),
@@ -128,6 +129,9 @@ TOOLS = {
     "tokenizer-threads-negative": (["tokenizer", "--data-path", ".", "--threads", "-1"],
                                    "--threads: must be a positive integer, got '-1'"),
     "tokenizer-without-data-path": (["tokenizer"], "--data-path: is required: pass the PG-19 root directory"),
+    "demo-seed-negative": (["demo", "--seed", "-1"], "--seed: must be an integer >= 0, got '-1'"),
+    "demo-seed-2-64": (["demo", "--seed", str(2**64)], f"--seed: is too large (at most 9223372036854775807), got "
+                                                       f"'{2**64}'"),
 }
 
 

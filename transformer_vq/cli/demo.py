@@ -8,11 +8,16 @@ from __future__ import annotations
 
 
 def add_parser(subparsers):
+    from transformer_vq.config import SampleConfig
+    from transformer_vq.config.fields import fields_of
+    from transformer_vq.config.flags import add_flags
+
     parser = subparsers.add_parser("demo", help="build a small model, compare the linear and quadratic paths, sample")
     parser.add_argument("--preset", default="small", help="model preset (default: small)")
     parser.add_argument("--length", type=at_least_two, default=300,
                         help="tokens in the test sequence, at least 2: it is also split in two windows (default: 300)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    # tvq sample's --seed, so that its values are checked as every command's seed is (an integer >= 0)
+    add_flags(parser, SampleConfig, skip=tuple(name for name in fields_of(SampleConfig) if name != "seed"))
     return parser
 
 
@@ -35,8 +40,11 @@ def run(args) -> int:
     import torch
 
     from transformer_vq import TransformerVQ, preset
+    from transformer_vq.config import SampleConfig
+    from transformer_vq.config.flags import given
 
-    torch.manual_seed(args.seed)
+    seed = given(args, SampleConfig).get("seed", SampleConfig.seed)
+    torch.manual_seed(seed)
     cfg = preset(args.preset)
     model = TransformerVQ(cfg).eval()
     print(f"model: preset {args.preset!r}, {model.num_parameters():,} parameters, "
@@ -57,6 +65,6 @@ def run(args) -> int:
           f"({t_linear * 1e3:.0f} ms vs {t_quadratic * 1e3:.0f} ms for {args.length} tokens)")
     print(f"two windows with state vs whole: max |diff| = {(windows - linear).abs().max():.2e}")
     sample = model.generate(ids[:, :1], 32, temperature=1.0, top_p=0.9,
-                            generator=torch.Generator().manual_seed(args.seed))
+                            generator=torch.Generator().manual_seed(seed))
     print(f"sampled token ids (random weights): {sample[0, 1:].tolist()}")
     return 0

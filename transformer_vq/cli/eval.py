@@ -1,6 +1,9 @@
 """`tvq eval`: loss and bits per byte (and word-level perplexity on PG-19) of a checkpoint on a split, the state
-carried within each sequence of the run's seq_len (``--carry-tokens 0``: across whole streams); on the recall probe (``--data recall``) also the answer accuracy by distance. The flags are
-the fields of ``transformer_vq.config.EvalConfig``."""
+carried within each sequence of the run's seq_len (``--carry-tokens 0``: across whole streams); on the recall probe
+(``--data recall``) also the answer accuracy by distance. An encoder (a ``--no-causal`` run) is scored on masked
+tokens of independent windows of ``--window-len`` tokens: its context, so for an encoder, unlike a causal model, the
+window length changes the score; it carries no state, so ``--carry-tokens`` is refused. The flags are the fields of
+``transformer_vq.config.EvalConfig``."""
 
 from __future__ import annotations
 

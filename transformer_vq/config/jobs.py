@@ -45,8 +45,9 @@ class EvalConfig:
     streams: int | None = option(None, "Contiguous pieces of the split evaluated side by side (none: the run's "
                                        "eval_streams; 1: the whole split as one sequence).", min=1)
     max_tokens: int = option(0, "Evaluate only the first N tokens (0 = all).", min=0)
-    window_len: int | None = option(None, "Tokens per forward call (none: the run's update_len); memory only, "
-                                          "the carried state makes the result independent of it.", min=1)
+    window_len: int | None = option(None, "Tokens per forward call (none: the run's update_len): memory only for a "
+                                          "causal model (the carried state makes the result independent of it); "
+                                          "an encoder's context, which changes its score.", min=1)
     carry_tokens: int | None = option(None, "Reset the attention state every this many tokens of a stream (a "
                                              "multiple of window_len; none: the run's seq_len, the history the model "
                                              "was trained with, as training's validation and the authors' evaluation "

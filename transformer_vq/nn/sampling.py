@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+from transformer_vq.config import ConfigError, SampleConfig
+
+
+@functools.lru_cache(maxsize=64)  # called for every sampled token: the config check costs ~0.1 ms, a lookup nothing
+def check_sampling(temperature: float = 1.0, top_k: int | None = None, top_p: float = 1.0) -> None:
+    """Refuse (``ValueError``) sampling settings that ``tvq sample`` refuses, by the same rules: the fields of
+    :class:`~transformer_vq.config.SampleConfig` (temperature 0 or at least ``MIN_TEMPERATURE``, ``top_k`` >= 1,
+    ``top_p`` in (0, 1], and ``top_k``/``top_p`` only with a temperature above 0: greedy decoding restricts nothing)."""
+    try:
+        SampleConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    except ConfigError as err:
+        raise ValueError("; ".join(f"{name} {text}" for name, text in err.problems)) from None
 
 
 def sample_next_token(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None,
@@ -12,13 +27,9 @@ def sample_next_token(logits: torch.Tensor, *, temperature: float = 1.0, top_k: 
     ``temperature == 0`` is greedy decoding (argmax). Otherwise logits are divided by the temperature,
     restricted to the ``top_k`` most likely tokens (if given) and then to the smallest set whose
     probability reaches ``top_p`` (nucleus sampling, as the paper samples), and one token is drawn.
+    Settings are checked by :func:`check_sampling`.
     """
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be a positive integer or None, got {top_k}")
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature

@@ -111,6 +111,26 @@ def test_sampling_argument_errors(kwargs, message):
         sample_next_token(torch.zeros(1, 4), **kwargs)
 
 
+# tvq sample refuses these (tests/cli/test_values.py): the same rules, SampleConfig's, in the same words
+GREEDY_REFUSES = "applies only with temperature above 0 (this run has temperature 0.0), got {}; leave it out, or set " \
+                 "temperature as it needs"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(temperature=0.0, top_k=5), "top_k " + GREEDY_REFUSES.format(5)),
+    (dict(temperature=0.0, top_p=0.5), "top_p " + GREEDY_REFUSES.format(0.5)),
+    (dict(temperature=1e-9), "temperature must be 0 (greedy) or at least 0.0001, got 1e-09"),
+], ids=["greedy-top-k", "greedy-top-p", "temperature-tiny"])
+def test_generate_refuses_what_tvq_sample_refuses(kwargs, message):
+    model = tiny_model()
+    with pytest.raises(ValueError) as caught:
+        model.generate(torch.ones(1, 3, dtype=torch.long), 2, **kwargs)
+    assert str(caught.value) == message
+    with pytest.raises(ValueError) as caught:
+        sample_next_token(torch.zeros(1, 4), **kwargs)
+    assert str(caught.value) == message
+
+
 def test_layer_causality_by_jacobian():
     """Row t of the Jacobian (contracted with a random vector): zero for inputs s > t, non-zero for s <= t."""
     model = tiny_model()
@@ -132,6 +152,15 @@ def test_token_outside_vocabulary_is_a_clear_error():
         model(torch.tensor([[1, 300]]))
     with pytest.raises(ValueError, match=r"\[batch, length\] int64"):
         model(torch.tensor([1, 2]))
+
+
+def test_targets_of_another_shape_are_a_clear_error():
+    model = tiny_model()
+    ids = torch.ones(2, 10, dtype=torch.long)
+    with pytest.raises(ValueError) as caught:
+        model(ids, targets=ids[:, :9])
+    assert str(caught.value) == ("targets must have the shape of input_ids (2, 10) (one target per input position), "
+                                 "got (2, 9)")
 
 
 def test_quadratic_mode_refuses_a_state():

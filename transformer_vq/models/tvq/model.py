@@ -16,7 +16,7 @@ from transformer_vq.nn.codebooks import Codebooks
 from transformer_vq.nn.norm import rms_norm
 from transformer_vq.nn.position import sinusoids
 from transformer_vq.nn.quantizer import VectorQuantizer
-from transformer_vq.nn.sampling import sample_next_token
+from transformer_vq.nn.sampling import check_sampling, sample_next_token
 from transformer_vq.nn.token_mean import token_mean
 from transformer_vq.ops.documents import document_starts
 
@@ -114,6 +114,8 @@ class TransformerVQ(Codebooks, nn.Module):
                 is not 0 continues the document of ``state``.
         """
         self._check_ids(input_ids, "input_ids", self.embed.num_embeddings)
+        if targets is not None:  # before the forward pass, which a mismatched target would waste
+            self._check_ids(targets, "targets", self.cfg.vocab_size, shape=input_ids.shape)
         B, T = input_ids.shape
         doc_start = document_starts(B, T, position_ids=position_ids, cu_seqlens=cu_seqlens, device=input_ids.device)
         x, states, commit_loss = self.features(input_ids, state, mask=mask, attention=attention,
@@ -128,7 +130,6 @@ class TransformerVQ(Codebooks, nn.Module):
         new_state = None if attention == "quadratic" or not self.cfg.causal else ModelState(offset + consumed, states)
         result = ModelOutput(logits=logits, state=new_state, commit_loss=commit_loss)
         if targets is not None:
-            self._check_ids(targets, "targets", self.cfg.vocab_size)
             loss_mask = mask if loss_mask is None else loss_mask
             logits_acc = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 at least, under autocast
             ce = F.cross_entropy(logits_acc.reshape(B * T, -1), targets.reshape(B * T), reduction="none")
@@ -159,9 +160,14 @@ class TransformerVQ(Codebooks, nn.Module):
             x = rms_norm(x)
         return x, states, commit_loss
 
-    def _check_ids(self, ids: torch.Tensor, name: str, n_ids: int) -> None:
+    def _check_ids(self, ids: torch.Tensor, name: str, n_ids: int, shape: torch.Size | None = None) -> None:
+        """Refuse ``ids`` that are not ``[batch, length]`` int64 ids in ``[0, n_ids)`` (of ``shape``, when given:
+        the targets of ``input_ids``, one per position)."""
         if ids.dim() != 2 or ids.dtype != torch.long:
             raise ValueError(f"{name} must be a [batch, length] int64 tensor, got {tuple(ids.shape)} {ids.dtype}")
+        if shape is not None and ids.shape != shape:
+            raise ValueError(f"{name} must have the shape of input_ids {tuple(shape)} (one target per input "
+                             f"position), got {tuple(ids.shape)}")
         if ids.shape[1] < 1:
             raise ValueError(f"{name} must hold at least one token per sequence")
         low, high = int(ids.min()), int(ids.max())
@@ -187,6 +193,7 @@ class TransformerVQ(Codebooks, nn.Module):
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if not self.cfg.causal:
             raise ValueError("sampling needs a causal model; this one is an encoder (causal=False)")
+        check_sampling(temperature, top_k, top_p)  # before the prompt is read
         was_training = self.training
         self.eval()
         try:

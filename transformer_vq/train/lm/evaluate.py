@@ -13,8 +13,11 @@ model with uniform logits over 256 bytes scores exactly 8 bits per byte. For tok
 number is comparable across tokenizers.
 
 An encoder (``causal=False``) is evaluated by its training objective instead (:mod:`transformer_vq.train.objective`):
-the split is cut into independent windows, a fixed seeded ``mask_rate`` of each window's tokens is masked, and the
-loss is the mean cross-entropy of the masked tokens (bits per masked byte).
+the split is cut into independent windows of ``window_len`` tokens (its context: unlike a causal model's, its score
+depends on the window length), a fixed ``mask_rate`` of each window's tokens is masked by a generator seeded by the
+window's index (so ``streams``, the windows per forward call, changes nothing), and the loss is the mean
+cross-entropy of the masked tokens (bits per masked byte). It carries no state: :func:`evaluate` refuses
+``carry_tokens``.
 
 Word-level perplexity (PG-19, Rae et al. 2020), when the corpus counts the whitespace-separated
 words of the original split text (``corpus.metadata["split_words"]``):
@@ -33,7 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from transformer_vq.config import EvalConfig
+from transformer_vq.config import ConfigError, EvalConfig
 from transformer_vq.config.jobs import job_config
 from transformer_vq.data.batches import check_vocab
 from transformer_vq.data.metrics import (bits_per_byte, bpb_unit, corpus_tokens_per_byte, corpus_tokens_per_word,
@@ -92,17 +95,17 @@ def evaluate_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: i
     Args:
         model: a model called as ``model(input_ids, state=state)`` returning ``.logits`` and ``.state``.
         tokens: 1-D token ids of the split.
-        window_len: tokens per forward call (memory bound only; the state makes the result independent
-            of it up to float rounding).
+        window_len: tokens per forward call. A causal model: memory only (the carried state makes the result
+            independent of it up to float rounding); an encoder: the context each window is read with.
         tokens_per_byte: tokens of the whole split divided by its bytes (1 for byte-level data).
-        streams: contiguous pieces evaluated as one batch.
+        streams: contiguous pieces evaluated as one batch (an encoder: windows per forward call).
         max_tokens: evaluate only the first this many tokens (0 = all).
         precision: 'float32' or 'bfloat16' autocast.
         progress: show a progress bar (default: when stderr is a terminal).
         tokens_per_word: tokens of the whole split divided by the whitespace-separated words of its
             original text; given, the result has a word-level perplexity.
         carry_tokens: reset the state every this many tokens of a stream (a multiple of ``window_len``; 0 = carry
-            it across the whole stream, the paper's reading).
+            it across the whole stream, the paper's reading). An encoder carries no state: ignored.
     """
     if max_tokens:
         tokens = tokens[:max_tokens]
@@ -207,14 +210,22 @@ def _masked_nll(model: torch.nn.Module, tokens: np.ndarray, window_len: int, str
     batch = max(1, streams)
     for start in progress(range(0, n_windows, batch)):
         ids, is_real = rows_t[start:start + batch], real_t[start:start + batch]
-        inputs, masked = mask_tokens(ids, mask_rate=model.cfg.mask_rate, mask_token_id=model.cfg.mask_token_id,
-                                     generator=mask_generator(0, start), real=is_real)
+        inputs, masked = _window_masks(ids, is_real, start, model.cfg)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
             out = model(inputs.to(device), mask=is_real.to(device))
         nll = F.cross_entropy(out.logits.float().transpose(1, 2), ids.to(device), reduction="none")
         total_nll += nll[masked.to(device)].sum(dtype=torch.float64).cpu()
         n_masked += int(masked.sum())
     return total_nll.item(), n_masked
+
+
+def _window_masks(ids: torch.Tensor, real: torch.Tensor, first: int, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(inputs, masked)`` of the ``(n, window_len)`` windows ``first .. first + n`` of the split: each window
+    masked by its own generator, seeded by its index alone, so that how the windows are batched (``streams``)
+    cannot change which tokens are masked."""
+    pairs = [mask_tokens(ids[i:i + 1], mask_rate=cfg.mask_rate, mask_token_id=cfg.mask_token_id,
+                         generator=mask_generator(0, first + i), real=real[i:i + 1]) for i in range(len(ids))]
+    return torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
 
 
 def trained_history(seq_len: int, window_len: int) -> int:
@@ -230,6 +241,19 @@ def trained_history(seq_len: int, window_len: int) -> int:
     return seq_len
 
 
+def _carry_tokens(cfg: EvalConfig, run_cfg, window_len: int) -> int:
+    """The state reset of ``tvq eval``: ``--carry-tokens`` as given, else the history the model was trained with
+    (:func:`trained_history`). An encoder carries no state, so the option would change nothing: refused."""
+    if run_cfg.model.causal:
+        return trained_history(run_cfg.train.seq_len, window_len) if cfg.carry_tokens is None else cfg.carry_tokens
+    if cfg.carry_tokens is not None:
+        raise ConfigError("carry_tokens does not apply to an encoder", [(
+            "carry_tokens", f"applies only to causal models, and {cfg.ckpt} holds an encoder (causal false), which "
+                            f"reads independent windows and carries no state to reset, got {cfg.carry_tokens}; leave "
+                            f"it out (--window-len sets an encoder's context)")], EvalConfig)
+    return 0
+
+
 def evaluate(ckpt: str | EvalConfig, **options) -> EvalResult:
     """Evaluate a checkpoint (a run directory or a checkpoint directory) on a split of its corpus.
 
@@ -243,12 +267,12 @@ def evaluate(ckpt: str | EvalConfig, **options) -> EvalResult:
     use_threads(cfg.threads)
     split = cfg.split
     model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device=cfg.device)
+    window_len, streams = cfg.window_len or run_cfg.train.update_len, cfg.streams or run_cfg.train.eval_streams
+    carry_tokens = _carry_tokens(cfg, run_cfg, window_len)  # refused before the corpus is read
     corpus = load_corpus_for(run_cfg.train, data_path=cfg.data_path, run_dir=run_dir_of(checkpoint),
                              data_options=cfg.data_options)
     tokens = corpus.split(split)
     check_vocab(tokens, run_cfg.model.vocab_size, split)
-    window_len, streams = cfg.window_len or run_cfg.train.update_len, cfg.streams or run_cfg.train.eval_streams
-    carry_tokens = trained_history(run_cfg.train.seq_len, window_len) if cfg.carry_tokens is None else cfg.carry_tokens
     result = evaluate_tokens(
         model, tokens, window_len=window_len, tokens_per_byte=corpus_tokens_per_byte(corpus, split),
         tokens_per_word=corpus_tokens_per_word(corpus, split), streams=streams, max_tokens=cfg.max_tokens,
