@@ -99,3 +99,14 @@ def test_every_numeric_config_field_declares_its_range():
         for f in dataclasses.fields(cls):
             if kinds(cls)[f.name].base in (int, float):
                 assert "min" in f.metadata or "max" in f.metadata, f"{cls.__name__}.{f.name} declares no range"
+
+
+def test_list_options_refuse_a_repeated_value():
+    """A list option names things to run or report once each: ``tvq ablate --seeds 0 0`` reported one training as
+    two seeds with a spread of 0 (new-user audit); every list field of every config refuses a repeat."""
+    from transformer_vq.config import ConfigError
+    from transformer_vq.config.ablate import AblateConfig
+
+    with pytest.raises(ConfigError, match=r"seeds must not repeat a value \(0 given twice\)"):
+        AblateConfig(matrix="recall", seeds=(0, 1, 0))
+    assert AblateConfig(matrix="recall", seeds=(1, 0)).seeds == (1, 0)

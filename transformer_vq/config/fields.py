@@ -142,6 +142,9 @@ def problem(field: dataclasses.Field, kind: Kind, value) -> str | None:
         return _scalar_problem(value, kind.base, field.metadata)
     if not isinstance(value, tuple) or not (value or field.metadata.get("allow_empty")):
         return "must be a non-empty list"
+    repeated = [v for i, v in enumerate(value) if v in value[:i]]
+    if repeated:  # a list option names things to run or report once each: a repeat would be counted twice
+        return f"must not repeat a value ({repeated[0]!r} given twice)"
     return next((_scalar_problem(v, kind.base, field.metadata) for v in value
                  if _scalar_problem(v, kind.base, field.metadata)), None)
 
