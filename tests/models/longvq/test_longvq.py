@@ -342,3 +342,12 @@ def test_an_empty_batch_or_sequence_is_refused_by_every_classifier(kind, shape):
     assert str(err.value) == (f"ids must be a [batch, length] int64 tensor with batch >= 1 and length >= 1, got "
                               f"{shape} torch.int64")
 
+
+
+def test_language_model_refuses_targets_of_another_shape():
+    """One target per input position, checked before the forward (cross-entropy raised a bare RuntimeError)."""
+    model = LongVQLM(longvq_preset("tiny"))
+    ids = torch.zeros(2, 10, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"targets must have the shape of ids \(2, 10\) \(one target per input "
+                                         r"position\), got \(2, 9\)"):
+        model(ids, targets=ids[:, :9])

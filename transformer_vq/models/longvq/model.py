@@ -83,11 +83,15 @@ class LongVQLM(Codebooks, nn.Module):
                 loss_mask: torch.Tensor | None = None, attention: str = "linear") -> ModelOutput:
         """Next-token logits ``[B, T, V]`` of ``ids [B, T]``; with ``targets [B, T]``, the loss of eq. 23, its
         cross-entropy averaged over the positions where ``loss_mask [B, T]`` is True (``None``: all)."""
+        if targets is not None:  # before the forward: a bad target must not cost one
+            check_inputs(targets, loss_mask, self.cfg.vocab_size, name="targets")
+            if targets.shape != ids.shape:
+                raise ValueError(f"targets must have the shape of ids {tuple(ids.shape)} (one target per input "
+                                 f"position), got {tuple(targets.shape)}")
         x, new_state, commit_loss = self.backbone(ids, state=state, attention=attention)
         logits = self.head(x)
         result = ModelOutput(logits=logits, state=new_state, commit_loss=commit_loss)
         if targets is not None:
-            check_inputs(targets, loss_mask, self.cfg.vocab_size, name="targets")
             ce = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)).flatten(0, 1),
                                  targets.flatten(), reduction="none")
             result.ce_loss = token_mean(ce, None if loss_mask is None else loss_mask.flatten())
