@@ -132,7 +132,10 @@ def test_data_path_without_its_corpus(capsys, corpus):
     ("bad.yaml", "model: [1,\n", "is not valid YAML: ", "line 2, column 1"),
     ("bad.json", '{"model": {"d_model": 32,', "is not valid JSON: ", "line 1, column 26"),
     ("bad.toml", "model = [\n", "is not valid TOML: ", "Invalid value (at end of document)"),
-], ids=["yaml", "json", "toml"])
+    ("twice.yaml", "model:\n  d_model: 64\nmodel:\n  d_model: 32\n", "is not valid YAML: ",
+     "key 'model' is given twice"),
+    ("twice.json", '{"train": {"steps": 2, "steps": 3}}', "is not valid JSON: ", "key 'steps' is given twice"),
+], ids=["yaml", "json", "toml", "yaml-key-twice", "json-key-twice"])
 def test_config_file_that_does_not_parse(capsys, corpus, tmp_path, name, text, start, where):
     (tmp_path / name).write_text(text)
     line = error_line(capsys, tiny_train(corpus, tmp_path / "run", "--config", str(tmp_path / name)))

@@ -136,6 +136,25 @@ def parse_data_options(items: typing.Sequence[str]) -> dict:
 CONFIG_FORMATS = {".yaml": "YAML", ".yml": "YAML", ".json": "JSON", ".toml": "TOML"}
 
 
+def _unique_key_loader():
+    """YAML's safe loader, refusing a key given twice in one mapping (YAML itself keeps the last one silently: a
+    second ``model:`` section would replace the first)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
+                                                            key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 def read_file(path: Path) -> dict:
     """A config file's mapping, its top-level keys and sections checked."""
     try:
@@ -160,7 +179,7 @@ def read_file(path: Path) -> dict:
         import yaml
 
         try:
-            loaded = yaml.safe_load(text) or {}
+            loaded = yaml.load(text, Loader=_unique_key_loader()) or {}
         except yaml.YAMLError as err:
             what = "JSON" if path.suffix == ".json" else "YAML"  # JSON is read as the YAML it is a subset of
             raise ConfigError(f"{path} is not valid {what}: {' '.join(str(err).split())}") from None
