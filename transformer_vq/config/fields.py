@@ -41,8 +41,10 @@ def option(default=dataclasses.MISSING, help: str = "", *, factory=dataclasses.M
     name other than the field's), ``k_suffix`` (lengths may be written ``8k``), ``allow_empty`` (a tuple may
     be empty), ``applies`` (the settings of other fields it applies under) and ``off`` (its value that asks for
     nothing, accepted everywhere; :mod:`transformer_vq.config.applies`), ``defines_data`` (a training field that
-    defines the run's data: a resumed run may not change it)."""
-    return dataclasses.field(default=default, default_factory=factory, metadata={"help": help, **rules})
+    defines the run's data: a resumed run may not change it), ``distinct`` (default true: a list names things to
+    run or report once each, so a repeated value is refused; a dataset's options, declared elsewhere, may repeat)."""
+    return dataclasses.field(default=default, default_factory=factory,
+                             metadata={"help": help, "distinct": True, **rules})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,8 +144,8 @@ def problem(field: dataclasses.Field, kind: Kind, value) -> str | None:
         return _scalar_problem(value, kind.base, field.metadata)
     if not isinstance(value, tuple) or not (value or field.metadata.get("allow_empty")):
         return "must be a non-empty list"
-    repeated = [v for i, v in enumerate(value) if v in value[:i]]
-    if repeated:  # a list option names things to run or report once each: a repeat would be counted twice
+    repeated = [v for i, v in enumerate(value) if v in value[:i]] if field.metadata.get("distinct") else []
+    if repeated:  # a config's list names things to run or report once each: a repeat would be counted twice
         return f"must not repeat a value ({repeated[0]!r} given twice)"
     return next((_scalar_problem(v, kind.base, field.metadata) for v in value
                  if _scalar_problem(v, kind.base, field.metadata)), None)
