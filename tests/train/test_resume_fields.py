@@ -66,3 +66,25 @@ def test_resume_path_continues_the_run_it_names(two_steps, tmp_path, monkeypatch
     assert main(["train", "--resume", str(run_dir), "--run-dir", str(other), "--steps", "4"]) == 2
     assert "already holds checkpoints of another run" in capsys.readouterr().err
     assert latest_checkpoint(other / "checkpoints").step == 2
+
+
+def test_resume_path_into_another_run_dir_forks_it(two_steps, tmp_path, monkeypatch):
+    """``--resume PATH --run-dir NEW``: PATH's config (not NEW's, empty: the defaults, a false --seq-len refusal),
+    continued in NEW; PATH's run untouched."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--resume", str(two_steps), "--run-dir", str(tmp_path / "fork"), "--steps", "3"]) == 0
+    assert latest_checkpoint(tmp_path / "fork" / "checkpoints").step == 3
+    assert latest_checkpoint(two_steps / "checkpoints").step == 2
+
+
+def test_resume_auto_takes_the_run_dir_a_config_file_names(two_steps, corpus_file, tmp_path, monkeypatch):
+    """The run directory named in ``--config`` is the one whose saved config a resume continues: not the default
+    run directory's (whose settings, another lr here, were silently written into the resumed run)."""
+    monkeypatch.chdir(tmp_path)
+    assert train(tiny_config(corpus_file, tmp_path / "runs" / "default", "steps=1", "lr=5e-3")).exit_code == 0
+    run_dir = tmp_path / "mine"
+    shutil.copytree(two_steps, run_dir)
+    (tmp_path / "cf.yaml").write_text(f"train: {{run_dir: {run_dir}, steps: 3}}\n")
+    assert main(["train", "--resume", "auto", "--config", str(tmp_path / "cf.yaml")]) == 0
+    saved = json.loads((run_dir / "config.json").read_text())["train"]
+    assert saved["lr"] == json.loads((two_steps / "config.json").read_text())["train"]["lr"] != 5e-3

@@ -109,20 +109,25 @@ def _resume_base(args, values):
 
     if args.resume is None:
         return None
-    where = {k: v for k, v in {**_train_sets(args), **values["train"]}.items() if k in ("name", "run_dir")}
+    given = {**_config_file_train(args), **_train_sets(args), **values["train"]}  # later sources win
+    where = {k: v for k, v in given.items() if k in ("name", "run_dir")}
     return resumed_base(args.resume, where, TrainConfig, "lm")
+
+
+def _config_file_train(args) -> dict:
+    """The training fields of the ``--config`` file (none without one)."""
+    from pathlib import Path
+
+    from transformer_vq.config.load import read_file
+
+    return (read_file(Path(args.config)).get("train") or {}) if args.config is not None else {}
 
 
 def _check_data_named(args, values, base) -> None:
     """A data path means nothing without its corpus: refuse ``--data-path`` when no source names ``--data``."""
-    from pathlib import Path
-
     from transformer_vq.config import ConfigError
-    from transformer_vq.config.load import read_file
 
-    named = set(values["train"]) | set(_train_sets(args))
-    if args.config is not None:
-        named |= set(read_file(Path(args.config)).get("train") or {})
+    named = set(values["train"]) | set(_train_sets(args)) | set(_config_file_train(args))
     if base is None and "data_path" in named and "data" not in named:
         raise ConfigError("--data-path: name the corpus it holds with --data (text for your own text file or "
                           "directory; shakespeare, enwik8, pg19, imagenet64 or gcide for a downloaded copy)")

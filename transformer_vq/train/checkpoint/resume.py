@@ -105,15 +105,20 @@ def refuse_changed_fields(saved_train: dict, train, path) -> None:
 
 
 def resumed_base(resume: str, where: dict, train_cls, task: str):
-    """The saved config a resume continues (None where there is none): that of the run directory ``where`` (the
-    ``run_dir``/``name`` given, else the default) resolves to for ``--resume auto`` or when given; else that of the
-    run ``--resume PATH`` names, which the resumed run then writes into (not into the default run directory)."""
+    """The saved config a resume continues (None where there is none): for ``--resume auto``, that of the run
+    directory ``where`` (the ``run_dir``/``name`` given, else the default) resolves to; for ``--resume PATH``, that
+    of the run PATH names, continued in the directory ``where`` gives, else in PATH's own (never in the default
+    run directory)."""
     from transformer_vq.config.fields import build
     from transformer_vq.config.load import resumed_config
 
-    if resume == "auto" or where:
+    if resume == "auto":
         return resumed_config(build(train_cls, where, "train").resolved_run_dir(), task)
-    run_dir = run_dir_named(resume)
-    base = resumed_config(run_dir, task)
-    return None if base is None else dataclasses.replace(
-        base, train=dataclasses.replace(base.train, run_dir=str(run_dir)))
+    base = resumed_config(run_dir_named(resume), task)
+    if base is None:
+        return None
+    # it continues in the directory given (a fork: refused at the start if that one holds another run's checkpoints),
+    # else in its own
+    into = {"run_dir": where.get("run_dir"), "name": where.get("name", base.train.name)} if where else {
+        "run_dir": str(run_dir_named(resume))}
+    return dataclasses.replace(base, train=dataclasses.replace(base.train, **into))
