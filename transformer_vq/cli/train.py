@@ -84,9 +84,10 @@ def build_config(args):
     values = {"model": {**given(args, TransformerVQConfig), **given(args, LongVQConfig)},
               "train": given(args, TrainConfig)}
     options = values["train"].pop("data_options", {})
-    base = _resume_base(args, values)
+    file_train = _config_file_train(args)
+    base = _resume_base(args, values, file_train)
     cfg = load_config(args.preset, args.config, args.overrides, base=base, values=values, arch=args.arch)
-    _check_data_named(args, values, base)
+    _check_data_named(args, values, base, file_train)
     if options:
         # on top of the options of the config file (or of the run being resumed)
         train = dataclasses.replace(cfg.train, data_options={**cfg.train.data_options, **options})
@@ -101,7 +102,7 @@ def _train_sets(args) -> dict:
     return {key: value for section, key, value in map(parse_override, args.overrides) if section == "train"}
 
 
-def _resume_base(args, values):
+def _resume_base(args, values, file_train: dict):
     """The saved config of the run being resumed (None for a new run, or a run directory without one): the starting
     point under --config, --set and the flags (a preset replaces its model fields only)."""
     from transformer_vq.config import TrainConfig
@@ -109,7 +110,7 @@ def _resume_base(args, values):
 
     if args.resume is None:
         return None
-    given = {**_config_file_train(args), **_train_sets(args), **values["train"]}  # later sources win
+    given = {**file_train, **_train_sets(args), **values["train"]}  # later sources win
     where = {k: v for k, v in given.items() if k in ("name", "run_dir")}
     return resumed_base(args.resume, where, TrainConfig, "lm")
 
@@ -123,11 +124,11 @@ def _config_file_train(args) -> dict:
     return (read_file(Path(args.config)).get("train") or {}) if args.config is not None else {}
 
 
-def _check_data_named(args, values, base) -> None:
+def _check_data_named(args, values, base, file_train: dict) -> None:
     """A data path means nothing without its corpus: refuse ``--data-path`` when no source names ``--data``."""
     from transformer_vq.config import ConfigError
 
-    named = set(values["train"]) | set(_train_sets(args)) | set(_config_file_train(args))
+    named = set(values["train"]) | set(_train_sets(args)) | set(file_train)
     if base is None and "data_path" in named and "data" not in named:
         raise ConfigError("--data-path: name the corpus it holds with --data (text for your own text file or "
                           "directory; shakespeare, enwik8, pg19, imagenet64 or gcide for a downloaded copy)")

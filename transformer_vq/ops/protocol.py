@@ -91,7 +91,9 @@ def check_state(state, state_type: type, shapes: dict[str, tuple[int, ...]]) -> 
         raise ValueError(f"state must be the {state_type.__name__} a previous call of this operator returned, got "
                          f"{type(state).__name__}")
     for name, shape in shapes.items():
-        got = tuple(getattr(state, name).shape)
+        got = getattr(state, name).shape
+        if got == shape:  # every call of a decoding loop comes here: the common case costs one comparison
+            continue
         if len(got) != len(shape) or any(want not in (-1, size) for want, size in zip(shape, got)):
             needed = ", ".join("*" if want == -1 else str(want) for want in shape)
             raise ValueError(f"state.{name} is {list(got)}, this call needs [{needed}]: a state continues the same "

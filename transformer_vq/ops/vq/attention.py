@@ -207,6 +207,6 @@ def check_code_range(codes: torch.Tensor, n_code: int, name: str, size_name: str
     """Raise ``ValueError`` unless every one of ``codes`` lies in ``[0, n_code)`` (reads them: a host sync)."""
     if codes.numel() == 0:
         return
-    low, high = int(codes.min()), int(codes.max())
+    low, high = (int(x) for x in torch.aminmax(codes))  # one pass, not two: it runs at every call on a CPU
     if low < 0 or high >= n_code:
         raise ValueError(f"{name} must lie in [0, {size_name}) = [0, {n_code}), got codes from {low} to {high}")
