@@ -76,7 +76,7 @@ def run(args) -> int:
     from transformer_vq.cli.errors import check_device
 
     cfg = bench_config(args)
-    check_device(getattr(cfg, "device", "cpu"))  # before any cell starts
+    check_device(getattr(cfg, "device", "cpu"), getattr(cfg, "model", None))  # before any cell starts
     report_dir(args.out)  # likewise: a report that cannot be written is refused before the run, not after it
     module_name, function_name = BENCHES[args.bench][1].split(":")
     # the files are rewritten after every row: a run stopped part way (a timeout, a lent GPU's lease ending, Ctrl-C)

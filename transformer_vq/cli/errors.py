@@ -74,13 +74,20 @@ def _os_message(err: OSError) -> str:
     return f"{what}: {where}; {hint}" if where else f"{what}; {hint}"
 
 
-def check_device(name: str) -> None:
-    """Refuse ``--device cuda`` on a machine without a usable CUDA GPU (imports torch: call it from ``run``)."""
+def check_device(name: str, model=None) -> None:
+    """Refuse ``--device cuda`` on a machine without a usable CUDA GPU, and a ``model`` config whose
+    ``attn_backend`` cannot run on the device here (imports torch: call it from ``run``, before anything is
+    created)."""
+    import torch
+
     from transformer_vq.config import ConfigError
 
-    if name == "cuda":
-        import torch
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device: cuda was requested but no CUDA GPU is available; use --device cpu (or auto)")
+    if getattr(model, "attn_backend", "eager") == "triton":
+        from transformer_vq.ops.vq.attention import triton_problem
+        from transformer_vq.train.device import resolve_device
 
-        if not torch.cuda.is_available():
-            raise ConfigError("--device: cuda was requested but no CUDA GPU is available; use --device cpu "
-                              "(or auto)")
+        problem = triton_problem(resolve_device(name))
+        if problem is not None:
+            raise ConfigError(f"--attn-backend: {problem}")

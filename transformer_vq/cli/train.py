@@ -158,7 +158,7 @@ def run(args) -> int:
     from transformer_vq.train.checkpoint import check_resume_steps
 
     cfg = build_config(args)
-    check_device(cfg.train.device)
+    check_device(cfg.train.device, cfg.model)
     check_resume_steps(cfg.train.resolved_run_dir(), args.resume, cfg.train.steps)
     result, status = run_training(lambda: train(cfg, resume=args.resume), "tvq train")
     if status is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from transformer_vq.hostmem import retain_freed_memory
@@ -14,6 +16,17 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was requested but no CUDA GPU is available; use --device cpu (or auto)")
     return torch.device(name)
+
+
+def runnable_on(run_cfg, device: torch.device):
+    """``run_cfg`` (a run's config with a ``model`` section) with ``attn_backend`` 'eager' where its 'triton' cannot
+    run on ``device`` here, else unchanged: the backend is how training computed attention, not what the weights
+    mean, so a run trained on a GPU is read on a CPU with the same attention."""
+    from transformer_vq.ops.vq.attention import triton_problem
+
+    if getattr(run_cfg.model, "attn_backend", "eager") != "triton" or triton_problem(device) is None:
+        return run_cfg
+    return dataclasses.replace(run_cfg, model=run_cfg.model.replace(attn_backend="eager"))
 
 
 def use_threads(threads: int) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 
 import torch
 
@@ -154,12 +155,27 @@ def _blocks_kernel(backend: str, q: torch.Tensor, code_scores, compressive_cache
         raise ValueError(f"backend must be one of {', '.join(ATTN_BACKENDS)}, got {backend!r}")
     if backend == "eager":
         return attend_blocks
-    if importlib.util.find_spec("triton") is None:
-        raise ImportError("backend='triton' needs the triton package: pip install -e \".[triton]\"")
+    problem = triton_problem(q.device)
+    if problem is not None:
+        raise problem
     from transformer_vq.ops.vq.triton import attend_blocks_fused, check_fused_inputs
 
     check_fused_inputs(q, code_scores, compressive_cache)
     return attend_blocks_fused
+
+
+def triton_problem(device: torch.device | str) -> Exception | None:
+    """Why ``backend='triton'`` cannot run on ``device`` on this machine, as the error to raise (``None``: it can).
+
+    One check for the operator and for the commands, which call it before they create anything (a run directory)."""
+    eager = "backend='eager' (attn_backend 'eager' in a model config) is the same attention"
+    if importlib.util.find_spec("triton") is None:  # once imported, a lookup in sys.modules
+        return ImportError(f"backend='triton' needs the triton package: pip install -e \".[triton]\"; or {eager}")
+    kind = torch.device(device).type
+    if kind != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return ValueError(f"backend='triton' runs on CUDA tensors, got {kind}; on a CPU set TRITON_INTERPRET=1 "
+                          f"before the first import of triton to run its interpreter; or {eager}")
+    return None
 
 
 def _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores):

@@ -13,7 +13,7 @@ from transformer_vq.config.arch import check_serves, find_arch
 from transformer_vq.data.codec import BYTE_VOCAB, decode_bytes, encode_bytes
 from transformer_vq.data.errors import DataError
 from transformer_vq.train.checkpoint.store import Checkpoint, find_checkpoint
-from transformer_vq.train.device import resolve_device
+from transformer_vq.train.device import resolve_device, runnable_on
 from transformer_vq.train.models import instantiate
 
 # A run's copy of its corpus's tokenizer (PG-19's SentencePiece model), so the run can be evaluated
@@ -97,11 +97,14 @@ def model_from_checkpoint(path: str, *, device: str = "auto", command: str = "ev
                                                                                           RunConfig, Checkpoint]:
     """The model of a checkpoint (run directory or checkpoint directory) with its weights, in eval
     mode on ``device``, plus its run config and the checkpoint itself. A run that ``tvq command`` does not read (a
-    classifier's, for any of them) is refused, naming its kind and the commands that read it."""
+    classifier's, for any of them) is refused, naming its kind and the commands that read it. A run trained with
+    ``attn_backend`` 'triton' is read with 'eager' where triton cannot run (the same attention: the backend is how
+    training computed it, not what the weights mean)."""
     ckpt = find_checkpoint(path)
     check_serves(ckpt.config, command, ckpt.path)
-    run_cfg = RunConfig.from_dict(ckpt.config)
+    where = resolve_device(device)
+    run_cfg = runnable_on(RunConfig.from_dict(ckpt.config), where)
     model = build_model(run_cfg)
     ckpt.load_weights(model)
-    model.to(resolve_device(device)).eval()
+    model.to(where).eval()
     return model, run_cfg, ckpt

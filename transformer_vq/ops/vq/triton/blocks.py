@@ -9,8 +9,6 @@ backward (:mod:`transformer_vq.ops.vq.triton.function`).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from transformer_vq.ops.vq.cache import log_counts
@@ -54,6 +52,3 @@ def check_fused_inputs(q: torch.Tensor, code_scores, compressive_cache: bool) ->
         raise ValueError("backend='triton' computes the codeword scores itself: code_scores needs backend='eager'")
     if q.dtype not in DTYPES:
         raise ValueError(f"backend='triton' computes in float32, float16 or bfloat16, got {q.dtype}")
-    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        raise ValueError(f"backend='triton' runs on CUDA tensors, got {q.device.type}; on a CPU set "
-                         "TRITON_INTERPRET=1 before the first import of triton to run its interpreter")
