@@ -9,15 +9,25 @@ import torch
 from transformer_vq.config import ConfigError, SampleConfig
 
 
-@functools.lru_cache(maxsize=64)  # called for every sampled token: the config check costs ~0.1 ms, a lookup nothing
 def check_sampling(temperature: float = 1.0, top_k: int | None = None, top_p: float = 1.0) -> None:
     """Refuse (``ValueError``) sampling settings that ``tvq sample`` refuses, by the same rules: the fields of
     :class:`~transformer_vq.config.SampleConfig` (temperature 0 or at least ``MIN_TEMPERATURE``, ``top_k`` >= 1,
     ``top_p`` in (0, 1], and ``top_k``/``top_p`` only with a temperature above 0: greedy decoding restricts nothing)."""
     try:
+        _check_remembered(temperature, top_k, top_p)
+    except TypeError:  # unhashable (a list): not remembered, and refused by the same rules
+        _check(temperature, top_k, top_p)
+
+
+def _check(temperature, top_k, top_p) -> None:
+    try:
         SampleConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     except ConfigError as err:
         raise ValueError("; ".join(f"{name} {text}" for name, text in err.problems)) from None
+
+
+# called for every sampled token: the config check costs ~0.1 ms, a lookup nothing
+_check_remembered = functools.lru_cache(maxsize=64)(_check)
 
 
 def sample_next_token(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None,

@@ -105,6 +105,8 @@ def test_nucleus_and_top_k_keep_the_right_tokens():
     (dict(temperature=-1), "temperature must be >= 0"),
     (dict(top_k=0), "top_k must be a positive integer"),
     (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+    (dict(temperature=[1.0]), r"temperature must be a number, got \[1.0\]"),  # unhashable: no TypeError
+    (dict(top_k=[3]), r"top_k must be an integer, got \[3\]"),
 ])
 def test_sampling_argument_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
