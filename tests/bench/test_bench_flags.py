@@ -107,6 +107,13 @@ def test_train_and_decode_honor_fields_some_cell_reads():
     assert cfg.cell_model("vq").reduction == "matmul"
 
 
+def test_train_takes_n_head_with_a_single_head_preset():
+    # the tiny preset is 'shga' (one head): the cells set head_type, so --n-head is for its mqa/mha cells
+    cfg = bench_config(build_parser().parse_args(["bench", "train", "--preset", "tiny", "--models", "vq/mha",
+                                                  "vq/shga", "--n-head", "4"]))
+    assert [(m.head_type, m.n_head) for m in map(cfg.cell_model, cfg.models)] == [("mha", 4), ("shga", 1)]
+
+
 def test_decode_refuses_an_encoder_up_front(tmp_path, capsys):
     assert refusal(tmp_path, capsys, ["decode", "--preset", "tiny", "--models", "vq", "--no-causal"]) == (
         "error: invalid DecodeBenchConfig: tvq bench decode generates tokens, and an encoder (causal false) has no "

@@ -48,6 +48,12 @@ class BenchConfig:
 
         return build(cls, {**values, "model": cls.model_class().from_dict(values["model"])}, "bench")
 
+    @classmethod
+    def base_model(cls, model):
+        """The model a preset gives the benchmark, before the model flags: the preset itself (a benchmark whose
+        cells set some of its fields overrides this)."""
+        return model
+
     def cells(self) -> list[Cell]:
         """Each kind of cell the benchmark runs, as far as its model goes (:mod:`transformer_vq.bench.reads`)."""
         raise NotImplementedError
@@ -187,6 +193,12 @@ class TrainBenchConfig(BenchConfig):
                                 f"and head_type in {', '.join(HEAD_TYPES)}, got {m!r}") for m in bad[:1]])
         for name in self.models:
             self.cell_model(name)
+
+    @classmethod
+    def base_model(cls, model: TransformerVQConfig) -> TransformerVQConfig:
+        """A preset with head_type 'mha': each cell sets its own head_type (and one head for shga), so a preset's
+        single-head 'shga' must not refuse the --n-head of the mqa/mha cells."""
+        return model.replace(head_type="mha")
 
     def cell_model(self, name: str) -> TransformerVQConfig:
         """The model ``attn_type/head_type`` of ``--models`` at the benchmark's sizes."""

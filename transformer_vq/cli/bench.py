@@ -61,7 +61,7 @@ def bench_config(args):
 
     cls = getattr(config, BENCHES[args.bench][0])
     model_cls = cls.model_class()
-    model = config.MODEL_PRESETS[model_cls][args.preset] if args.preset else cls().model
+    model = cls.base_model(config.MODEL_PRESETS[model_cls][args.preset]) if args.preset else cls().model
     model_flags = given(args, model_cls)
     cfg = cls(model=model.replace(**model_flags), **given(args, cls))
     cfg.refuse_unread(model_flags)  # a model flag no cell reads would change nothing: refused, not ignored
