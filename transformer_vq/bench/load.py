@@ -1,10 +1,15 @@
 """The others' load while a benchmark runs: how many threads of other processes wanted the CPU meanwhile.
 
 A load average counts the benchmark's own threads too, and lags by a minute. :class:`OthersLoad` samples, in a
-background thread, the runnable threads (state ``R`` in ``/proc/<pid>/task/<tid>/stat``) of every process that is
-neither this one nor one of its descendants (the worker processes a benchmark spawns), and reports their mean and
-maximum over the samples. A timing taken while others ran is slower by about their share of the cores: a reader can
-tell a quiet run from a shared one. Linux only; elsewhere the samples are ``None``.
+background thread, the runnable threads of the machine (``procs_running`` of ``/proc/stat``) less those of this
+process and its descendants (the worker processes a benchmark spawns: state ``R`` in
+``/proc/<pid>/task/<tid>/stat``, the tree read from ``/proc/<pid>/task/<tid>/children``), and reports their mean
+and maximum over the samples. A timing taken while others ran is slower by about their share of the cores: a reader
+can tell a quiet run from a shared one. Linux only; elsewhere the samples are ``None``.
+
+A sample reads a few small files (tens of microseconds), never every process of the machine: the sampler runs
+beside the timed calls and holds the GIL while it reads, so a scan of all of ``/proc`` (about 10 ms) slowed the very
+calls it watched, the Python-heavy ones most.
 """
 
 from __future__ import annotations
@@ -19,25 +24,35 @@ PROC = Path("/proc")
 def others_runnable() -> int | None:
     """Threads of other processes (not this one, not its descendants) runnable now; ``None`` without ``/proc``."""
     try:
-        parents, running = {}, {}
-        for entry in PROC.iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                parents[int(entry.name)] = int(_stat_fields(entry / "stat")[1])
-                running[int(entry.name)] = sum(_stat_fields(task / "stat")[0] == "R"
-                                               for task in (entry / "task").iterdir())
-            except (OSError, IndexError, ValueError):  # the process ended while being read
-                continue
-    except OSError:
+        machine = next(int(line.split()[1]) for line in (PROC / "stat").read_text().splitlines()
+                       if line.startswith("procs_running "))
+    except (OSError, StopIteration, ValueError, IndexError):
         return None
-    ours = {os.getpid()}
-    grew = True
-    while grew:  # descendants: processes whose parent is ours, to a fixed point
-        new = {pid for pid, parent in parents.items() if parent in ours} - ours
-        ours |= new
-        grew = bool(new)
-    return sum(n for pid, n in running.items() if pid not in ours)
+    ours = sum(_runnable_threads(pid) for pid in _tree(os.getpid()))
+    # the two reads are instants apart: a thread of ours that started running in between is not someone else's
+    return max(0, machine - ours)
+
+
+def _tree(root: int) -> set[int]:
+    """``root`` and its descendants, from the ``children`` list of every thread of each."""
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        try:
+            for task in (PROC / str(pid) / "task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split() if int(c) not in found)
+        except (OSError, ValueError):  # the process ended while being read
+            continue
+    return found
+
+
+def _runnable_threads(pid: int) -> int:
+    """Threads of process ``pid`` in state ``R`` (0 when it ended while being read)."""
+    try:
+        return sum(_stat_fields(task / "stat")[0] == "R" for task in (PROC / str(pid) / "task").iterdir())
+    except (OSError, IndexError):
+        return 0
 
 
 def _stat_fields(path: Path) -> list[str]:
