@@ -51,7 +51,7 @@ model() {
     --lengths 8k --out "$out" --name "train-enwik8-bf16-$day-gpu"
   tvq bench decode --device cuda --precision bfloat16 --contexts 1k 8k 64k --out "$out" \
     --name "decode-bf16-$day-gpu"
-  "$py" -m transformer_vq.bench.packing --device cuda --precision bfloat16 --length 8192 \
+  "$py" -m transformer_vq.bench.packing --device cuda --precision bfloat16 --length 8192 --block-len 128 \
     --out "$out/packing-bf16-$day-gpu.json"
 }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from transformer_vq.bench.packing import document_positions, main
@@ -33,3 +34,37 @@ def test_the_benchmark_runs_end_to_end_at_a_tiny_size(tmp_path, capsys):
     assert [row["case"] for row in rows] == ["unpacked", "packed, mean document 8"]
     assert all(row["step_s"] > 0 and row["samples"] >= 1 for row in rows)
     assert all(row["peak_bytes"] > 0 for row in rows)  # measured in each case's own process
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--length", "0"], "error: --length: must be a positive integer, got '0'"),
+    (["--mean-doc", "-5"], "error: --mean-doc: must be a positive integer, got '-5'"),
+    (["--mean-doc", "8", "8"], "error: --mean-doc: each length once, got 8 8"),
+    (["--rounds", "0"], "error: --rounds: must be a positive integer, got '0'"),
+    (["--device", "foo"], "error: --device: invalid choice: 'foo' (choose from 'cpu', 'cuda')"),
+], ids=["length", "mean-doc", "repeated-mean-doc", "rounds", "device"])
+def test_bad_values_are_refused_in_one_line(capsys, flags, message):
+    with pytest.raises(SystemExit) as stop:
+        main(["--preset", "tiny", *flags])
+    assert stop.value.code == 2 and capsys.readouterr().err.strip() == message
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_the_first_step(tmp_path, capsys, monkeypatch):
+    from transformer_vq.bench import packing
+
+    monkeypatch.setattr(packing, "run", lambda args: pytest.fail("the run started"))
+    (tmp_path / "file").write_text("")
+    for out, message in [(tmp_path / "file" / "x.json", "is a file, not a directory"), (tmp_path, "is a directory")]:
+        with pytest.raises(SystemExit) as stop:
+            main(["--preset", "tiny", "--out", str(out)])
+        assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_block_length_is_the_presets_unless_given(monkeypatch):
+    from transformer_vq.bench import packing
+
+    seen = []
+    monkeypatch.setattr(packing, "run", lambda args: seen.append(args.block_len) or pytest.skip("checked"))
+    with pytest.raises(pytest.skip.Exception):
+        main(["--preset", "tiny"])
+    assert seen == [8]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from pathlib import Path
 
 import torch
 
@@ -126,27 +127,63 @@ def table(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    """Command-line entry point: prints the table (and writes JSON with ``--out``)."""
-    parser = argparse.ArgumentParser(prog="python -m transformer_vq.bench.packing", description=__doc__,
-                                     allow_abbrev=False)
+    """Command-line entry point: prints the table (and writes JSON with ``--out``). Every input is checked before the
+    first step (one ``error:`` line, exit status 2), ``--out`` included, so that a run is not lost at its end."""
+    from transformer_vq.cli.errors import check_device
+    from transformer_vq.config import ConfigError
+    from transformer_vq.config.flags import Parser
+
+    parser = Parser(prog="python -m transformer_vq.bench.packing", description=__doc__)
     parser.add_argument("--preset", default="small", choices=sorted(PRESETS))
-    parser.add_argument("--block-len", type=int, default=128)
-    parser.add_argument("--length", type=int, default=2048, help="tokens per row")
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--mean-doc", type=int, nargs="+", default=[64, 512, 2048], help="mean document lengths")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--block-len", type=_positive, default=None, help="block length L (default: the preset's)")
+    parser.add_argument("--length", type=_positive, default=2048, help="tokens per row")
+    parser.add_argument("--batch-size", type=_positive, default=4)
+    parser.add_argument("--mean-doc", type=_positive, nargs="+", default=[64, 512, 2048],
+                        help="mean document lengths")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--precision", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=3, help="alternations of the cases")
+    parser.add_argument("--repeats", type=_positive, default=3)
+    parser.add_argument("--rounds", type=_positive, default=3, help="alternations of the cases")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="write the result as JSON here")
     args = parser.parse_args(argv)
+    try:
+        args.block_len = args.block_len or PRESETS[args.preset].block_len
+        PRESETS[args.preset].replace(block_len=args.block_len)  # the model the cases build, refused now if invalid
+        if len(set(args.mean_doc)) < len(args.mean_doc):
+            raise ConfigError(f"--mean-doc: each length once, got {' '.join(map(str, args.mean_doc))}")
+        check_device(args.device)
+        _check_out(args.out)
+    except ConfigError as err:
+        parser.exit(2, f"error: {' '.join(str(err).split())}\n")
     result = run(args)
     print(table(result))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
     return 0
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _check_out(out: str | None) -> None:
+    """Refuse an ``--out`` the JSON could not be written to (its directory is made here)."""
+    from transformer_vq.bench.report import report_dir
+    from transformer_vq.config import ConfigError
+
+    if out is None:
+        return
+    if Path(out).is_dir():
+        raise ConfigError(f"--out: {out} is a directory; name the JSON file to write")
+    report_dir(Path(out).parent)
 
 
 if __name__ == "__main__":
