@@ -156,6 +156,15 @@ def test_train_bench_scaling_fits_peak_memory_against_length():
     assert "GiB per 1k tokens" in table(result) and "| 4096 | 900 |" in table(result)
 
 
+def test_train_and_decode_draw_tokens_of_the_models_vocabulary():
+    small_vocab = {**TINY_MODEL, "model": TINY_MODEL["model"].replace(vocab_size=50)}  # below the 256 byte ids
+    train = run_train_bench(TrainBenchConfig(lengths=(16,), models=("vq/shga",), repeats=1, **small_vocab),
+                            log=lambda line: None)
+    decode = run_decode_bench(DecodeBenchConfig(contexts=(16,), models=("vq",), new_tokens=1, prompt_chunk=16,
+                                                **small_vocab), log=lambda line: None)
+    assert [row["status"] for row in train["rows"] + decode["rows"]] == ["ok", "ok"]
+
+
 def test_decode_bench_figures():
     cfg = DecodeBenchConfig(contexts=(16, 48), models=("vq", "full"), new_tokens=2, prompt_chunk=32, **TINY_MODEL)
     result = run_decode_bench(cfg, log=lambda line: None)

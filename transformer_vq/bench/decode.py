@@ -46,7 +46,7 @@ def decode_cell(model: str, config: dict) -> dict:
     net = TransformerVQ(cfg.cell_model(model)).to(cfg.device, dtype).eval()
     gen = torch.Generator().manual_seed(cfg.seed)
     contexts = sorted(cfg.contexts)
-    prompt = torch.randint(0, 256, (1, contexts[-1]), generator=gen).to(cfg.device)
+    prompt = torch.randint(0, net.cfg.vocab_size, (1, contexts[-1]), generator=gen).to(cfg.device)
     gen = torch.Generator(cfg.device).manual_seed(cfg.seed)  # the sampler draws on the logits' device
     sync = synchronizer(cfg.device)  # a GPU runs asynchronously: every timer waits for its work
     power = 2 if model in QUADRATIC else 1

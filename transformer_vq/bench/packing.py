@@ -68,7 +68,7 @@ def peak_memory(preset: str, block_len: int, device: str, precision: str, seed: 
     """A benchmark cell (run in its own process by :func:`run_cell`, which measures its peak memory): two training
     steps of one case."""
     step = training_step(preset, block_len, device, precision, seed)
-    ids = torch.randint(0, 256, (batch_size, length + 1)).to(device)
+    ids = torch.randint(0, PRESETS[preset].vocab_size, (batch_size, length + 1)).to(device)
     positions = None if mean_doc is None else document_positions(batch_size, length, mean_doc, seed).to(device)
     for _ in range(2):  # the second step holds the optimizer's moments too
         step(ids, positions)
@@ -78,7 +78,7 @@ def peak_memory(preset: str, block_len: int, device: str, precision: str, seed: 
 def run(args: argparse.Namespace) -> dict:
     """Time the unpacked step and one packed step per ``--mean-doc``; returns the result with the machine's facts."""
     step = training_step(args.preset, args.block_len, args.device, args.precision, args.seed)
-    ids = torch.randint(0, 256, (args.batch_size, args.length + 1)).to(args.device)
+    ids = torch.randint(0, PRESETS[args.preset].vocab_size, (args.batch_size, args.length + 1)).to(args.device)
     mean_docs = {"unpacked": None, **{f"packed, mean document {m}": m for m in args.mean_doc}}
     cases = {name: None if m is None else document_positions(args.batch_size, args.length, m, args.seed).to(args.device)
              for name, m in mean_docs.items()}

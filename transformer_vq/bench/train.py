@@ -65,8 +65,9 @@ def _training_step(cfg: TrainBenchConfig, model: str):
 
 
 def _tokens(cfg: TrainBenchConfig, length: int) -> torch.Tensor:
-    """Random bytes ``[B, T + 1]`` on the benchmark's device (drawn on the CPU: the same tokens on every device)."""
-    return torch.randint(0, 256, (cfg.batch_size, length + 1)).to(cfg.device)
+    """Random token ids ``[B, T + 1]`` of the model's vocabulary on the benchmark's device (drawn on the CPU: the same
+    tokens on every device)."""
+    return torch.randint(0, cfg.model.vocab_size, (cfg.batch_size, length + 1)).to(cfg.device)
 
 
 def train_cell(model: str, length: int, config: dict, repeats: int, warmup: int) -> dict:
