@@ -10,10 +10,12 @@ import statistics
 from pathlib import Path
 
 import pytest
+import torch
 
 from transformer_vq.ablate import AblateConfig, Matrix, run_ablation
 from transformer_vq.ablate.cells import cell_config
 from transformer_vq.ablate.report import command_line
+from transformer_vq.cli import main
 from transformer_vq.config import ConfigError
 from transformer_vq.config.ablate import MATRICES
 from transformer_vq.data import DataError
@@ -187,3 +189,28 @@ def test_an_unknown_data_option_is_refused_before_anything_is_written(tmp_path):
         run_ablation(tiny_settings(tmp_path, data_options={"bogus": 3}), matrix=TINY, isolate=False,
                      log=lambda *a: None)
     assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
+
+
+def test_an_out_that_is_a_file_is_refused_before_anything_is_written(tmp_path):
+    """docs/benchmarks.md: a report that cannot be written is refused before the first cell, not after the matrix."""
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="--out: .*file is a file, not a directory"):
+        run_ablation(tiny_settings(tmp_path, out=str(tmp_path / "file")), matrix=TINY, isolate=False,
+                     log=lambda *a: None)
+    assert not (tmp_path / "work").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_cuda_without_a_gpu_is_refused_before_anything_is_written(tmp_path, capsys):
+    with pytest.raises(ValueError, match="no CUDA GPU is available"):
+        run_ablation(tiny_settings(tmp_path, device="cuda"), matrix=TINY, isolate=False, log=lambda *a: None)
+    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
+    assert main(["ablate", "--matrix", "codebook", "--device", "cuda", "--work-dir", str(tmp_path / "work")]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --device: cuda was requested but no CUDA GPU is available; "
+                                               "use --device cpu (or auto)")
+
+
+@pytest.mark.parametrize("name", ["../escape", "sub/dir", ".", ""])
+def test_a_name_that_is_no_file_stem_is_refused(tmp_path, name):
+    with pytest.raises(ConfigError, match="name must"):
+        tiny_settings(tmp_path, name=name)

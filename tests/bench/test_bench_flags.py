@@ -169,3 +169,14 @@ def test_a_report_with_no_measured_cell_plots_without_a_warning(tmp_path):
         warnings.simplefilter("error")
         plot(result, tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("name, message", [
+    ("../escape", "must be a file name stem, not a path (the directory is --out), got '../escape'"),
+    ("", "must not be empty, got ''"),
+])
+def test_a_name_that_is_no_file_stem_is_refused_before_anything_runs(tmp_path, capsys, name, message):
+    with pytest.raises(SystemExit) as stop:  # an argparse refusal
+        main(["bench", "op", "--out", str(tmp_path / "out"), "--name", name])
+    assert stop.value.code == 2 and capsys.readouterr().err.strip() == f"error: --name: {message}"
+    assert not (tmp_path / "out").exists()

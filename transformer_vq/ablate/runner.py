@@ -31,10 +31,12 @@ from pathlib import Path
 
 from transformer_vq import fileio
 from transformer_vq.ablate.cells import cell_config, cell_id, cell_record, child_command, read_metrics, score_recall
+from transformer_vq.bench.report import report_dir
 from transformer_vq.config import ConfigError
 from transformer_vq.config.ablate import MATRICES, AblateConfig, Matrix, default_of
 from transformer_vq.config.fields import fields_of
 from transformer_vq.train.checkpoint.rundir import wait_until_free
+from transformer_vq.train.device import resolve_device
 from transformer_vq.train.lm.build import check_corpus_options
 from transformer_vq.train.signals import PARENT_ENV
 
@@ -61,6 +63,8 @@ def run_ablation(cfg: AblateConfig, *, matrix: Matrix | None = None, isolate: bo
     configs = {job: cell_config(cfg, matrix, *job, work) for job in jobs}
     for run_cfg in configs.values():  # the dataset's own checks of --data-option, before any cell or report
         check_corpus_options(run_cfg.train)
+    resolve_device(cfg.device)  # and the device and the report's directory: no cell trains for a run that would fail
+    report_dir(cfg.out)
     _hold_settings(work, cfg, whole)  # the whole matrix's: a run with other --cells continues the same one
     parallel = cfg.jobs > 1 and isolate
     progress = _Progress(len(jobs), cfg.steps, log, parallel=parallel)

@@ -58,11 +58,13 @@ def run(args) -> int:
 
     from transformer_vq.ablate import run_ablation
     from transformer_vq.cli.batch import batch_status
+    from transformer_vq.cli.errors import check_device
     from transformer_vq.config.ablate import AblateConfig
     from transformer_vq.config.flags import given
     from transformer_vq.config.fields import build
 
     cfg = build(AblateConfig, given(args, AblateConfig), "ablate")
+    check_device(cfg.device)  # in the words of every command, before any cell
     # `kill` stops the matrix as Ctrl-C does: every running training is stopped and saves its checkpoint (the default
     # SIGTERM would end this process alone and leave its trainings running)
     signal.signal(signal.SIGTERM, _interrupt)

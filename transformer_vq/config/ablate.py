@@ -143,7 +143,7 @@ class AblateConfig:
     work_dir: str | None = option(None, "Where the cells' run directories and finished records go (default "
                                         "runs/ablate-<matrix>); rerunning with the same one resumes the matrix.")
     out: str = option("benchmarks/results", "Directory of the report: <name>.json, <name>.md and the PNG plots.")
-    name: str | None = option(None, "File name stem of the report (default ablate-<matrix>).")
+    name: str | None = option(None, "File name stem of the report (default ablate-<matrix>).", file_stem=True)
 
     def __init__(self, **values):
         fields = fields_of(AblateConfig)

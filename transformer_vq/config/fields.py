@@ -127,13 +127,23 @@ def _scalar_problem(value, base: type, rules: dict) -> str | None:
             return "must not be empty"
         if "choices" in rules and value not in rules["choices"]:
             return f"must be one of {', '.join(rules['choices'])}"
-        return None
+        return file_stem_problem(value) if rules.get("file_stem") else None
     elif base is dict:
         ok = isinstance(value, dict) and all(isinstance(k, str) for k in value)
         return None if ok else "must be a mapping of option name to value"
     else:
         return None if isinstance(value, base) else f"must be a {base.__name__}"
     return _bounds(rules, base is int) if _outside(value, rules) else None
+
+
+def file_stem_problem(name: str) -> str | None:
+    """What is wrong with ``name`` as the stem of files written in a chosen directory (``--name``), or None: a path
+    (a separator, ``.``, ``..``) would write elsewhere than that directory, an empty stem hidden files (``.json``)."""
+    if not name:
+        return "must not be empty"
+    if "/" in name or "\\" in name or name in (".", ".."):
+        return "must be a file name stem, not a path (the directory is --out)"
+    return None
 
 
 def problem(field: dataclasses.Field, kind: Kind, value) -> str | None:
