@@ -162,6 +162,19 @@ def test_a_memory_limit_too_small_to_import_torch_says_so():
         "status": "error", "error": "ImportError: No module named 'x'"}
 
 
+def test_a_child_that_dies_before_it_can_report_under_a_limit_says_the_limit_is_too_small(monkeypatch):
+    """Under a limit of a few MiB Python's own start-up fails (a bare MemoryError on stderr, no result line)."""
+    import subprocess
+
+    died = subprocess.CompletedProcess([], 1, stdout="", stderr="Traceback (most recent call last):\nMemoryError\n")
+    monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: died)
+    row = run_cell("transformer_vq.bench.op:op_cell", {}, isolate=True, mem_limit_gib=0.01)
+    assert row["error"] == ("--mem-limit-gib 0.01 is too small for a cell's process to even start (it ended with "
+                            "MemoryError); raise --mem-limit-gib, or give 0 for no limit")
+    row = run_cell("transformer_vq.bench.op:op_cell", {}, isolate=True)  # no limit: the error as it came
+    assert row["error"] == "MemoryError"
+
+
 def test_a_report_with_no_measured_cell_plots_without_a_warning(tmp_path):
     result = {"benchmark": "train", "rows": [{"model": "vq/shga", "T": 16, "status": "error", "error": "x"}],
               "machine": {"cpu": "cpu", "torch_threads": 1, "torch": "2"}}

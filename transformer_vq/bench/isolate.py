@@ -50,10 +50,12 @@ def _start_failure(error: BaseException, limit: int) -> dict:
     small for torch's libraries to even map (``failed to map segment``), not the cell running out of memory."""
     if not (_is_oom(error) or "map segment" in str(error)):
         return _failure(error)
-    why = f"{type(error).__name__}: {str(error)[:120]}"
+    return _too_small(limit, f"importing its code failed: {type(error).__name__}: {str(error)[:120]}")
+
+
+def _too_small(limit: int, why: str) -> dict:
     return {"status": "error", "error": f"--mem-limit-gib {limit / 2**30:g} is too small for a cell's process to even "
-                                        f"start (importing its code failed: {why}); raise --mem-limit-gib, or give 0 "
-                                        f"for no limit"}
+                                        f"start ({why}); raise --mem-limit-gib, or give 0 for no limit"}
 
 
 def _child() -> None:
@@ -138,4 +140,8 @@ def _run(target, kwargs, isolate, timeout_s, device, mem_limit_gib, retain_memor
         return json.loads(proc.stdout.rsplit("@@RESULT@@", 1)[1])
     if proc.returncode < 0:  # killed by a signal: the kernel's OOM killer sends SIGKILL
         return {"status": "oom", "error": f"killed by signal {-proc.returncode}"}
-    return {"status": "error", "error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
+    if request["mem_limit_bytes"] and ("MemoryError" in last or "map segment" in last):
+        # under a limit so small that the child died before it could catch anything (Python's own start-up)
+        return _too_small(request["mem_limit_bytes"], f"it ended with {last[:120]}")
+    return {"status": "error", "error": last}
