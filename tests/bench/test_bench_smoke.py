@@ -407,3 +407,10 @@ def test_a_run_stopped_after_its_first_cell_keeps_that_cell_marked_partial(tmp_p
     assert main(["bench", bench, *argv, "--no-isolate", "--out", str(tmp_path), "--name", "c"]) == 0
     done = json.loads((tmp_path / "c.json").read_text())
     assert done["complete"] is True and not (tmp_path / "c.md").read_text().startswith("**Partial")
+
+
+def test_small_ratios_and_rates_keep_their_digits():
+    from transformer_vq.bench.report import gflops_text, ratio_text
+
+    assert [ratio_text(x) for x in (0.023, 0.5, 0.999, 5.34)] == ["0.023x", "0.50x", "1.00x", "5.3x"]
+    assert [gflops_text(x) for x in (0.46, 37.5, 2345.6)] == ["0.46", "37.5", "2,346"]

@@ -86,7 +86,7 @@ def table(result: dict) -> str:
             (" - | - |" if codebooks else "")
         lines.append(f"| {r['cell']} | {' '.join(r['overrides'])} | {len(r['seeds'])} | {r['mean_bpb']:.4f} +- "
                      f"{r['std_bpb']:.4f} | {min(r['final_bpb']):.4f} .. {max(r['final_bpb']):.4f} | "
-                     f"{_ratio(r['ratio'])} | {r['train_seconds']:.0f} |{cb}")
+                     f"{_ratio(r['ratio'])} | {r['train_seconds']:.3g} |{cb}")
     failures = [f"- {r['cell']} {text}" for r in rows for text in r["failed"]]
     reused = [f"- {r['cell']} seed {r['seed']}: {r['reused_from']}" for r in result["cells"] if "reused_from" in r]
     return "\n".join(lines + (["", "Failed:", *failures] if failures else [])

@@ -30,7 +30,7 @@ from transformer_vq.bench.machine import matmul_gflops, median_seconds
 from transformer_vq.bench.memory import PeakMemory
 from transformer_vq.bench.op_methods import (CAUSAL_VQ, DTYPES, baselines_of, forward_flops, is_vq, make_inputs,
                                              method_fn, vq_matmuls)
-from transformer_vq.bench.report import memory_text, progress_note
+from transformer_vq.bench.report import gflops_text, memory_text, progress_note, ratio_text
 from transformer_vq.bench.result import finish_result, no_progress, start_result
 
 
@@ -159,7 +159,7 @@ def run_paired(cfg: OpBenchConfig, log=print) -> list[dict]:
             if method != base:
                 entry["compile_speedup"] = _paired_ratio(samples[base], times)
             out.append(entry)
-            speed = "  ".join(f"{v:.1f}x vs {k}" for k, v in entry["speedup"].items())
+            speed = "  ".join(f"{ratio_text(v)} vs {k}" for k, v in entry["speedup"].items())
             if "compile_speedup" in entry:
                 speed += f"  {entry['compile_speedup']:.2f}x vs eager"
             log(f"paired {method:>10} T={length:>7}  fwd {entry['forward_s']:.3f} s  "
@@ -261,8 +261,8 @@ def _line(row: dict) -> str:
     note = progress_note(row, "est. forward {estimated_forward_s:.0f} s")
     if note:
         return f"{head}  {note}"
-    text = (f"{head}  fwd {row['forward_s']:.3f} s  {row['forward_gflops']:.0f} GFLOP/s "
-            f"({100 * row['forward_fraction_of_peak']:.0f}% of matmul {row['matmul_gflops']:.0f})")
+    text = (f"{head}  fwd {row['forward_s']:.3f} s  {gflops_text(row['forward_gflops'])} GFLOP/s "
+            f"({100 * row['forward_fraction_of_peak']:.0f}% of matmul {gflops_text(row['matmul_gflops'])})")
     text += f"  peak {memory_text(row, 'forward_')}"
     if "fwd_bwd_s" in row:
         text += f"  fwd+bwd {row['fwd_bwd_s']:.3f} s  peak {memory_text(row, 'fwd_bwd_')}"

@@ -52,6 +52,17 @@ def progress_note(row: dict, skipped: str) -> str | None:
     return None
 
 
+def ratio_text(ratio: float) -> str:
+    """A speed ratio in words: two significant digits below 0.1 (0.023x, not 0.0x), two decimals below 1, one
+    above."""
+    return f"{ratio:.2g}x" if ratio < 0.1 else f"{ratio:.2f}x" if ratio < 1 else f"{ratio:.1f}x"
+
+
+def gflops_text(rate: float) -> str:
+    """A GFLOP/s figure: three significant digits, so a small rate does not print as 0."""
+    return f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
+
+
 def memory_text(row: dict, prefix: str = "") -> str:
     """A cell's peak memory (:mod:`transformer_vq.bench.memory`) for a table: the process's peak RSS and, in
     brackets, how far it rose over the cell (``1.20 GiB (+0.85)``), or the CUDA allocator's peak; ``-`` where none."""
@@ -116,15 +127,15 @@ def op_table(result: dict) -> str:
             continue
         bwd = _seconds(row.get("fwd_bwd_s")) if "fwd_bwd_s" in row else (
             f"skipped (est. {_seconds(row['estimated_fwd_bwd_s'])})" if row.get("estimated_fwd_bwd_s") else "-")
-        bwd_gf = f"{row['fwd_bwd_gflops']:.0f}" if "fwd_bwd_gflops" in row else "-"
+        bwd_gf = gflops_text(row["fwd_bwd_gflops"]) if "fwd_bwd_gflops" in row else "-"
         s = speed.get((row["method"], row["T"]), {})
-        sp = [f"{s[k]:.1f}x" + (" (est.)" if s[k.replace("speedup", "estimated")] else "") if k in s else "-"
+        sp = [ratio_text(s[k]) + (" (est.)" if s[k.replace("speedup", "estimated")] else "") if k in s else "-"
               for k in ("forward_speedup", "fwd_bwd_speedup")]
         lines.append(f"{head} {_seconds(row['forward_s'])} | {row['T'] / row['forward_s']:,.0f} | "
-                     f"{row['forward_gflops']:.0f} "
+                     f"{gflops_text(row['forward_gflops'])} "
                      f"({100 * row['forward_fraction_of_peak']:.0f}%) | {memory_text(row, 'forward_')} | {bwd} "
                      f"| {bwd_gf} | {memory_text(row, 'fwd_bwd_')} | {sp[0]} | {sp[1]} "
-                     f"| {row['matmul_gflops']:.0f} | {row.get('load_average_1min', '-')} |")
+                     f"| {gflops_text(row['matmul_gflops'])} | {row.get('load_average_1min', '-')} |")
     paired = [p for p in result.get("paired", []) if "method" in p]
     if paired:
         lines += ["", "Paired forward times (all methods on the same inputs in one process, interleaved round by round; "
@@ -135,10 +146,11 @@ def op_table(result: dict) -> str:
                   "| speedup vs sdpa-bidir | compiled vs eager | peak RSS (rise) | load | others' load (mean / max) |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for p in paired:
-            sp = [f"{p['speedup'][b]:.1f}x" if b in p["speedup"] else "-" for b in ("sdpa", "full", "sdpa-bidir")]
-            peak = f"{100 * p['fraction_of_peak']:.0f}% of {p['matmul_gflops']:.0f}" if "fraction_of_peak" in p else "-"
+            sp = [ratio_text(p["speedup"][b]) if b in p["speedup"] else "-" for b in ("sdpa", "full", "sdpa-bidir")]
+            peak = (f"{100 * p['fraction_of_peak']:.0f}% of {gflops_text(p['matmul_gflops'])}" if "fraction_of_peak" in p
+                    else "-")
             comp = f"{p['compile_speedup']:.2f}x" if "compile_speedup" in p else "-"
-            own = (f"{100 * p['fraction_of_vq_matmuls']:.0f}% of {p['vq_matmuls_gflops']:.0f}"
+            own = (f"{100 * p['fraction_of_vq_matmuls']:.0f}% of {gflops_text(p['vq_matmuls_gflops'])}"
                    if "fraction_of_vq_matmuls" in p else "-")
             lines.append(f"| {p['method']} | {p['T']} | {_seconds(p['forward_s'])} | {peak} | {own} | {sp[0]} | {sp[1]} "
                          f"| {sp[2]} | {comp} | {memory_text(p)} | {p.get('load_average_1min', '-')} "
