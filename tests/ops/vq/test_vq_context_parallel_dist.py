@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from distutil import run_gloo
-from opsutil import assert_same_state, make_vq_inputs
+from opsutil import assert_same_state, doc_start_mask, make_vq_inputs
 
 from transformer_vq.ops.vq import vq_attention
 from transformer_vq.ops.vq.context_parallel import vq_attention_context_parallel
@@ -15,21 +15,24 @@ B, H, G, L, S = 2, 4, 2, 4, 5
 NAMES = ("q", "k_hat", "v", "bias")
 
 
-def inputs(lengths, prefix, dtype):
+def inputs(lengths, prefix, dtype, starts=None):
     """Leaves ``q, k_hat, v, bias`` of the whole sequence after ``prefix`` tokens, its codes, the codebook, the state
-    after the prefix and a cotangent for the output."""
-    q, k_hat, z, v, codebook, bias = make_vq_inputs(B, H, G, prefix + sum(lengths), L, S, dtype=dtype, seed=len(lengths))
+    after the prefix (packed with documents beginning at ``starts`` per row, when given) and a cotangent for the
+    output."""
+    q, k_hat, z, v, codebook, bias = make_vq_inputs(B, H, G, prefix + sum(lengths), L, S, dtype=dtype,
+                                                    seed=len(lengths))
     state = None
     if prefix:
+        doc_start = None if starts is None else doc_start_mask(starts, prefix)
         _, state = vq_attention(q[:, :, :prefix], k_hat[:, :, :prefix], v[:, :, :prefix], bias[:, :, :prefix],
-                                block_len=L, z=z[:, :, :prefix], codebook=codebook)
+                                block_len=L, z=z[:, :, :prefix], codebook=codebook, doc_start=doc_start)
     leaves = [t[:, :, prefix:].clone().requires_grad_() for t in (q, k_hat, v, bias)]
     cotangent = torch.linspace(-1, 1, B * H * sum(lengths) * v.shape[-1], dtype=dtype).view(B, H, sum(lengths), -1)
     return leaves, z[:, :, prefix:], codebook, state, cotangent
 
 
-def worker(rank, world, lengths, prefix, dtype):
-    (q, k_hat, v, bias), z, codebook, state, cotangent = inputs(lengths, prefix, dtype)
+def worker(rank, world, lengths, prefix, dtype, starts=None):
+    (q, k_hat, v, bias), z, codebook, state, cotangent = inputs(lengths, prefix, dtype, starts)
     first = sum(lengths[:rank])
     mine = slice(first, first + lengths[rank])
     out, final = vq_attention_context_parallel(q[:, :, mine], k_hat[:, :, mine], v[:, :, mine], bias[:, :, mine],
@@ -49,8 +52,18 @@ RUNS = [(*case, torch.float64) for case in CASES] + [(*CASES[3], torch.float32),
 
 @pytest.mark.parametrize("lengths,prefix,dtype", RUNS, ids=lambda c: str(c).replace(" ", "").replace("torch.", ""))
 def test_ranks_equal_one_process(lengths, prefix, dtype, tmp_path):
-    results = run_gloo(worker, len(lengths), tmp_path, lengths, prefix, dtype)
-    (q, k_hat, v, bias), z, codebook, state, cotangent = inputs(lengths, prefix, dtype)
+    check_ranks_equal_one_process(lengths, prefix, dtype, tmp_path)
+
+
+def test_state_with_documents(tmp_path):
+    """The state of a packed call whose last block holds document starts (row 0: one, row 1: two): every rank
+    continues it as one process does, the last document's keys alone joining the cache."""
+    check_ranks_equal_one_process([4, 12], 12, torch.float64, tmp_path, [[0, 9], [0, 10, 11]])
+
+
+def check_ranks_equal_one_process(lengths, prefix, dtype, tmp_path, starts=None):
+    results = run_gloo(worker, len(lengths), tmp_path, lengths, prefix, dtype, starts)
+    (q, k_hat, v, bias), z, codebook, state, cotangent = inputs(lengths, prefix, dtype, starts)
     out, final = vq_attention(q, k_hat, v, bias, block_len=L, z=z, codebook=codebook, state=state)
     (out * cotangent).sum().backward()
     # float64: only the order of the merges differs (rounding, ~1e-16); float32: ~1e-7 relative, amplified a little by
@@ -63,3 +76,4 @@ def test_ranks_equal_one_process(lengths, prefix, dtype, tmp_path):
         torch.testing.assert_close(total, leaf.grad, rtol=tol, atol=tol, msg=lambda m: f"grad {name}: {m}")
     for r in results:
         assert_same_state(r["final"], final, tol)
+        assert torch.equal(r["final"].recent_start, final.recent_start)

@@ -13,9 +13,14 @@ its keys but the last block, and that block), and the state after it is :func:`c
 its summary. Context parallelism is then three steps per rank ``r`` of ``R``:
 
 1. summarize the local chunk (one scatter of codes: no attention is needed for it);
-2. exchange the summaries (one all-gather of ``S (Dv + 1) + L (Dk + Dv + 1) + 1`` numbers per batch row and group,
-   whatever the chunk length) and compose an exclusive prefix: the state entering chunk ``r``;
+2. exchange the summaries (one all-gather of ``S (Dv + 1) + L (Dk + Dv + 1)`` numbers per batch row and group,
+   whatever the chunk length, and two more: the chunk length and what the rank refused of its input) and compose an
+   exclusive prefix: the state entering chunk ``r``;
 3. run the ordinary operator on the chunk from that state.
+
+A rank checks its own input (its chunk length, the options) before the exchange and sends what it refused with its
+summary rather than raising alone: the other ranks would otherwise wait in the all-gather until the process group's
+timeout. After the exchange every rank raises the same error.
 
 The backward of step 2 is the reverse scan: the gradient reaching the summary of chunk ``j`` is the sum, over the
 ranks ``r > j`` whose incoming state holds it, of what their losses send back through the prefix. Autograd computes
@@ -30,13 +35,14 @@ Dv value width, R ranks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from transformer_vq.ops.vq.attention import vq_attention
-from transformer_vq.ops.vq.cache import merge, summarize
+from transformer_vq.ops.vq.cache import merge, restart, summarize
 from transformer_vq.ops.vq.state import VQAttentionState
 
 
@@ -74,21 +80,34 @@ def chunk_summary(k_hat: torch.Tensor, v: torch.Tensor, z: torch.Tensor, *, bloc
 def compose(state: VQAttentionState, summary: ChunkSummary, block_len: int) -> VQAttentionState:
     """The state after ``state``'s tokens and then the chunk of ``summary``.
 
-    ``state`` must end at a block boundary, so it keeps either nothing (offset 0) or exactly the block before it
-    verbatim: that block leaves the window once the chunk is consumed and joins the cache, then the chunk's own cache.
+    ``state`` must end at a block boundary, so its window holds the block before it (or the part of that block since
+    the sequence began): that block leaves the window once the chunk is consumed and joins the cache, then the chunk's
+    own cache.
     """
     L = block_len
     if state.offset % L != 0:
         raise ValueError(f"context parallelism composes states at block boundaries: the incoming state's offset "
                          f"{state.offset} is not a multiple of block_len={L}")
-    count, mean = state.cache_count, state.cache_mean
-    if state.recent_k.shape[2] == L:
-        block_count, block_mean = summarize(state.recent_z, state.recent_v, count.shape[-1], mean.dtype)
-        count, mean = merge(count, mean, block_count, block_mean)
+    count, mean = _cache_with_window(state)
     count, mean = merge(count, mean, summary.count, summary.mean)
     return VQAttentionState(state.offset + summary.length, count, mean,
                             summary.last_k.to(state.recent_k.dtype), summary.last_v.to(state.recent_v.dtype),
                             summary.last_z, state.recent_start.new_zeros(summary.last_z.shape[0], L), L)
+
+
+def _cache_with_window(state: VQAttentionState) -> tuple[torch.Tensor, torch.Tensor]:
+    """``state``'s cache once the keys of its window have joined it, as the operator merges a block leaving the
+    window: a packed document begun in the window (a state of a call with ``doc_start``) restarts the cache, which
+    then holds only that document's keys (the chunks hold no document start, so every later query is in it)."""
+    count, mean = state.cache_count, state.cache_mean
+    starts = state.recent_start  # (B, W)
+    if starts.shape[1] == 0:
+        return count, mean
+    segment = starts.to(torch.long).cumsum(dim=1)
+    last_document = (segment == segment[:, -1:])[:, None]  # (B, 1, W): the window's keys after its last start
+    window_count, window_mean = summarize(state.recent_z, state.recent_v, count.shape[-1], mean.dtype, last_document)
+    count, mean = restart(count, mean, ~starts.any(dim=1))
+    return merge(count, mean, window_count, window_mean)
 
 
 def prefix_states(state: VQAttentionState, summaries: list[ChunkSummary], block_len: int) -> list[VQAttentionState]:
@@ -101,10 +120,53 @@ def prefix_states(state: VQAttentionState, summaries: list[ChunkSummary], block_
 
 def check_chunk_length(length: int, block_len: int) -> None:
     """Raise ``ValueError`` unless a chunk of ``length`` tokens is a positive number of whole blocks."""
+    problem = chunk_length_problem(length, block_len)
+    if problem:
+        raise ValueError(problem)
+
+
+def chunk_length_problem(length: int, block_len: int) -> str | None:
+    """Why a chunk of ``length`` tokens cannot be a rank's share (``None``: it is a positive number of whole blocks)."""
     if length < block_len or length % block_len != 0:
-        raise ValueError(f"context parallelism splits sequences into chunks of whole blocks: a chunk of {length} "
-                         f"tokens is not a positive multiple of block_len={block_len}; make each rank's share of "
-                         f"the sequence a multiple of {block_len}")
+        return (f"context parallelism splits sequences into chunks of whole blocks: a chunk of {length} tokens is not "
+                f"a positive multiple of block_len={block_len}; make each rank's share of the sequence a multiple of "
+                f"{block_len}")
+    return None
+
+
+HONOURED_OPTIONS = ("reduction", "backend", "cache_bias")
+"""The options of :func:`vq_attention` that context parallelism passes on: those acting on each query alone."""
+
+# The options context parallelism takes at their defaults only, and why, then (key None) any other. A rank's refusal
+# travels to the others as an index into this table (the text cannot), so that every rank words it alike.
+OPTION_REFUSALS = {
+    "compressive_cache": "context parallelism hands each rank the per-code cache of the ranks before it: "
+                         "compressive_cache=False is not supported with it; leave compressive_cache at True",
+    "doc_start": "context parallelism exchanges summaries of whole chunks that ignore packed documents: doc_start "
+                 "is not supported with it; pack documents without context parallelism",
+    "code_scores": "context parallelism computes every chunk's code scores itself: code_scores is not supported "
+                   "with it; leave it out",
+    None: f"context parallelism takes only the options {', '.join(HONOURED_OPTIONS)} of vq_attention (and "
+          f"compressive_cache=True): leave the others out",
+}
+
+
+def refused_option(options: dict) -> int | None:
+    """The index in ``OPTION_REFUSALS`` of the first of ``options`` that context parallelism does not honour (``None``:
+    it honours them all)."""
+    names = list(OPTION_REFUSALS)
+    for name, value in options.items():
+        at_default = bool(value) if name == "compressive_cache" else value is None
+        if name not in HONOURED_OPTIONS and not (name in names and at_default):
+            return names.index(name if name in names else None)
+    return None
+
+
+def check_options(options: dict) -> None:
+    """Raise ``ValueError`` unless context parallelism honours every one of ``options``."""
+    refused = refused_option(options)
+    if refused is not None:
+        raise ValueError(list(OPTION_REFUSALS.values())[refused])
 
 
 def vq_attention_context_parallel_reference(
@@ -112,8 +174,9 @@ def vq_attention_context_parallel_reference(
     z: torch.Tensor, codebook: torch.Tensor, state: VQAttentionState | None = None, **options,
 ) -> tuple[torch.Tensor, VQAttentionState]:
     """``R = ranks`` simulated in one process: each chunk attends from the state composed of the summaries of the
-    chunks before it. Same arguments and results as :func:`~transformer_vq.ops.vq.vq_attention` (``options``: its
-    ``reduction`` and ``backend``); ``T`` must split into ``R`` chunks of whole blocks."""
+    chunks before it. Same arguments and results as :func:`~transformer_vq.ops.vq.vq_attention` (``options``: those
+    of ``HONOURED_OPTIONS``); ``T`` must split into ``R`` chunks of whole blocks."""
+    check_options(options)
     T = q.shape[2]
     if T % ranks != 0:
         raise ValueError(f"{T} tokens do not split into {ranks} equal chunks")
@@ -139,20 +202,22 @@ def vq_attention_context_parallel(
     ``None``, or what the previous call returned). Returns this chunk's ``out [B, H, T, Dv]`` and the state after
     the whole sequence (the same on every rank, to continue with the next window). Gradients reach earlier ranks'
     values and keys through the exchanged summaries; a gradient of ``state`` on each rank is that rank's share
-    (sum it over the group). ``options``: ``reduction`` and ``backend`` of :func:`vq_attention`.
+    (sum it over the group). ``options``: those of ``HONOURED_OPTIONS``; any other is refused (``OPTION_REFUSALS``).
+    A chunk or an option refused on any rank raises the same ``ValueError`` on every rank, after the exchange.
 
     Every rank of the group must call this the same number of times, in the same order, and use ``out`` in its
     loss: the backward holds one collective, which each rank joins through ``out``.
     """
-    if not options.get("compressive_cache", True):
-        raise ValueError("context parallelism hands each rank the per-code cache of the ranks before it; "
-                         "compressive_cache=False is not supported with it")
     state = _start(state, q, v, codebook)
-    local = chunk_summary(k_hat, v, z, block_len=block_len, n_code=codebook.shape[1],
-                          acc_dtype=state.cache_mean.dtype)
-    flat, layout = pack(local)
+    n_code, acc_dtype = codebook.shape[1], state.cache_mean.dtype
+    layout = summary_layout(k_hat, v, n_code, block_len, acc_dtype)
+    refusal = local_refusal(k_hat.shape[2], block_len, options)
+    # A refusing rank still joins the exchange (with zeros of the same size), so that no rank waits for it.
+    local = None if refusal else chunk_summary(k_hat, v, z, block_len=block_len, n_code=n_code, acc_dtype=acc_dtype)
+    flat = pack(local, layout, k_hat.shape[2], refusal, state.cache_mean)
     gathered = _GatherSummaries.apply(flat, group)  # (R, numbers)
-    summaries = [unpack(row, layout, local) for row in gathered.unbind(0)]
+    lengths = agreed_lengths(gathered, block_len)
+    summaries = [unpack(row, layout, length) for row, length in zip(gathered.unbind(0), lengths)]
     states = prefix_states(state, summaries, block_len)
     rank = dist.get_rank(group)
     out, _ = vq_attention(q, k_hat, v, bias, block_len=block_len, state=states[rank], z=z, codebook=codebook,
@@ -170,35 +235,69 @@ def _start(state, q, v, codebook) -> VQAttentionState:
     return VQAttentionState.empty(B, G, S, Dk, v.shape[-1], dtype=v.dtype, device=v.device)
 
 
-def pack(summary: ChunkSummary) -> tuple[torch.Tensor, list[tuple[str, torch.Size]]]:
-    """One flat tensor (the means' dtype) of the summary: one collective instead of six.
+# What a rank refuses of its own input, as the number it sends with its summary: nothing, its chunk's length, or
+# 2 + the index of an option in OPTION_REFUSALS.
+_ACCEPTED, _BAD_LENGTH, _FIRST_OPTION = 0, 1, 2
+_HEADER = 2  # numbers before the summary in a packed row: the chunk length and the refusal
+
+
+def local_refusal(length: int, block_len: int, options: dict) -> int:
+    """What this rank refuses of its chunk of ``length`` tokens and ``options``, as :func:`refusal_text` reads it."""
+    refused = refused_option(options)
+    if refused is not None:
+        return _FIRST_OPTION + refused
+    return _BAD_LENGTH if chunk_length_problem(length, block_len) else _ACCEPTED
+
+
+def refusal_text(refusal: int, length: int, block_len: int) -> str:
+    """The error of a rank whose :func:`local_refusal` was ``refusal`` for its chunk of ``length`` tokens."""
+    if refusal == _BAD_LENGTH:
+        return chunk_length_problem(length, block_len)
+    return list(OPTION_REFUSALS.values())[refusal - _FIRST_OPTION]
+
+
+def agreed_lengths(gathered: torch.Tensor, block_len: int) -> list[int]:
+    """The chunk lengths in the headers of the gathered rows; raises ``ValueError`` (the same on every rank, which
+    all hold the same rows) for the first rank that refused its input."""
+    header = gathered.detach()[:, :_HEADER].tolist()  # one read of every rank's header (a host sync on a GPU)
+    for rank, (length, refusal) in enumerate(header):
+        if refusal != _ACCEPTED:
+            raise ValueError(f"rank {rank}: {refusal_text(int(refusal), int(length), block_len)}")
+    return [int(length) for length, _ in header]
+
+
+def summary_layout(k_hat: torch.Tensor, v: torch.Tensor, n_code: int, block_len: int,
+                   acc_dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """The fields of a chunk's summary, with their shapes and dtypes, in the order :func:`pack` lays them out: the
+    same on every rank whatever the length of its chunk (what :func:`chunk_summary` returns)."""
+    (B, G, _, Dk), Dv, L = k_hat.shape, v.shape[-1], block_len
+    return [("count", (B, G, n_code), torch.float32), ("mean", (B, G, n_code, Dv), acc_dtype),
+            ("last_k", (B, G, L, Dk), k_hat.dtype), ("last_v", (B, G, L, Dv), v.dtype),
+            ("last_z", (B, G, L), torch.long)]
+
+
+def pack(summary: ChunkSummary | None, layout, length: int, refusal: int, like: torch.Tensor) -> torch.Tensor:
+    """One flat tensor (``like``'s dtype and device), one collective instead of six: the chunk length, the rank's
+    refusal (:func:`local_refusal`) and the summary; zeros in its place when the rank refused (``summary`` None).
 
     The codes and counts are whole numbers below ``2^24``, exact in float32 and float64; the length rides along so
     that chunks may differ in length.
     """
-    dtype = summary.mean.dtype
-    parts = [("count", summary.count), ("mean", summary.mean), ("last_k", summary.last_k),
-             ("last_v", summary.last_v), ("last_z", summary.last_z)]
-    flat = torch.cat([torch.tensor([float(summary.length)], dtype=dtype, device=summary.mean.device)]
-                     + [t.to(dtype).reshape(-1) for _, t in parts])
-    return flat, [(name, t.shape) for name, t in parts]
+    header = torch.tensor([float(length), float(refusal)], dtype=like.dtype, device=like.device)
+    if summary is None:
+        return torch.cat([header, like.new_zeros(sum(math.prod(shape) for _, shape, _ in layout))])
+    return torch.cat([header] + [getattr(summary, name).to(like.dtype).reshape(-1) for name, _, _ in layout])
 
 
-def unpack(flat: torch.Tensor, layout: list[tuple[str, torch.Size]], like: ChunkSummary) -> ChunkSummary:
-    """The summary that :func:`pack` flattened, in the dtypes of ``like``; counts and codes carry no gradient."""
-    fields, start = {}, 1
-    for name, shape in layout:
-        size = shape.numel()
-        fields[name] = flat[start:start + size].view(shape)
+def unpack(flat: torch.Tensor, layout, length: int) -> ChunkSummary:
+    """The summary that :func:`pack` flattened, in the dtypes of ``layout``; counts and codes carry no gradient."""
+    fields, start = {}, _HEADER
+    for name, shape, dtype in layout:
+        size = math.prod(shape)
+        field = flat[start:start + size].view(shape).to(dtype)
+        fields[name] = field.detach() if name in ("count", "last_z") else field
         start += size
-    return ChunkSummary(
-        length=int(flat[0].item()),
-        count=fields["count"].detach().to(like.count.dtype),
-        mean=fields["mean"],
-        last_k=fields["last_k"].to(like.last_k.dtype),
-        last_v=fields["last_v"].to(like.last_v.dtype),
-        last_z=fields["last_z"].detach().to(like.last_z.dtype),
-    )
+    return ChunkSummary(length=length, **fields)
 
 
 class _GatherSummaries(torch.autograd.Function):
@@ -224,7 +323,8 @@ class _GatherSummaries(torch.autograd.Function):
 
 
 class _Tie(torch.autograd.Function):
-    """``out`` unchanged; in the backward a zero gradient for ``anchor``, so that ``anchor``'s graph is always walked."""
+    """``out`` unchanged; in the backward a zero gradient for ``anchor``, so that ``anchor``'s graph is always
+    walked."""
 
     @staticmethod
     def forward(ctx, out: torch.Tensor, anchor: torch.Tensor):
