@@ -12,6 +12,7 @@ pytest.importorskip("transformers")
 
 from hfutil import tiny_model  # noqa: E402
 from transformer_vq.hf import TransformerVQCache, TransformerVQForCausalLM  # noqa: E402
+from transformer_vq.hf.modeling import CACHE_FIELD  # noqa: E402
 
 BLOCK = 8  # the tiny preset's block_len: 40 new tokens cross five blocks
 
@@ -197,6 +198,30 @@ def test_generate_whose_cache_never_arrives_fails_loudly(monkeypatch):
     monkeypatch.setattr(type(hf), "prepare_inputs_for_generation", dropped)
     with pytest.raises(ValueError, match="no state"):
         hf.generate(prompt(), max_new_tokens=4, do_sample=False, attention_mask=torch.ones(2, 5, dtype=torch.long))
+
+
+def test_generate_continued_from_the_new_tokens_alone_says_to_pass_the_whole_sequence():
+    """generate with a cache wants the whole sequence; given the new tokens alone it kept none of them, and the
+    refusal spoke of position_ids."""
+    hf = TransformerVQForCausalLM.from_library_model(tiny_model()).eval()
+    out = hf.generate(prompt(), max_new_tokens=3, do_sample=False, return_dict_in_generate=True)
+    with pytest.raises(ValueError, match=r"pass the whole sequence \(past and new tokens, e.g. out.sequences\)"):
+        hf.generate(out.sequences[:, -1:], **{CACHE_FIELD: out.past_key_values}, max_new_tokens=2, do_sample=False)
+
+
+def test_generate_stops_at_a_nul_only_when_told():
+    """docs/huggingface.md: the model names no end-of-text token, so generate runs on through NULs (only lm-eval,
+    reading the tokenizer's, stops there); eos_token_id=0 stops it."""
+    lib = tiny_model()
+    with torch.no_grad():  # a head that predicts NUL at every step
+        lib.head.weight.zero_()
+        lib.head.bias.zero_()
+        lib.head.bias[0] = 10.0
+    hf = TransformerVQForCausalLM.from_library_model(lib).eval()
+    x = prompt(batch=1)
+    assert hf.generation_config.eos_token_id is None
+    assert hf.generate(x, max_new_tokens=4, do_sample=False)[0, 5:].tolist() == [0, 0, 0, 0]
+    assert hf.generate(x, max_new_tokens=4, do_sample=False, eos_token_id=0)[0, 5:].tolist() == [0]
 
 
 @pytest.mark.parametrize("batch", [1, 3])

@@ -100,3 +100,72 @@ def test_a_directory_without_exactly_the_models_tensors_is_refused(tmp_path, dam
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=expected):
         AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_a_model_field_edited_after_building_is_refused_before_forward_or_save(tmp_path):
+    """The built model cannot follow `config.block_len = 4`: forward refused to run the old architecture under the
+    new config, and save_pretrained to write the new config beside the old weights (a directory that loaded as
+    another model). The directory of an earlier save stays as it was."""
+    hf = TransformerVQForCausalLM.from_library_model(tiny_model()).eval()
+    x = torch.randint(0, 64, (1, 11), generator=torch.Generator().manual_seed(1))
+    saved, fresh = tmp_path / "saved", tmp_path / "fresh"
+    hf.save_pretrained(saved)
+    files = {path.name: path.read_bytes() for path in saved.iterdir()}
+    hf.config.block_len = 4
+    refusal = r"config.block_len is 4 but this model was built with block_len=8.*TransformerVQForCausalLM\(config\)"
+    with pytest.raises(ValueError, match=refusal):
+        hf(x)
+    with pytest.raises(ValueError, match=refusal):
+        hf.save_pretrained(saved)
+    assert {path.name: path.read_bytes() for path in saved.iterdir()} == files
+    with pytest.raises(ValueError, match=refusal):
+        hf.save_pretrained(fresh)
+    assert not fresh.exists()
+    rebuilt = TransformerVQForCausalLM.from_pretrained(saved, block_len=4)  # the way to get the edited model
+    assert rebuilt.model.cfg.block_len == 4 and rebuilt(x).logits.shape == (1, 11, 64)
+
+
+def test_transformers_own_config_fields_stay_editable(tmp_path):
+    """Only the library's fields are the architecture: transformers' own settings change and save freely."""
+    hf = TransformerVQForCausalLM.from_library_model(tiny_model()).eval()
+    hf.config.use_cache = False
+    hf.config.output_attentions = False
+    hf.config.name_or_path = "elsewhere"
+    assert hf(torch.tensor([[1, 2, 3]])).past_key_values is None
+    hf.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["use_cache"] is False
+
+
+def test_an_invalid_config_is_refused_before_its_directory_is_written(tmp_path):
+    """transformers validated inside to_json_file, after opening config.json: an invalid field emptied a good one."""
+    config = TransformerVQHFConfig.from_model_config(preset("tiny"))
+    config.save_pretrained(tmp_path)
+    good = (tmp_path / "config.json").read_bytes()
+    config.d_model = 33
+    for save in (config.save_pretrained, lambda path: config.to_json_file(path / "config.json")):
+        with pytest.raises(ConfigError, match="d_model must be even"):
+            save(tmp_path)
+        assert (tmp_path / "config.json").read_bytes() == good
+    with pytest.raises(ConfigError, match="d_model must be even"):
+        config.save_pretrained(tmp_path / "fresh")
+    assert not (tmp_path / "fresh").exists()
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_vocabulary_cannot_be_resized(tied):
+    """transformers resized the embedding in place and then failed on the head: the model took ids its head cannot
+    predict. Any other size is refused before anything changes; the model's own size is a no-op."""
+    hf = TransformerVQForCausalLM.from_library_model(tiny_model(tie_embeddings=tied)).eval()
+    state = {name: tensor.clone() for name, tensor in hf.state_dict().items()}
+    refusal = r"cannot {}: its vocabulary of 64 tokens .*\(tvq train --vocab-size N\)"
+    for resize in (dict(new_num_tokens=70), dict(new_num_tokens=32), dict(pad_to_multiple_of=48)):
+        with pytest.raises(ValueError, match=refusal.format(r"resize its token embeddings to \d+")):
+            hf.resize_token_embeddings(**resize)
+    with pytest.raises(ValueError, match=refusal.format("replace its token embedding")):
+        hf.set_input_embeddings(torch.nn.Embedding(70, 32))
+    with pytest.raises(ValueError, match=refusal.format("replace its output head")):
+        hf.set_output_embeddings(torch.nn.Linear(32, 70))
+    assert hf.resize_token_embeddings(64, pad_to_multiple_of=16) is hf.model.embed
+    assert hf.resize_token_embeddings() is hf.model.embed
+    assert hf.config.vocab_size == 64 and hf.model.embed.num_embeddings == 64
+    assert all(torch.equal(tensor, state[name]) for name, tensor in hf.state_dict().items())

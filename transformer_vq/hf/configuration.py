@@ -49,6 +49,18 @@ class TransformerVQHFConfig(PreTrainedConfig):
         """The ``transformers`` config of a library config (``kwargs``: other ``transformers`` settings)."""
         return cls(**cfg.to_dict(), **kwargs)
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """``PreTrainedConfig.save_pretrained``, refusing an invalid field (say ``config.d_model = 33`` after
+        construction) before anything is written: ``transformers`` finds it only in :meth:`to_json_file`."""
+        self.model_config()
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def to_json_file(self, json_file_path, *args, **kwargs):
+        """``PreTrainedConfig.to_json_file``, validating first: it opens the file before serializing, so a field
+        refused there left an existing ``config.json`` empty."""
+        self.model_config()
+        return super().to_json_file(json_file_path, *args, **kwargs)
+
     def to_diff_dict(self) -> dict:
         """What ``config.json`` holds: ``transformers``' differences from the defaults, plus every model field."""
         return {**super().to_diff_dict(), **self.model_config().to_dict()}

@@ -11,6 +11,7 @@ library's state dict, prefixed ``model.``.
 
 from __future__ import annotations
 
+import operator
 import shutil
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from transformer_vq.hf.cache import TransformerVQCache
-from transformer_vq.hf.configuration import TransformerVQHFConfig
+from transformer_vq.hf.configuration import MODEL_FIELDS, TransformerVQHFConfig
 from transformer_vq.models.tvq.gau import GatedAttentionUnit
 from transformer_vq.models.tvq.model import TransformerVQ
 from transformer_vq.models.tvq.ragged import RowStates, plan_segments, run_segments
@@ -37,6 +38,15 @@ AUTO_MAP = {auto: f"{Path(REMOTE_CODE_FILE).stem}.{cls}" for auto, cls in (
 MISFIT_KINDS = ("missing_keys", "unexpected_keys", "mismatched_keys")
 # The output field that carries the cache: `cache` from transformers 5.24 on, `past_key_values` before.
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+# The library's model fields: those of a config that must equal the built model's (check_config).
+FIELD_NAMES = tuple(f.name for f in MODEL_FIELDS)
+built_fields = operator.attrgetter(*FIELD_NAMES)
+
+
+def config_fields(config: TransformerVQHFConfig) -> tuple:
+    """The model fields of ``config``, read past ``transformers``' ``__getattribute__``: its Python hooks cost about
+    2 us a field, 50 us a decoded token for what forward checks every step (its attribute_map renames none of them)."""
+    return tuple(map(object.__getattribute__, [config] * len(FIELD_NAMES), FIELD_NAMES))
 
 
 class TransformerVQPreTrainedModel(PreTrainedModel):
@@ -73,11 +83,29 @@ class TransformerVQPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """``PreTrainedModel.save_pretrained``, plus what makes the directory stand alone: ``config.json``'s
-        ``auto_map`` and the remote code it names, whether this model came from the library or from remote code."""
+        ``auto_map`` and the remote code it names, whether this model came from the library or from remote code.
+        A config edited since the model was built is refused before anything is written (:meth:`check_config`)."""
+        self.check_config()
         self.config.auto_map = dict(AUTO_MAP)
         result = super().save_pretrained(save_directory, *args, **kwargs)
         shutil.copyfile(REMOTE_CODE_SOURCE, Path(save_directory) / REMOTE_CODE_FILE)
         return result
+
+    def check_config(self) -> None:
+        """Refuse a config whose model fields differ from those the model was built with (``self.model.cfg``).
+
+        The built model cannot follow an edit such as ``model.config.block_len = 4``: it would keep computing the old
+        architecture, and ``save_pretrained`` would write the edited config beside its weights, a directory that
+        loads as another model. ``forward`` and ``save_pretrained`` call this; the fields other than the library's
+        (``use_cache``, ``dtype``, the ``output_*`` flags, ...) are ``transformers``' to change.
+        """
+        edited, built = config_fields(self.config), built_fields(self.model.cfg)
+        if edited == built:
+            return
+        name, new, old = next((name, new, old) for name, new, old in zip(FIELD_NAMES, edited, built) if new != old)
+        raise ValueError(f"config.{name} is {new!r} but this model was built with {name}={old!r}, which a built model "
+                         f"cannot change: build a new model from the edited config (TransformerVQForCausalLM(config), "
+                         f"or from_pretrained(directory, {name}={new!r}) for saved weights) or set it back")
 
     def init_weights(self) -> None:
         """Nothing to do: the library's constructor has already initialized every tensor, and nothing is tied."""
@@ -122,6 +150,14 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
         wrapped.model.load_state_dict(model.state_dict())
         return wrapped.train(model.training)
 
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, *args, **kwargs) -> dict:
+        """``GenerationMixin``'s, refusing first the empty ``cache_position`` that transformers before 5.24 give
+        ``generate(new_tokens, past_key_values=cache)`` and then fail on with an IndexError."""
+        cache_position = kwargs.get("cache_position")
+        if cache_position is not None and cache_position.numel() == 0:
+            raise ValueError(NEW_TOKENS_ALONE)
+        return super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
+
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # generate must not make a key/value cache: forward makes its own TransformerVQCache
@@ -131,6 +167,31 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
 
     def get_output_embeddings(self) -> torch.nn.Linear | None:
         return self.model.head  # None when tied: the head is then a scaled product with the embedding
+
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True) -> torch.nn.Embedding:
+        """The token embedding when the size asked is the model's own; any other size is refused before anything
+        changes (``transformers`` resized the embedding in place, then failed on the head, leaving a model that
+        took ids its head cannot predict)."""
+        wanted = self.model.cfg.vocab_size if new_num_tokens is None else new_num_tokens
+        if pad_to_multiple_of:
+            wanted = -(-wanted // pad_to_multiple_of) * pad_to_multiple_of
+        if wanted != self.model.cfg.vocab_size:
+            self.refuse_new_vocabulary(f"resize its token embeddings to {wanted}")
+        return self.get_input_embeddings()
+
+    def set_input_embeddings(self, value: torch.nn.Module) -> None:
+        self.refuse_new_vocabulary("replace its token embedding")
+
+    def set_output_embeddings(self, new_embeddings: torch.nn.Module) -> None:
+        self.refuse_new_vocabulary("replace its output head")
+
+    def refuse_new_vocabulary(self, change: str) -> None:
+        """Say why ``change`` cannot be made: the library's model is built for one vocabulary size."""
+        raise ValueError(f"TransformerVQForCausalLM cannot {change}: its vocabulary of {self.model.cfg.vocab_size} "
+                         f"tokens is part of the trained architecture (embedding, output head, config.vocab_size); "
+                         f"train a model with the vocabulary size you want (tvq train --vocab-size N) and export it "
+                         f"(tvq export --format hf)")
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, cache: TransformerVQCache | None = None,
@@ -166,6 +227,7 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
         ``input_ids``, ``cache_position`` or ``position_ids`` past 0) and no cache of that length arrived: the model
         never computes a continuation from an empty state.
         """
+        self.check_config()
         cache = resolve_cache(cache, past_key_values, kwargs)
         cache_position = kwargs.pop("cache_position", None)
         refuse_unsupported(input_ids, kwargs)
@@ -208,6 +270,11 @@ def resolve_cache(cache, past_key_values, kwargs: dict) -> TransformerVQCache | 
     return cache
 
 
+# The refusal of generate(new_tokens, cache=...): generate runs the columns of input_ids past the cache's length, so
+# of the new tokens alone it runs none (transformers 5.24 passes forward no column, 5.0 an empty cache_position).
+NEW_TOKENS_ALONE = ("input_ids holds no token that the cache has not consumed: to continue with generate, pass the "
+                    "whole sequence (past and new tokens, e.g. out.sequences) with the cache, not the new tokens alone")
+
 # Keywords transformers may pass that change nothing here when false or None; anything else unknown is refused.
 HARMLESS_WHEN_OFF = ("output_attentions", "output_hidden_states", "inputs_embeds", "token_type_ids",
                      "head_mask", "is_first_iteration")
@@ -234,6 +301,8 @@ def refuse_unsupported(input_ids, kwargs: dict) -> None:
 def check_continuation(columns: int, length: int, attention_mask: torch.Tensor | None,
                        cache_position: torch.Tensor | None) -> None:
     """Refuse a call whose columns contradict the cache: above all one that continues a sequence without its state."""
+    if length == 0 and columns:  # what generate (5.24) runs of input_ids no longer than the cache: no column
+        raise ValueError(NEW_TOKENS_ALONE)
     past = None
     if attention_mask is not None:
         if attention_mask.dim() != 2:
