@@ -12,9 +12,12 @@ whole contract.
 
 from __future__ import annotations
 
+import math
 from typing import Protocol, runtime_checkable
 
 import torch
+
+from transformer_vq.ops.documents import check_doc_start
 
 
 @runtime_checkable
@@ -40,33 +43,52 @@ class AttentionKernel(Protocol):
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, block_len: int,
-                 key_name: str = "k") -> None:
+                 key_name: str = "k", query_name: str = "q") -> None:
     """Raise ``ValueError`` naming the first inconsistency among the inputs every operator takes."""
-    check_qkv(q, k, v, block_len, key_name)
+    check_qkv(q, k, v, block_len, key_name, query_name)
     check_bias(q, bias, block_len)
 
 
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_len: int, key_name: str = "k") -> None:
-    """The checks of :func:`check_inputs` that do not involve the bias (an operator may take none)."""
-    check_positive_int(block_len, "block_len")
-    for name, tensor in (("q", q), (key_name, k), ("v", v)):
-        if not isinstance(tensor, torch.Tensor):
-            raise ValueError(f"{name} must be a tensor, got {type(tensor).__name__}")
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_len: int | None, key_name: str = "k",
+              query_name: str = "q") -> None:
+    """The checks of :func:`check_inputs` that do not involve the bias (an operator may take none; ``block_len``
+    ``None``: nor a block length): shapes, sizes, one floating dtype (:func:`call_dtypes`) and one device."""
+    if block_len is not None:
+        check_positive_int(block_len, "block_len")
+    for name, tensor in ((query_name, q), (key_name, k), ("v", v)):
+        check_is_tensor(tensor, name)
     if q.dim() != 4:
-        raise ValueError(f"q must be [B, H, T, Dk], got shape {list(q.shape)}")
+        raise ValueError(f"{query_name} must be [B, H, T, Dk], got shape {list(q.shape)}")
     batch, n_head, length, d_k = q.shape
-    if length < 1:
-        raise ValueError("q must hold at least one position (T >= 1)")
-    if k.dim() != 4 or k.shape[:1] + k.shape[2:] != (batch, length, d_k):
-        raise ValueError(f"{key_name} must be [B, G, T, Dk] = [{batch}, G, {length}, {d_k}], got {list(k.shape)}")
-    if n_head % k.shape[1] != 0:
-        raise ValueError(f"the number of key/value groups G={k.shape[1]} must divide the number of heads H={n_head}")
-    if v.dim() != 4 or v.shape[:3] != k.shape[:3]:
-        raise ValueError(f"v must be [B, G, T, Dv] with B, G, T of {key_name} {list(k.shape[:3])}, got {list(v.shape)}")
+    # Indexing, not slicing: a slice of a torch.Size is a new Size, and this runs at every decoded token.
+    k_shape, v_shape = k.shape, v.shape
+    if len(k_shape) != 4 or k_shape[0] != batch or k_shape[2] != length or k_shape[3] != d_k:
+        raise ValueError(f"{key_name} must be [B, G, T, Dk] = [{batch}, G, {length}, {d_k}], got {list(k_shape)}")
+    if not (batch and n_head and length and k_shape[1]):
+        check_sizes(q, k, query_name, key_name)
+    if n_head % k_shape[1] != 0:
+        raise ValueError(f"the number of key/value groups G={k_shape[1]} must divide the number of heads H={n_head}")
+    if len(v_shape) != 4 or v_shape[0] != batch or v_shape[1] != k_shape[1] or v_shape[2] != length:
+        raise ValueError(f"v must be [B, G, T, Dv] with B, G, T of {key_name} {list(k_shape[:3])}, got {list(v_shape)}")
+    check_floating(q, query_name)
+    check_like(q, {key_name: k, "v": v})
+
+
+def check_sizes(q: torch.Tensor, k: torch.Tensor, query_name: str = "q", key_name: str = "k") -> None:
+    """Raise ``ValueError`` unless ``B``, ``H``, ``T`` (of ``q``) and ``G`` (of ``k``) are all at least 1: an empty
+    call has nothing to attend, and the operators divide by these sizes."""
+    batch, n_head, length, _ = q.shape
+    n_group = k.shape[1]
+    for size, name, what, letter in ((batch, query_name, "sequence", "B"), (n_head, query_name, "head", "H"),
+                                     (length, query_name, "position", "T"),
+                                     (n_group, key_name, "key/value group", "G")):
+        if size < 1:
+            raise ValueError(f"{name} must hold at least one {what} ({letter} >= 1)")
 
 
 def check_bias(q: torch.Tensor, bias: torch.Tensor, block_len: int, window_blocks: int = 2) -> None:
-    """``bias`` must be ``[B, H, T, window_blocks * L]`` (two blocks for the causal window)."""
+    """``bias`` must be ``[B, H, T, window_blocks * L]`` (two blocks for the causal window), of ``q``'s device and
+    of a dtype of :func:`call_dtypes`."""
     batch, n_head, length, _ = q.shape
     width = window_blocks * block_len
     if not isinstance(bias, torch.Tensor):
@@ -75,6 +97,91 @@ def check_bias(q: torch.Tensor, bias: torch.Tensor, block_len: int, window_block
     if bias.shape != (batch, n_head, length, width):
         raise ValueError(f"bias must be [B, H, T, {window_blocks}L] = [{batch}, {n_head}, {length}, {width}], "
                          f"got {list(bias.shape)}")
+    check_like(q, {"bias": bias})
+
+
+def check_mask(q: torch.Tensor, mask: torch.Tensor | None) -> None:
+    """Raise ``ValueError`` unless ``mask`` (non-causal operators: True at real tokens) is ``None`` or a bool
+    ``[B, T]`` tensor on ``q``'s device (one row per sequence: a ``[1, T]`` mask would broadcast silently)."""
+    if mask is None:
+        return
+    batch, _, length, _ = q.shape
+    if not isinstance(mask, torch.Tensor) or mask.shape != (batch, length) or mask.dtype != torch.bool:
+        got = f"{mask.dtype} {list(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise ValueError(f"mask must be a bool tensor [B, T] = [{batch}, {length}], got {got}")
+    check_devices(q, {"mask": mask})
+
+
+def check_documents(q: torch.Tensor, doc_start: torch.Tensor | None) -> None:
+    """Raise ``ValueError`` unless ``doc_start`` is ``None`` or a bool ``[B, T]`` tensor on ``q``'s device."""
+    if doc_start is None:  # the common case, at every decoded token
+        return
+    check_doc_start(doc_start, q.shape[0], q.shape[2])
+    check_devices(q, {"doc_start": doc_start})
+
+
+def check_is_tensor(value, name: str) -> None:
+    """Raise ``ValueError`` unless ``value`` is a tensor."""
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"{name} must be a tensor, got {type(value).__name__}")
+
+
+def check_floating(tensor: torch.Tensor, name: str) -> None:
+    """Raise ``ValueError`` unless ``tensor`` has a floating dtype."""
+    if not tensor.dtype.is_floating_point:
+        raise ValueError(f"{name} must be a floating tensor, got {tensor.dtype}")
+
+
+def check_devices(q: torch.Tensor, tensors: dict[str, torch.Tensor | None]) -> None:
+    """Raise ``ValueError`` unless every tensor of ``tensors`` (``None``: not given) is on ``q``'s device: torch
+    would fail deep inside the operator, or not at all where it copies one across on the side."""
+    device = q.device
+    for name, tensor in tensors.items():
+        if tensor is not None and tensor.device != device:
+            raise ValueError(f"{name} is on {tensor.device} and q on {device}: move every tensor argument, the "
+                             f"state's too, to q's device")
+
+
+def call_dtypes(q: torch.Tensor) -> tuple[torch.dtype, ...]:
+    """The dtypes the floating inputs of a call on ``q`` may have: ``q``'s, and under autocast on ``q``'s device
+    (``q`` float32 or the autocast dtype) both float32 and the autocast dtype, which autocast's products take in any
+    mix (a layer passes a float32 ``q + u`` beside bfloat16 keys and values, and a float32 codebook)."""
+    # under autocast, decoding comes here for every input of another dtype: the usual devices cost no lookup
+    kind = "cpu" if q.is_cpu else "cuda" if q.is_cuda else q.device.type
+    # is_autocast_enabled raises for a device without autocast (meta); is_autocast_available would break a compiled
+    # graph, and a compiled call runs on a device that has autocast
+    available = kind in ("cpu", "cuda") or torch.compiler.is_compiling() or torch.amp.is_autocast_available(kind)
+    if available and torch.is_autocast_enabled(kind):
+        low = torch.get_autocast_dtype(kind)
+        if q.dtype in (torch.float32, low):
+            return torch.float32, low
+    return (q.dtype,)
+
+
+def check_dtypes(q: torch.Tensor, tensors: dict[str, torch.Tensor | None]) -> None:
+    """Raise ``ValueError`` unless every tensor of ``tensors`` (``None``: not given) has a dtype of
+    :func:`call_dtypes`: outside autocast, ``q``'s own. Another one fails inside torch, or is silently cast (a
+    float64 key cut to float32) or promoted (a float32 state continued in float64)."""
+    for name, tensor in tensors.items():
+        if tensor is not None and tensor.dtype != q.dtype:  # the common case costs one comparison
+            allowed = call_dtypes(q)
+            if tensor.dtype not in allowed:
+                want = " or ".join(str(dtype) for dtype in allowed)
+                raise ValueError(f"{name} must be {want} for q of {q.dtype}, got {tensor.dtype}: pass the inputs, "
+                                 f"and continue a state, in one dtype (only autocast mixes float32 with its own)")
+
+
+def check_like(q: torch.Tensor, tensors: dict[str, torch.Tensor | None]) -> None:
+    """:func:`check_devices` and :func:`check_dtypes` of floating inputs, in one pass that costs two comparisons per
+    tensor when all is well (it runs at every decoded token)."""
+    device, dtype = q.device, q.dtype
+    for name, tensor in tensors.items():
+        if tensor is None:
+            continue
+        if tensor.device != device:
+            check_devices(q, {name: tensor})
+        if tensor.dtype != dtype:
+            check_dtypes(q, {name: tensor})
 
 
 def check_positive_int(value, name: str) -> None:
@@ -83,18 +190,80 @@ def check_positive_int(value, name: str) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def check_state(state, state_type: type, shapes: dict[str, tuple[int, ...]]) -> None:
+def check_bool(value, name: str) -> None:
+    """Raise ``ValueError`` unless ``value`` is ``True`` or ``False``: a flag read by truthiness would take the
+    string ``"False"`` for ``True``."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
+def reads_values(tensor: torch.Tensor) -> bool:
+    """Whether a check may read ``tensor``'s values: on a CPU, outside ``torch.compile``. On a GPU the read would
+    synchronize the device at every call (every decoded token of every layer); a meta tensor has no values; compiled,
+    it would break the graph."""
+    return tensor.is_cpu and not torch.compiler.is_compiling()
+
+
+def check_code_range(codes: torch.Tensor, n_code: int, name: str, size_name: str) -> None:
+    """Raise ``ValueError`` unless every one of ``codes`` lies in ``[0, n_code)``, where :func:`reads_values`
+    allows (elsewhere an out-of-range code trips the device's own index assertion)."""
+    if codes.numel() == 0 or not reads_values(codes):
+        return
+    low, high = (int(x) for x in torch.aminmax(codes))  # one pass, not two: it runs at every call on a CPU
+    if low < 0 or high >= n_code:
+        raise ValueError(f"{name} must lie in [0, {size_name}) = [0, {n_code}), got codes from {low} to {high}")
+
+
+def check_finite(tensor: torch.Tensor, name: str) -> None:
+    """Raise ``ValueError`` if ``tensor``, 1-D and short, holds an infinity or a NaN, where :func:`reads_values`
+    allows. Its values are read as Python numbers: at a few values that costs a microsecond, a torch reduction and
+    its read about ten."""
+    if not reads_values(tensor):
+        return
+    values = tensor.tolist()
+    if not all(map(math.isfinite, values)):
+        raise ValueError(f"{name} must be finite (no inf or NaN), got {values}")
+
+
+def check_state(state, state_type: type, shapes: dict[str, tuple[int, ...]], q: torch.Tensor | None = None,
+                dtypes: dict[str, torch.dtype | None] | None = None) -> None:
     """Raise ``ValueError`` unless ``state`` is a ``state_type`` (what this operator returns) whose tensors named in
-    ``shapes`` have those shapes (``-1``: any size): a state continues the same sequences with the same sizes.
-    Shapes only: nothing is read from the device."""
+    ``shapes`` (``None`` where the state has none) have those shapes (``-1``: any size): a state continues the same
+    sequences with the same sizes. Given ``q`` and ``dtypes``, also :func:`check_state_tensors`. Metadata only:
+    nothing is read from the device."""
     if not isinstance(state, state_type):
         raise ValueError(f"state must be the {state_type.__name__} a previous call of this operator returned, got "
                          f"{type(state).__name__}")
     for name, shape in shapes.items():
-        got = getattr(state, name).shape
+        tensor = getattr(state, name)
+        if tensor is None:
+            continue
+        got = tensor.shape
         if got == shape:  # every call of a decoding loop comes here: the common case costs one comparison
             continue
         if len(got) != len(shape) or any(want not in (-1, size) for want, size in zip(shape, got)):
             needed = ", ".join("*" if want == -1 else str(want) for want in shape)
             raise ValueError(f"state.{name} is {list(got)}, this call needs [{needed}]: a state continues the same "
                              f"sequences with the same batch, heads and widths")
+    if q is not None and dtypes is not None:
+        check_state_tensors(state, dtypes, q)
+
+
+def check_state_tensors(state, dtypes: dict[str, torch.dtype | None], q: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless each tensor of the state named in ``dtypes`` (``None`` where the state has none) is
+    on ``q``'s device and of the dtype named there, or for ``None`` one of :func:`call_dtypes`: a state continues in
+    the dtype it was made in (a float32 cache continued in float64 would be promoted, a float64 one fail in torch)."""
+    device, dtype = q.device, q.dtype
+    for name, want in dtypes.items():
+        tensor = getattr(state, name)
+        if tensor is None:
+            continue
+        # every call of a decoding loop comes here: the common case costs a comparison per rule
+        if tensor.device != device:
+            check_devices(q, {f"state.{name}": tensor})
+        if want is None:
+            if tensor.dtype != dtype:
+                check_dtypes(q, {f"state.{name}": tensor})
+        elif tensor.dtype != want:
+            raise ValueError(f"state.{name} is {tensor.dtype}, this operator keeps it in {want}: pass the state a "
+                             f"previous call returned, unconverted")

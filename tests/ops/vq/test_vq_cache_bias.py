@@ -140,7 +140,11 @@ def test_context_parallel_takes_it():
     ({"cache_bias": torch.zeros(2), "backend": "triton"},
      "cache_bias is taken by backend='eager' only (the fused kernels' log-counts carry no gradient), got "
      "backend='triton'"),
-], ids=["shape", "window-only", "triton"])
+    ({"cache_bias": 0.5}, "cache_bias must be [H] = [2] (one logit per query head), got float"),
+    # +inf gave every output row NaN, the first query's too (it has no older key): -inf + inf
+    ({"cache_bias": torch.tensor([float("inf"), 0.0])}, "cache_bias must be finite (no inf or NaN), got [inf, 0.0]"),
+    ({"cache_bias": torch.tensor([0.0, float("nan")])}, "cache_bias must be finite (no inf or NaN), got [0.0, nan]"),
+], ids=["shape", "window-only", "triton", "float", "inf", "nan"])
 def test_refused(options, message):
     q, k_hat, z, v, codebook, bias = make_vq_inputs(1, 2, 1, 9, 4, 3, dtype=torch.float32)
     with pytest.raises(ValueError) as caught:

@@ -39,8 +39,8 @@ import torch.nn.functional as F
 
 from transformer_vq.ops.flash.state import FlashState
 from transformer_vq.ops.full.state import KVCache, continue_cache
-from transformer_vq.ops.documents import check_doc_start, segment_ids
-from transformer_vq.ops.protocol import check_inputs, check_positive_int, check_state
+from transformer_vq.ops.documents import segment_ids
+from transformer_vq.ops.protocol import check_documents, check_inputs, check_positive_int, check_state
 from transformer_vq.ops.window import row_blocks, window_bias
 
 
@@ -78,11 +78,11 @@ def flash_quad_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias
         ``out [B, H, T, Dv]`` and the cache extended by this call's keys and values.
     """
     check_inputs(q, k, v, bias, block_len)
-    check_doc_start(doc_start, q.shape[0], q.shape[2])
+    check_documents(q, doc_start)
     norm_len = block_len if norm_len is None else norm_len
     check_positive_int(norm_len, "norm_len")  # the scores are divided by it: 0 would give NaN, < 0 flip their sign
     offset = 0 if state is None else state.offset
-    cache = continue_cache(state, k, v, doc_start)
+    cache = continue_cache(state, q, k, v, doc_start)
     outputs = []
     # One absolute block of query rows at a time keeps the score matrix at [L, T], never [T, T].
     for start, stop, _ in row_blocks(offset, q.shape[2], block_len):
@@ -96,14 +96,22 @@ def flash_quad_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias
     return torch.cat(outputs, dim=2), cache
 
 
+_STATE_DTYPES = {"kv_sum": None, "chunk_k": None, "chunk_v": None, "kv_count": None, "chunk_start": torch.bool}
+"""The dtype of each tensor of a :class:`FlashState` (``None``: one of the call's,
+:func:`~transformer_vq.ops.protocol.call_dtypes`)."""
+
+
 def _starting_state(state: FlashState | None, q, k, v, chunk_len: int) -> FlashState:
     """The state a call starts from: empty, or ``state`` once checked to continue these sizes and chunk length."""
     check_positive_int(chunk_len, "chunk_len")
     (batch, n_group, _, d_k), d_v = k.shape, v.shape[-1]
     if state is None:
         return FlashState(q.new_zeros(batch, n_group, d_k, d_v), 0, chunk_len, k[:, :, :0], v[:, :, :0])
-    check_state(state, FlashState, {"kv_sum": (batch, n_group, d_k, d_v), "chunk_k": (batch, n_group, -1, d_k),
-                                    "chunk_v": (batch, n_group, -1, d_v)})
+    # the open chunk's own length where it has one: exact shapes are compared by one comparison each
+    opened = state.chunk_k.shape[2] if isinstance(state, FlashState) and state.chunk_k.dim() == 4 else -1
+    check_state(state, FlashState, {"kv_sum": (batch, n_group, d_k, d_v), "chunk_k": (batch, n_group, opened, d_k),
+                                    "chunk_v": (batch, n_group, opened, d_v), "kv_count": (batch,),
+                                    "chunk_start": (batch, opened)}, q, _STATE_DTYPES)
     if state.chunk_len != chunk_len:
         raise ValueError(f"state was built with chunk_len={state.chunk_len}, got chunk_len={chunk_len}")
     return state
@@ -128,7 +136,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: tor
         ``r < C`` positions of an open chunk, so one decoding step costs the same at any offset.
     """
     check_inputs(q, k, v, bias, block_len)
-    check_doc_start(doc_start, q.shape[0], q.shape[2])
+    check_documents(q, doc_start)
     state = _starting_state(state, q, k, v, chunk_len)
     batch, n_head, length, d_k = q.shape
     n_group, d_v = k.shape[1], v.shape[-1]

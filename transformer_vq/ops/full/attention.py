@@ -22,9 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from transformer_vq.ops.documents import check_doc_start
 from transformer_vq.ops.full.state import KVCache, continue_cache
-from transformer_vq.ops.protocol import check_inputs
+from transformer_vq.ops.protocol import check_documents, check_inputs
 from transformer_vq.ops.window import row_blocks, window_bias
 
 
@@ -45,9 +44,9 @@ def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
         ``out [B, H, T, Dv]`` and the cache extended by this call's keys and values.
     """
     check_inputs(q, k, v, bias, block_len)
-    check_doc_start(doc_start, q.shape[0], q.shape[2])
+    check_documents(q, doc_start)
     offset = 0 if state is None else state.offset
-    cache = continue_cache(state, k, v, doc_start)
+    cache = continue_cache(state, q, k, v, doc_start)
     gqa = k.shape[1] != q.shape[1]
     outputs = []
     for start, stop, window in row_blocks(offset, q.shape[2], block_len):

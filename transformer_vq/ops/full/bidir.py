@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from transformer_vq.ops.documents import check_doc_start, segment_ids
+from transformer_vq.ops.documents import segment_ids
 from transformer_vq.ops.full.naive import per_head
-from transformer_vq.ops.protocol import check_qkv
+from transformer_vq.ops.protocol import check_bias, check_documents, check_mask, check_qkv
 
 
 def full_bidir_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -32,12 +32,13 @@ def full_bidir_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias
     check_qkv(q, k, v, block_len, key_name="k")
     if state is not None:
         raise ValueError("non-causal attention reads whole sequences and carries no state: pass state=None")
+    if bias is not None:
+        check_bias(q, bias, block_len, window_blocks=3)
+    check_mask(q, mask)
+    check_documents(q, doc_start)
     B, H, T, _ = q.shape
-    check_doc_start(doc_start, B, T)
     scores = q @ per_head(k, H).transpose(-1, -2)  # (B, H, T, T)
     if bias is not None:
-        if bias.shape != (B, H, T, 3 * block_len):
-            raise ValueError(f"bias must be [B, H, T, 3L] = [{B}, {H}, {T}, {3 * block_len}], got {list(bias.shape)}")
         positions = torch.arange(T, device=q.device)
         column = positions[None, :] - (positions[:, None] // block_len - 1) * block_len  # (T, T)
         in_window = (column >= 0) & (column < 3 * block_len)

@@ -23,8 +23,13 @@ class KVCache:
 
     @classmethod
     def start(cls, k: torch.Tensor, v: torch.Tensor, doc_start: torch.Tensor | None = None) -> "KVCache":
-        """The cache of the first call on ``k``, ``v`` (no copy), with the segments of ``doc_start [B, T]``."""
-        return cls(k, v, None if doc_start is None else segment_ids(doc_start))
+        """The cache of the first call on ``k``, ``v``, with the segments of ``doc_start [B, T]``.
+
+        Copies: a cache holding the caller's tensors would change with them, and a decoding loop that refills one
+        input buffer per step would rewrite the keys of its state. The copy is differentiable (gradients reach
+        ``k`` and ``v`` as before), and contiguous, which the concatenation of the next call reads fastest."""
+        return cls(k.clone(memory_format=torch.contiguous_format), v.clone(memory_format=torch.contiguous_format),
+                   None if doc_start is None else segment_ids(doc_start))
 
     @property
     def offset(self) -> int:
@@ -52,12 +57,26 @@ class KVCache:
         return sum(t.nelement() * t.element_size() for t in held)
 
 
-def continue_cache(state: KVCache | None, k: torch.Tensor, v: torch.Tensor,
+def continue_cache(state: KVCache | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    doc_start: torch.Tensor | None = None) -> KVCache:
-    """The cache after a call on ``k [B, G, T, Dk]``, ``v [B, G, T, Dv]``: :meth:`KVCache.start` without a state,
-    else ``state`` extended, once it is checked to be a :class:`KVCache` of the same batch, groups and widths."""
+    """The cache after a call on ``q``, ``k [B, G, T, Dk]``, ``v [B, G, T, Dv]``: :meth:`KVCache.start` without a
+    state, else ``state`` extended, once :func:`check_kv_cache` has checked it."""
     if state is None:
         return KVCache.start(k, v, doc_start)
-    (batch, groups, _, d_k), d_v = k.shape, v.shape[-1]
-    check_state(state, KVCache, {"k": (batch, groups, -1, d_k), "v": (batch, groups, -1, d_v)})
+    check_kv_cache(state, q, k, v)
     return state.extend(k, v, doc_start)
+
+
+def check_kv_cache(state, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless ``state`` is a :class:`KVCache` of the same batch, groups and widths as ``k``,
+    ``v``, on ``q``'s device and in a dtype of the call (a float32 cache continued in float64 would be promoted)."""
+    (batch, groups, _, d_k), d_v = k.shape, v.shape[-1]
+    # the cache's own length where it has one: exact shapes are compared by one comparison each
+    held = state.k.shape[2] if isinstance(state, KVCache) and state.k.dim() == 4 else -1
+    check_state(state, KVCache, {"k": (batch, groups, held, d_k), "v": (batch, groups, held, d_v),
+                                 "segment": (batch, held)}, q, _DTYPES)
+
+
+_DTYPES = {"k": None, "v": None, "segment": torch.long}
+"""The dtype of each tensor of a :class:`KVCache` (``None``: one of the call's,
+:func:`~transformer_vq.ops.protocol.call_dtypes`)."""

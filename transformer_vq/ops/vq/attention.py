@@ -24,8 +24,9 @@ import os
 import torch
 
 from transformer_vq.config import ATTN_BACKENDS, REDUCTIONS
-from transformer_vq.ops.documents import check_doc_start
-from transformer_vq.ops.protocol import check_inputs
+from transformer_vq.ops.protocol import (check_bool, check_code_range, check_devices, check_documents, check_finite,
+                                         check_floating, check_inputs, check_is_tensor, check_like,
+                                         check_state_tensors)
 from transformer_vq.ops.vq.kernels import attend_blocks, attend_within_block
 from transformer_vq.ops.vq.state import VQAttentionState, check_vq_state
 
@@ -68,7 +69,19 @@ def vq_attention(
             a query attends only keys of its own document, those of earlier calls included.
         cache_bias: ``[H]`` a logit per head on each key older than the window: an extension (docs/operator.md).
     """
-    _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores)
+    check_vq_options(reduction, compressive_cache)
+    check_inputs(q, k_hat, v, bias, block_len, key_name="k_hat")
+    check_codes(q, k_hat, z, codebook)
+    check_code_scores(q, code_scores, codebook.shape[1])
+    return attend_checked(q, k_hat, v, bias, block_len, state, z, codebook, reduction, code_scores, compressive_cache,
+                          backend, doc_start, cache_bias)
+
+
+def attend_checked(q, k_hat, v, bias, block_len, state, z, codebook, reduction, code_scores, compressive_cache,
+                   backend, doc_start, cache_bias):
+    """:func:`vq_attention` once its inputs, options and codes have passed their checks (the state, ``doc_start``,
+    ``backend`` and ``cache_bias`` are checked here). The quantized-query operator checks the same inputs under its
+    own names and calls this: checked twice, the codes' range would be read twice at every decoded token."""
     T, L = q.shape[2], block_len
     state, doc_start = _starting_state(state, doc_start, q, v, codebook, L)
     within_kernel, blocks_kernel = _kernels(backend, q, code_scores, compressive_cache, cache_bias)
@@ -128,10 +141,11 @@ def _starting_state(state, doc_start, q, v, codebook, block_len):
     rather than ``None`` when a document begun in an earlier call is still in the window (its earlier keys stay
     hidden)."""
     (B, _, T, Dk), (G, S) = q.shape, codebook.shape[:2]
-    check_doc_start(doc_start, B, T)
+    check_documents(q, doc_start)
     if state is None:
         return VQAttentionState.empty(B, G, S, Dk, v.shape[-1], dtype=v.dtype, device=v.device), doc_start
     check_vq_state(state, B, G, S, Dk, v.shape[-1], block_len)
+    check_state_tensors(state, _STATE_DTYPES[q.dtype == torch.float64], q)
     if doc_start is None and (torch.compiler.is_compiling() or bool(state.recent_start.any())):
         # compiled, the host-side test would break the graph at every call: take the masked path, which gives the
         # same numbers where no document begins
@@ -139,10 +153,18 @@ def _starting_state(state, doc_start, q, v, codebook, block_len):
     return state, doc_start
 
 
+_STATE_DTYPES = {wide: {"cache_count": torch.float32, "cache_mean": torch.float64 if wide else torch.float32,
+                       "recent_k": None, "recent_v": None, "recent_z": torch.long, "recent_start": torch.bool}
+                 for wide in (False, True)}
+"""The dtype of each tensor of a :class:`VQAttentionState` for queries of float64 or not (``None``: one of the call's,
+:func:`~transformer_vq.ops.protocol.call_dtypes`), as :meth:`VQAttentionState.empty` makes them: float32 counts,
+means of ``promote_types(dtype, float32)`` (looked up: a promotion costs about a microsecond at every call)."""
+
+
 def _kernels(backend: str, q: torch.Tensor, code_scores, compressive_cache: bool, cache_bias):
     """The kernels of part-block pieces and of whole blocks, each given ``cache_bias`` when there is one (the eager
     kernels only, which :func:`check_cache_bias` asks for)."""
-    check_cache_bias(cache_bias, q.shape[1], compressive_cache, backend)
+    check_cache_bias(q, cache_bias, compressive_cache, backend)
     kernels = attend_within_block, _blocks_kernel(backend, q, code_scores, compressive_cache)
     if cache_bias is None:
         return kernels
@@ -178,34 +200,37 @@ def triton_problem(device: torch.device | str) -> Exception | None:
     return None
 
 
-def _check_vq_inputs(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores):
-    """The shared checks of every operator, then the VQ operator's own inputs."""
+def check_vq_options(reduction: str, compressive_cache: bool) -> None:
+    """Raise ``ValueError`` unless ``reduction`` is one of ``REDUCTIONS`` and ``compressive_cache`` a bool."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
-    check_inputs(q, k_hat, v, bias, block_len, key_name="k_hat")
-    check_codes(k_hat, z, codebook)
-    if code_scores is not None and code_scores.shape != (*q.shape[:3], codebook.shape[1]):
-        raise ValueError(f"code_scores must be [B, H, T, S] = {[*q.shape[:3], codebook.shape[1]]}, "
-                         f"got {list(code_scores.shape)}")
+    check_bool(compressive_cache, "compressive_cache")
 
 
-def check_cache_bias(cache_bias: torch.Tensor | None, n_head: int, compressive_cache: bool, backend: str) -> None:
-    """Raise ``ValueError`` unless ``cache_bias`` is ``None`` or an ``[H]`` tensor the call can add to its cache."""
+def check_cache_bias(q: torch.Tensor, cache_bias: torch.Tensor | None, compressive_cache: bool, backend: str) -> None:
+    """Raise ``ValueError`` unless ``cache_bias`` is ``None`` or a finite ``[H]`` tensor the call can add to its
+    cache (finite where :func:`~transformer_vq.ops.protocol.reads_values` allows: ``+inf`` makes every row NaN)."""
     if cache_bias is None:
         return
-    if cache_bias.shape != (n_head,):
-        raise ValueError(f"cache_bias must be [H] = [{n_head}] (one logit per query head), "
-                         f"got {list(cache_bias.shape)}")
+    n_head = q.shape[1]
+    if not isinstance(cache_bias, torch.Tensor) or cache_bias.shape != (n_head,):
+        got = list(cache_bias.shape) if isinstance(cache_bias, torch.Tensor) else type(cache_bias).__name__
+        raise ValueError(f"cache_bias must be [H] = [{n_head}] (one logit per query head), got {got}")
     if not compressive_cache:
         raise ValueError("cache_bias is added to the scores of the per-code cache: with compressive_cache=False "
                          "there is none; pass cache_bias=None")
     if backend != "eager":
         raise ValueError(f"cache_bias is taken by backend='eager' only (the fused kernels' log-counts carry no "
                          f"gradient), got backend={backend!r}")
+    check_like(q, {"cache_bias": cache_bias})
+    check_finite(cache_bias, "cache_bias")
 
 
-def check_codes(k_hat: torch.Tensor, z: torch.Tensor, codebook: torch.Tensor) -> None:
-    """Raise ``ValueError`` unless ``codebook`` is ``[G, S, Dk]`` and ``z`` int64 ``[B, G, T]`` for ``k_hat``."""
+def check_codes(q: torch.Tensor, k_hat: torch.Tensor, z: torch.Tensor, codebook: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless ``codebook`` is ``[G, S, Dk]`` of a dtype of the call and ``z`` int64
+    ``[B, G, T]`` in ``[0, S)`` for ``k_hat``, both on ``q``'s device."""
+    check_is_tensor(codebook, "codebook")
+    check_is_tensor(z, "z")
     B, G, T, Dk = k_hat.shape
     if codebook.dim() != 3 or codebook.shape[0] != G or codebook.shape[2] != Dk:
         raise ValueError(f"codebook must be [G, S, Dk] = [{G}, S, {Dk}], got {list(codebook.shape)}")
@@ -213,16 +238,20 @@ def check_codes(k_hat: torch.Tensor, z: torch.Tensor, codebook: torch.Tensor) ->
         raise ValueError(f"z must be [B, G, T] = [{B}, {G}, {T}], got {list(z.shape)}")
     if z.dtype != torch.long:
         raise ValueError(f"z must be int64 shortcodes, got {z.dtype}")
-    # The range is read on a CPU only: elsewhere reading it would synchronize the device at every call (every token
-    # of every layer when decoding); there an out-of-range code trips the device's own index assertion instead.
-    if z.device.type == "cpu" and not torch.compiler.is_compiling():
-        check_code_range(z, codebook.shape[1], "z", "S")
+    check_devices(q, {"z": z})
+    check_like(q, {"codebook": codebook})
+    check_code_range(z, codebook.shape[1], "z", "S")
 
 
-def check_code_range(codes: torch.Tensor, n_code: int, name: str, size_name: str) -> None:
-    """Raise ``ValueError`` unless every one of ``codes`` lies in ``[0, n_code)`` (reads them: a host sync)."""
-    if codes.numel() == 0:
+def check_code_scores(q: torch.Tensor, code_scores: torch.Tensor | None, n_code: int) -> None:
+    """Raise ``ValueError`` unless ``code_scores`` is ``None`` or a floating ``[B, H, T, S]`` tensor on ``q``'s
+    device. Any floating dtype: the scores are added to the log-counts in at least float32 (a table the caller
+    holds from an autocast call is bfloat16)."""
+    if code_scores is None:
         return
-    low, high = (int(x) for x in torch.aminmax(codes))  # one pass, not two: it runs at every call on a CPU
-    if low < 0 or high >= n_code:
-        raise ValueError(f"{name} must lie in [0, {size_name}) = [0, {n_code}), got codes from {low} to {high}")
+    check_is_tensor(code_scores, "code_scores")
+    if code_scores.shape != (*q.shape[:3], n_code):
+        raise ValueError(f"code_scores must be [B, H, T, S] = {[*q.shape[:3], n_code]}, "
+                         f"got {list(code_scores.shape)}")
+    check_floating(code_scores, "code_scores")
+    check_devices(q, {"code_scores": code_scores})

@@ -217,8 +217,10 @@ def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, re
         parts.insert(0, (s_cache, cache_mean.unsqueeze(3)))
     out = softmax_combine(parts, in_place=not grad)  # (B, G, N, R, L, Dv)
     out = out.transpose(2, 3).reshape(B, H, T, Dv).to(q.dtype)
+    # The codes are copied (the keys, values and starts are slices of tensors made here): a view of the caller's ``z``
+    # would change with it, and a loop that refills one code buffer per call would rewrite the state's codes.
     return out, VQAttentionState(state.offset + T, final_count, final_mean,
-                                 k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:], starts[:, -L:], L)
+                                 k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:].clone(), starts[:, -L:], L)
 
 
 def block_starts(z, L, state: VQAttentionState, doc_start) -> torch.Tensor:

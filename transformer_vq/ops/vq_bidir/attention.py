@@ -19,10 +19,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from transformer_vq.ops.documents import check_doc_start
 from transformer_vq.ops.full.naive import per_head
-from transformer_vq.ops.protocol import check_bias, check_qkv
-from transformer_vq.ops.vq.attention import check_codes
+from transformer_vq.ops.protocol import check_bias, check_documents, check_mask, check_qkv
+from transformer_vq.ops.vq.attention import check_code_scores, check_codes
 from transformer_vq.ops.vq.cache import log_counts
 from transformer_vq.ops.vq_bidir.corrected_softmax import CorrectedSoftmax
 from transformer_vq.ops.vq_bidir.documents import RowDocuments
@@ -80,7 +79,7 @@ def vq_bidir_attention(
     """
     _check_bidir_inputs(q, k_hat, v, bias, block_len, state, z, codebook, mask, scoring, code_scores)
     B, H, T, _ = q.shape
-    check_doc_start(doc_start, B, T)
+    check_documents(q, doc_start)
     real = torch.ones(B, T, dtype=torch.bool, device=q.device) if mask is None else mask
     # A sequence with no real key has only padding queries, whose outputs are zeroed: attending its keys as if they
     # were real keeps every score set non-empty, so neither the output nor a gradient turns NaN.
@@ -249,10 +248,6 @@ def _check_bidir_inputs(q, k_hat, v, bias, block_len, state, z, codebook, mask, 
     check_qkv(q, k_hat, v, block_len, key_name="k_hat")
     if bias is not None:
         check_bias(q, bias, block_len, window_blocks=WINDOW_BLOCKS)
-    check_codes(k_hat, z, codebook)
-    B, H, T, _ = q.shape
-    if mask is not None and (mask.shape != (B, T) or mask.dtype != torch.bool):
-        raise ValueError(f"mask must be a bool tensor [B, T] = [{B}, {T}], got {mask.dtype} {list(mask.shape)}")
-    S = codebook.shape[1]
-    if code_scores is not None and code_scores.shape != (B, H, T, S):
-        raise ValueError(f"code_scores must be [B, H, T, S] = [{B}, {H}, {T}, {S}], got {list(code_scores.shape)}")
+    check_codes(q, k_hat, z, codebook)
+    check_mask(q, mask)
+    check_code_scores(q, code_scores, codebook.shape[1])

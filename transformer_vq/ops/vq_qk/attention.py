@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from transformer_vq.ops.protocol import check_inputs
-from transformer_vq.ops.vq import VQAttentionState, vq_attention
-from transformer_vq.ops.vq.attention import check_codes
+from transformer_vq.ops.vq import VQAttentionState
+from transformer_vq.ops.vq.attention import attend_checked, check_codes, check_vq_options
 from transformer_vq.ops.vq_qk.table import check_query_codes, code_pair_table, lookup_code_scores
 
 
@@ -56,12 +56,13 @@ def vq_qk_attention(
     Gradients: those of the key-only operator on ``q_hat``, ``v``, ``bias`` and ``k_hat`` (window keys only); the
     codebooks, codes and table get none.
     """
-    check_inputs(q_hat, k_hat, v, bias, block_len, key_name="k_hat")
-    check_codes(k_hat, z, codebook)
+    check_vq_options(reduction, compressive_cache)
+    check_inputs(q_hat, k_hat, v, bias, block_len, key_name="k_hat", query_name="q_hat")
+    check_codes(q_hat, k_hat, z, codebook)
     check_query_codes(q_hat, z_q, codebook_q, codebook, table)
     if table is None:
         table = code_pair_table(codebook_q, codebook)
     code_scores = lookup_code_scores(q_hat, z_q, table, codebook)  # (B, H, T, S_k)
-    return vq_attention(q_hat, k_hat, v, bias, block_len=block_len, state=state, z=z, codebook=codebook,
-                        reduction=reduction, code_scores=code_scores, compressive_cache=compressive_cache,
-                        doc_start=doc_start)
+    # the key-only operator past the checks just made (its own would repeat them)
+    return attend_checked(q_hat, k_hat, v, bias, block_len, state, z, codebook, reduction, code_scores,
+                          compressive_cache, "eager", doc_start, None)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from transformer_vq.ops.protocol import check_mask, check_qkv
 from transformer_vq.ops.vq.attention import check_codes
 from transformer_vq.ops.vq.cache import log_counts, summarize
 from transformer_vq.ops.vq.kernels import softmax_combine
@@ -45,8 +46,9 @@ def vq_qk_attention_noncausal(q_hat: torch.Tensor, k_hat: torch.Tensor, v: torch
     Returns:
         ``out [B, H, T, Dv]``. There is no state: a non-causal call sees its whole sequences.
     """
-    _check_noncausal_inputs(q_hat, k_hat, v, mask)
-    check_codes(k_hat, z, codebook)
+    check_qkv(q_hat, k_hat, v, None, key_name="k_hat", query_name="q_hat")
+    check_mask(q_hat, mask)
+    check_codes(q_hat, k_hat, z, codebook)
     check_query_codes(q_hat, z_q, codebook_q, codebook, table)
     B, H, T, _ = q_hat.shape
     G, S_k, _ = codebook.shape
@@ -71,17 +73,3 @@ def vq_qk_attention_noncausal(q_hat: torch.Tensor, k_hat: torch.Tensor, v: torch
         out = rows.gather(2, z_q.unsqueeze(-1).expand(B, H, T, Dv))  # row z_q[t] for token t
     out = out.to(q_hat.dtype)
     return out if mask is None else out.masked_fill(~mask[:, None, :, None], 0.0)
-
-
-def _check_noncausal_inputs(q_hat, k_hat, v, mask):
-    """Raise ``ValueError`` naming the first inconsistency among ``q_hat``, ``k_hat``, ``v`` and ``mask``."""
-    if q_hat.dim() != 4 or q_hat.shape[2] < 1:
-        raise ValueError(f"q_hat must be [B, H, T, Dk] with T >= 1, got shape {list(q_hat.shape)}")
-    B, H, T, Dk = q_hat.shape
-    if k_hat.dim() != 4 or k_hat.shape[:1] + k_hat.shape[2:] != (B, T, Dk) or H % k_hat.shape[1] != 0:
-        raise ValueError(f"k_hat must be [B, G, T, Dk] = [{B}, G, {T}, {Dk}] with G dividing H={H}, "
-                         f"got {list(k_hat.shape)}")
-    if v.dim() != 4 or v.shape[:3] != k_hat.shape[:3]:
-        raise ValueError(f"v must be [B, G, T, Dv] with B, G, T of k_hat {list(k_hat.shape[:3])}, got {list(v.shape)}")
-    if mask is not None and (mask.shape != (B, T) or mask.dtype != torch.bool):
-        raise ValueError(f"mask must be bool [B, T] = [{B}, {T}], got {mask.dtype} {list(mask.shape)}")

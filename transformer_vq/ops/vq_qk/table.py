@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from transformer_vq.ops.vq.attention import check_code_range
+from transformer_vq.ops.protocol import check_code_range, check_devices, check_floating, check_is_tensor, check_like
 
 
 def code_pair_table(codebook_q: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
@@ -68,9 +68,15 @@ def check_query_codes(q_hat: torch.Tensor, z_q: torch.Tensor, codebook_q: torch.
                       table: torch.Tensor | None) -> None:
     """Raise ``ValueError`` naming the first bad input of the query side (``q_hat`` and ``codebook`` already checked).
 
-    ``z_q [B, H, T]`` int64 in ``[0, S_q)``, ``codebook_q [H, S_q, Dk]`` of the queries' width, and the table, when
-    given, ``[H, S_q, S_k]``.
+    ``z_q [B, H, T]`` int64 in ``[0, S_q)`` (read where :func:`~transformer_vq.ops.protocol.reads_values` allows, as
+    the key codes), ``codebook_q [H, S_q, Dk]`` of the queries' width and a dtype of the call, and the table, when
+    given, a floating ``[H, S_q, S_k]`` tensor (any floating dtype, as the key-only operator's ``code_scores``); all on
+    ``q_hat``'s device.
     """
+    check_is_tensor(codebook_q, "codebook_q")
+    check_is_tensor(z_q, "z_q")
+    if table is not None:
+        check_is_tensor(table, "table")
     B, H, T, Dk = q_hat.shape
     if codebook_q.dim() != 3 or codebook_q.shape[0] != H or codebook_q.shape[2] != Dk:
         raise ValueError(f"codebook_q must be [H, S_q, Dk] = [{H}, S_q, {Dk}], got {list(codebook_q.shape)}")
@@ -79,6 +85,10 @@ def check_query_codes(q_hat: torch.Tensor, z_q: torch.Tensor, codebook_q: torch.
         raise ValueError(f"z_q must be [B, H, T] = [{B}, {H}, {T}], got {list(z_q.shape)}")
     if z_q.dtype != torch.long:
         raise ValueError(f"z_q must be int64 shortcodes, got {z_q.dtype}")
-    check_code_range(z_q, S_q, "z_q", "S_q")
     if table is not None and table.shape != (H, S_q, codebook.shape[1]):
         raise ValueError(f"table must be [H, S_q, S_k] = [{H}, {S_q}, {codebook.shape[1]}], got {list(table.shape)}")
+    if table is not None:
+        check_floating(table, "table")
+    check_devices(q_hat, {"z_q": z_q, "table": table})
+    check_like(q_hat, {"codebook_q": codebook_q})
+    check_code_range(z_q, S_q, "z_q", "S_q")
