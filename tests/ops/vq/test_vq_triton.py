@@ -111,6 +111,21 @@ def test_state_carried_across_splits_equals_one_eager_call():
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5, msg=lambda m: f"grad {name}: {m}")
 
 
+def test_a_state_keeps_its_own_codes():
+    """A loop that refills one code buffer per call gets the state of separate tensors: the state copies its codes
+    (the eager kernel's rule)."""
+    inputs = vq_inputs((1, 1, 1, 32, 16, 5), torch.float32, seed=4)
+    want, want_state = run(inputs, 16, "triton")
+    codes = inputs[2][:, :, :16].clone()  # the z of the first call, then refilled with the second call's codes
+    first = tuple(codes if i == 2 else x if i == 4 else x[:, :, :16] for i, x in enumerate(inputs))
+    _, state = run(first, 16, "triton")
+    codes.copy_(inputs[2][:, :, 16:])
+    second = tuple(codes if i == 2 else x if i == 4 else x[:, :, 16:] for i, x in enumerate(inputs))
+    _, state = run(second, 16, "triton", state=state)
+    assert torch.equal(state.recent_z, want_state.recent_z)
+    torch.testing.assert_close(state.cache_mean, want_state.cache_mean, rtol=1e-6, atol=1e-6)
+
+
 def test_the_layer_uses_the_backend_of_its_config():
     x = torch.randn(1, 37, 32, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     results = []
