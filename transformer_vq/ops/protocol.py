@@ -225,12 +225,12 @@ def check_finite(tensor: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} must be finite (no inf or NaN), got {values}")
 
 
-def check_state(state, state_type: type, shapes: dict[str, tuple[int, ...]], q: torch.Tensor | None = None,
-                dtypes: dict[str, torch.dtype | None] | None = None) -> None:
+def check_state(state, state_type: type, shapes: dict[str, tuple[int, ...]], q: torch.Tensor,
+                dtypes: dict[str, torch.dtype | None]) -> None:
     """Raise ``ValueError`` unless ``state`` is a ``state_type`` (what this operator returns) whose tensors named in
-    ``shapes`` (``None`` where the state has none) have those shapes (``-1``: any size): a state continues the same
-    sequences with the same sizes. Given ``q`` and ``dtypes``, also :func:`check_state_tensors`. Metadata only:
-    nothing is read from the device."""
+    ``shapes`` (``None`` where the state has none) have those shapes (``-1``: any size), and those named in
+    ``dtypes`` pass :func:`check_state_tensors` for queries ``q``: a state continues the same sequences with the same
+    sizes, dtypes and device. Metadata only: nothing is read from the device."""
     if not isinstance(state, state_type):
         raise ValueError(f"state must be the {state_type.__name__} a previous call of this operator returned, got "
                          f"{type(state).__name__}")
@@ -245,8 +245,7 @@ def check_state(state, state_type: type, shapes: dict[str, tuple[int, ...]], q: 
             needed = ", ".join("*" if want == -1 else str(want) for want in shape)
             raise ValueError(f"state.{name} is {list(got)}, this call needs [{needed}]: a state continues the same "
                              f"sequences with the same batch, heads and widths")
-    if q is not None and dtypes is not None:
-        check_state_tensors(state, dtypes, q)
+    check_state_tensors(state, dtypes, q)
 
 
 def check_state_tensors(state, dtypes: dict[str, torch.dtype | None], q: torch.Tensor) -> None:

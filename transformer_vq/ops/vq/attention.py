@@ -25,8 +25,7 @@ import torch
 
 from transformer_vq.config import ATTN_BACKENDS, REDUCTIONS
 from transformer_vq.ops.protocol import (check_bool, check_code_range, check_devices, check_documents, check_finite,
-                                         check_floating, check_inputs, check_is_tensor, check_like,
-                                         check_state_tensors)
+                                         check_floating, check_inputs, check_is_tensor, check_like)
 from transformer_vq.ops.vq.kernels import attend_blocks, attend_within_block
 from transformer_vq.ops.vq.state import VQAttentionState, check_vq_state
 
@@ -144,21 +143,12 @@ def _starting_state(state, doc_start, q, v, codebook, block_len):
     check_documents(q, doc_start)
     if state is None:
         return VQAttentionState.empty(B, G, S, Dk, v.shape[-1], dtype=v.dtype, device=v.device), doc_start
-    check_vq_state(state, B, G, S, Dk, v.shape[-1], block_len)
-    check_state_tensors(state, _STATE_DTYPES[q.dtype == torch.float64], q)
+    check_vq_state(state, q, v, codebook, block_len)
     if doc_start is None and (torch.compiler.is_compiling() or bool(state.recent_start.any())):
         # compiled, the host-side test would break the graph at every call: take the masked path, which gives the
         # same numbers where no document begins
         doc_start = torch.zeros(B, T, dtype=torch.bool, device=q.device)
     return state, doc_start
-
-
-_STATE_DTYPES = {wide: {"cache_count": torch.float32, "cache_mean": torch.float64 if wide else torch.float32,
-                       "recent_k": None, "recent_v": None, "recent_z": torch.long, "recent_start": torch.bool}
-                 for wide in (False, True)}
-"""The dtype of each tensor of a :class:`VQAttentionState` for queries of float64 or not (``None``: one of the call's,
-:func:`~transformer_vq.ops.protocol.call_dtypes`), as :meth:`VQAttentionState.empty` makes them: float32 counts,
-means of ``promote_types(dtype, float32)`` (looked up: a promotion costs about a microsecond at every call)."""
 
 
 def _kernels(backend: str, q: torch.Tensor, code_scores, compressive_cache: bool, cache_bias):

@@ -68,15 +68,25 @@ class VQAttentionState:
         return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
 
 
-def check_vq_state(state, batch: int, groups: int, n_code: int, d_k: int, d_v: int, block_len: int) -> None:
-    """Raise ``ValueError`` unless ``state`` can continue a call of these sizes: a :class:`VQAttentionState` of the
-    same block length, batch, groups, codebook size and key and value widths, its window at most ``2L - 1`` keys."""
+_STATE_DTYPES = {wide: {"cache_count": torch.float32, "cache_mean": torch.float64 if wide else torch.float32,
+                       "recent_k": None, "recent_v": None, "recent_z": torch.long, "recent_start": torch.bool}
+                 for wide in (False, True)}
+"""The dtype of each tensor of a :class:`VQAttentionState` for queries of float64 or not (``None``: one of the call's,
+:func:`~transformer_vq.ops.protocol.call_dtypes`), as :meth:`VQAttentionState.empty` makes them: float32 counts,
+means of ``promote_types(dtype, float32)`` (looked up: a promotion costs about a microsecond at every call)."""
+
+
+def check_vq_state(state, q: torch.Tensor, v: torch.Tensor, codebook: torch.Tensor, block_len: int) -> None:
+    """Raise ``ValueError`` unless ``state`` can continue a call on ``q``, ``v`` and ``codebook``: a
+    :class:`VQAttentionState` of the same block length, batch, groups, codebook size, key and value widths, dtypes and
+    device, its window at most ``2L - 1`` keys."""
+    (batch, _, _, d_k), d_v, (groups, n_code) = q.shape, v.shape[-1], codebook.shape[:2]
     window = state.recent_k.shape[2] if isinstance(state, VQAttentionState) and state.recent_k.dim() == 4 else -1
     check_state(state, VQAttentionState, {
         "cache_count": (batch, groups, n_code), "cache_mean": (batch, groups, n_code, d_v),
         "recent_k": (batch, groups, window, d_k), "recent_v": (batch, groups, window, d_v),
         "recent_z": (batch, groups, window), "recent_start": (batch, window),
-    })
+    }, q, _STATE_DTYPES[q.dtype == torch.float64])
     if state.block_len is not None and state.block_len != block_len:
         raise ValueError(f"state was built with block_len={state.block_len}, got block_len={block_len}: which keys "
                          f"a state holds in its window and which it summarizes depends on the block length")
