@@ -24,5 +24,10 @@ def nonfinite_names(named_tensors) -> list[str]:
     named = [(name, t) for name, t in named_tensors if t.is_floating_point() and t.numel()]
     if not named:
         return []
-    finite = torch.stack([torch.isfinite(t).all() for _, t in named]).tolist()  # one device sync
-    return [name for (name, _), ok in zip(named, finite) if not ok]
+    # one stack and one read per device: a model's tensors sit on its GPU while an optimizer keeps some (Adam's
+    # step counts) on the CPU, and a stack takes one device
+    flags = {}
+    for device in dict.fromkeys(t.device for _, t in named):
+        here = [i for i, (_, t) in enumerate(named) if t.device == device]
+        flags.update(zip(here, torch.stack([torch.isfinite(named[i][1]).all() for i in here]).tolist()))
+    return [name for i, (name, _) in enumerate(named) if not flags[i]]
