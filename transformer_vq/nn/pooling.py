@@ -12,7 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformer_vq.nn.outputs import module_output
 
+
+@module_output
 @dataclass
 class ClassifierOutput:
     logits: torch.Tensor

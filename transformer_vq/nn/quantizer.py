@@ -19,9 +19,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from transformer_vq.nn.outputs import module_output
 from transformer_vq.nn.token_mean import token_mean
 
 
+@module_output
 @dataclass
 class QuantizerOutput:
     k_hat: torch.Tensor

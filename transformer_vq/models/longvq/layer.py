@@ -32,6 +32,7 @@ from transformer_vq.config import LongVQConfig
 from transformer_vq.models.longvq.ssm import DampedEMA, EMAState
 from transformer_vq.nn.attend import ATTENTION_MODES
 from transformer_vq.nn.norm import rms_norm
+from transformer_vq.nn.outputs import module_output
 from transformer_vq.nn.quantizer import VectorQuantizer
 from transformer_vq.ops import vq_attention, vq_attention_naive
 from transformer_vq.ops.vq.state import VQAttentionState
@@ -59,6 +60,7 @@ class LongVQLayerState:
         return self.ssm.nbytes() + self.attn.nbytes()
 
 
+@module_output
 @dataclass
 class LongVQLayerOutput:
     x: torch.Tensor

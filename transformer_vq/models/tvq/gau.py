@@ -39,11 +39,13 @@ from transformer_vq.config import TransformerVQConfig
 from transformer_vq.nn.attend import attend, shifted_codebook
 from transformer_vq.nn.held import HeldValue
 from transformer_vq.nn.norm import rms_norm
+from transformer_vq.nn.outputs import module_output
 from transformer_vq.nn.position import sinusoids
 from transformer_vq.nn.quantizer import VectorQuantizer
 from transformer_vq.ops.vq_qk import code_pair_table
 
 
+@module_output
 @dataclass
 class GAUOutput:
     x: torch.Tensor

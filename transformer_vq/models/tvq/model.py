@@ -14,6 +14,7 @@ from transformer_vq.config import TransformerVQConfig
 from transformer_vq.models.tvq.gau import GatedAttentionUnit, chunk_start
 from transformer_vq.nn.codebooks import Codebooks
 from transformer_vq.nn.norm import rms_norm
+from transformer_vq.nn.outputs import module_output
 from transformer_vq.nn.position import sinusoids
 from transformer_vq.nn.quantizer import VectorQuantizer
 from transformer_vq.nn.sampling import check_sampling, sample_next_token
@@ -37,6 +38,7 @@ class ModelState:
         return sum(s.nbytes() for s in self.layers if s is not None)
 
 
+@module_output
 @dataclass
 class ModelOutput:
     logits: torch.Tensor

@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 import torch
 
 from transformer_vq.models.tvq.model import ModelState, TransformerVQ
+from transformer_vq.nn.outputs import module_output
 
 IGNORE_INDEX = -100  # the label of a position without a target (PyTorch's and transformers' convention)
 
@@ -228,6 +229,7 @@ def position_error(row: int, column: int, position: int, expected: int, *, conti
 
 # ---------------------------------------------------------------------------------------------- running
 
+@module_output
 @dataclass
 class RaggedOutput:
     logits: torch.Tensor
