@@ -34,11 +34,12 @@ verify() {
   # Each test gets a limit, so one cannot eat the stage, and the session one short of the stage's, so that pytest
   # itself stops and prints which tests failed and why (pytest-timeout is in the GPU image): the second session on a
   # GPU (2026-11-27) lost its verify output to the stage's kill. 90 s a test: Triton compiles a kernel's backward on
-  # first use, seen over 40 s on an H100. The fused kernels' tests first: they had never passed on a GPU.
+  # first use, seen over 40 s on an H100. tests/gpu first: the fused kernels' tests passed on an H100 in the third
+  # session (2026-11-27), whose limit stopped pytest before the model, training and compiled checks of tests/gpu.
   local limit=()
   "$py" -c "import pytest_timeout" 2>/dev/null && limit=(--timeout 90 --session-timeout $(( ${VERIFY_S:-280} - 25 )))
   "$py" -m pytest -v -p no:cacheprovider -m "not slow" "${limit[@]}" -rfE --tb=short --durations 15 \
-    tests/ops/vq/test_vq_triton.py tests/ops/vq/test_vq_triton_documents.py tests/gpu
+    tests/gpu tests/ops/vq/test_vq_triton.py tests/ops/vq/test_vq_triton_documents.py
 }
 
 op() {
