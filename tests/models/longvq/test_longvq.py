@@ -351,3 +351,21 @@ def test_language_model_refuses_targets_of_another_shape():
     with pytest.raises(ValueError, match=r"targets must have the shape of ids \(2, 10\) \(one target per input "
                                          r"position\), got \(2, 9\)"):
         model(ids, targets=ids[:, :9])
+
+
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
+def test_a_language_model_with_low_precision_parameters_trains_and_decodes(low):
+    """``LongVQLM(...).to(bfloat16)`` (not autocast): the SSM inside computes in float32 from the rounded parameters
+    (its own test), so the model trains, decodes, and its loss is the float32 model's to the low precision's steps."""
+    torch.manual_seed(0)
+    model = LongVQLM(longvq_preset("tiny", block_len=4, n_code=6)).to(low)
+    exact = LongVQLM(longvq_preset("tiny", block_len=4, n_code=6)).float()
+    exact.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    ids = torch.randint(0, 16, (2, 17), generator=torch.Generator().manual_seed(1))
+    out = model(ids[:, :-1], targets=ids[:, 1:])
+    out.loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+    with torch.no_grad():
+        want = exact(ids[:, :-1], targets=ids[:, 1:]).loss
+    assert abs(out.loss.item() - want.item()) < 0.02 * want.item()
+    assert model.eval().generate(ids[:, :5], max_new_tokens=6).shape == (2, 11)

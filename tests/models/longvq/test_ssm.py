@@ -81,6 +81,25 @@ def test_autocast_does_not_lower_the_precision(bidirectional):
     torch.testing.assert_close(cast, plain, rtol=0, atol=0)
 
 
+
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_low_precision_parameters_compute_in_float32(bidirectional, low):
+    """A model cast to bfloat16 or float16 (``model.to(dtype)``, not autocast): the SSM computes its coefficients and
+    the filter in float32 from the rounded parameters, so its output is the float32 module's, rounded once."""
+    low_module = ssm(bidirectional=bidirectional).to(low)
+    exact = ssm(bidirectional=bidirectional).to(low).float()  # the same rounded parameters, held in float32
+    x = inputs(50).to(low)
+    state = None if bidirectional else EMAState(torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(2)))
+    with torch.no_grad():
+        y, new_state = low_module(x, state)
+        want, want_state = exact(x.float(), state)
+    assert y.dtype == low
+    torch.testing.assert_close(y, want.to(low), rtol=0, atol=0)
+    if not bidirectional:
+        assert new_state.h.dtype == torch.float32
+        torch.testing.assert_close(new_state.h, want_state.h, rtol=0, atol=0)
+
 def test_bidirectional_refuses_a_state():
     module = ssm(bidirectional=True)
     with pytest.raises(ValueError, match="a bidirectional SSM reads whole sequences and carries no state"):

@@ -95,11 +95,13 @@ class DampedEMA(nn.Module):
         nn.init.normal_(self.eta, std=1.0)
         nn.init.normal_(self.omega, std=1.0)
 
-    def coefficients(self, direction: int = 0) -> EMACoefficients:
-        """The discrete SSM of one direction (0 forward, 1 backward)."""
-        alpha, delta = torch.sigmoid(self.alpha[direction]), torch.sigmoid(self.delta[direction])
-        return EMACoefficients(weight_in=alpha * self.beta[direction], decay=1 - alpha * delta,
-                               weight_out=self.eta[direction] * self.ema_dim ** -0.5)
+    def coefficients(self, direction: int = 0, dtype: torch.dtype | None = None) -> EMACoefficients:
+        """The discrete SSM of one direction (0 forward, 1 backward), computed in ``dtype`` (default: the
+        parameters'). From bfloat16 parameters in bfloat16, a decay ``1 - alpha delta`` could be no nearer 1 than
+        2^-8, a memory of a few hundred tokens at most: the forward pass asks for float32."""
+        alpha, delta, beta, eta = (p[direction].to(dtype) for p in (self.alpha, self.delta, self.beta, self.eta))
+        alpha, delta = torch.sigmoid(alpha), torch.sigmoid(delta)
+        return EMACoefficients(weight_in=alpha * beta, decay=1 - alpha * delta, weight_out=eta * self.ema_dim ** -0.5)
 
     def forward(self, x: torch.Tensor, state: EMAState | None = None, *,
                 naive: bool = False) -> tuple[torch.Tensor, EMAState | None]:
@@ -116,14 +118,16 @@ class DampedEMA(nn.Module):
         return y.to(x.dtype), None if h_last is None else EMAState(h_last)
 
     def _filter(self, x: torch.Tensor, state: EMAState | None, naive: bool):
-        """``(y, h_last)`` of :meth:`forward` (``h_last`` None when bidirectional)."""
+        """``(y, h_last)`` of :meth:`forward` in ``x``'s dtype, whatever the parameters' (``h_last`` None when
+        bidirectional)."""
+        omega = self.omega.to(x.dtype)
         if self.bidirectional:
             form = ema_bidir_naive if naive else ema_bidir_conv
-            return form(x, self.coefficients(0), self.coefficients(1)) + self.omega * x, None
+            return form(x, self.coefficients(0, x.dtype), self.coefficients(1, x.dtype)) + omega * x, None
         # one token is one step of the recurrence (decoding); longer calls take the convolution
         form = ema_naive if naive or x.shape[1] == 1 else ema_conv
-        y, h_last = form(x, self.coefficients(0), initial_state=None if state is None else state.h)
-        return y + self.omega * x, h_last
+        y, h_last = form(x, self.coefficients(0, x.dtype), initial_state=None if state is None else state.h)
+        return y + omega * x, h_last
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, ema_dim={self.ema_dim}, bidirectional={self.bidirectional}, "
