@@ -63,6 +63,14 @@ def same_reduction_tol(device: torch.device) -> float:
     return 0.0 if device.type == "cpu" else 1e-6
 
 
+def assert_holds_only_what_it_reports(state):
+    """A state's tensors keep alive only their own bytes, each storage counted once, which ``nbytes()`` reports: not
+    the whole keys of the call that made it, or running sums over all its blocks, through slices of them."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in vars(state).values()
+                if isinstance(t, torch.Tensor)}
+    assert sum(storages.values()) == state.nbytes()
+
+
 def assert_same_state(got, want, tol):
     """Equal VQ states: same offset, counts exactly, means within ``tol``, the window's keys, values and codes."""
     assert got.offset == want.offset

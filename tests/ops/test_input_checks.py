@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from opsutil import make_vq_inputs
+from opsutil import assert_holds_only_what_it_reports, make_vq_inputs
 
 from transformer_vq.ops import (flash_attention, flash_quad_attention, full_attention, vq_attention,
                                 vq_bidir_attention, vq_qk_attention, vq_qk_attention_noncausal)
@@ -105,6 +105,19 @@ def test_a_state_owns_its_tensors(attn_type, piece):
         outs.append(out)
     torch.testing.assert_close(torch.cat(outs, dim=2), whole, rtol=1e-12, atol=1e-12)
 
+
+@pytest.mark.parametrize("attn_type", CAUSAL)
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("documents", [False, True])
+def test_a_state_keeps_only_what_it_reports(attn_type, grad, documents):
+    """After a long prefill a state holds its own tensors, not views of the call's whole keys and values or of its
+    running sums: decoding after 64k tokens kept every layer's 64k keys alive while ``nbytes()`` reported a window."""
+    x = make(T=16 * L + 2)
+    x["doc_start"] = torch.zeros_like(x["doc_start"]) if documents else None
+    if grad:
+        x["q"].requires_grad_()
+    _, state = OPERATORS[attn_type](x)
+    assert_holds_only_what_it_reports(state)
 
 @pytest.mark.parametrize("attn_type", ["full", "flash_quad"])
 def test_gradients_still_reach_the_keys_through_a_carried_cache(attn_type):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from opsutil import assert_same_state, doc_start_mask, make_vq_inputs
+from opsutil import assert_holds_only_what_it_reports, assert_same_state, doc_start_mask, make_vq_inputs
 
 from transformer_vq.config import REDUCTIONS
 from transformer_vq.ops.vq import vq_attention
@@ -65,6 +65,7 @@ def assert_same_results(results):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=lambda m: f"grad {name}: {m}")
     assert_same_state(cp_final, final, 1e-12)
     assert torch.equal(cp_final.recent_start, final.recent_start)
+    assert_holds_only_what_it_reports(cp_final)
 
 
 @pytest.mark.parametrize("prefix", [0, 8, 24], ids=lambda p: f"after{p}")

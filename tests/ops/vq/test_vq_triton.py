@@ -18,8 +18,8 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no CUDA and TRITON_INTERPRET is not 1: the kernels cannot run here", allow_module_level=True)
 pytest.importorskip("triton")
 
-from opsutil import (assert_as_close_as, assert_same_state, low_precision_runs, make_vq_inputs,  # noqa: E402
-                     same_reduction_tol, vq_grid_id)
+from opsutil import (assert_as_close_as, assert_holds_only_what_it_reports, assert_same_state,  # noqa: E402
+                     low_precision_runs, make_vq_inputs, same_reduction_tol, vq_grid_id)
 
 from transformer_vq import GatedAttentionUnit, TransformerVQ, preset  # noqa: E402
 from transformer_vq.config import ConfigError  # noqa: E402
@@ -124,6 +124,7 @@ def test_a_state_keeps_its_own_codes():
     _, state = run(second, 16, "triton", state=state)
     assert torch.equal(state.recent_z, want_state.recent_z)
     torch.testing.assert_close(state.cache_mean, want_state.cache_mean, rtol=1e-6, atol=1e-6)
+    assert_holds_only_what_it_reports(state)  # nor the call's keys or every block's prefixes, through slices
 
 
 def test_the_layer_uses_the_backend_of_its_config():

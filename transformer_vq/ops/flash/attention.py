@@ -167,9 +167,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: tor
 
     out = (quadratic + linear).view(batch, n_head, n_chunk * chunk_len, d_v)[:, :, opened:used]
     finished = used // chunk_len
-    new_state = FlashState(kv_sum, state.n_chunks + finished, chunk_len, k_all[:, :, finished * chunk_len:],
-                           v_all[:, :, finished * chunk_len:], kv_count,
-                           None if docs is None else starts[:, finished * chunk_len:])
+    # the open chunk copied: a slice would keep the whole call's keys and values alive beside the state
+    new_state = FlashState(kv_sum, state.n_chunks + finished, chunk_len, k_all[:, :, finished * chunk_len:].clone(),
+                           v_all[:, :, finished * chunk_len:].clone(), kv_count,
+                           None if docs is None else starts[:, finished * chunk_len:].clone())
     return out, new_state
 
 
@@ -242,4 +243,5 @@ def _linear_means(k_grid, v_grid, state: FlashState, used: int, docs: ChunkDocum
     mean = before / before_count.clamp(min=1.0)[:, None, :, None, None]
     if finished == 0:
         return mean, state.kv_sum, state_count
-    return mean, inclusive[:, :, finished - 1], inclusive_count[:, finished - 1]
+    # copied out of the sums through every chunk, which would otherwise stay alive beside the state
+    return mean, inclusive[:, :, finished - 1].clone(), inclusive_count[:, finished - 1].clone()

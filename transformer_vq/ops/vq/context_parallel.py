@@ -90,9 +90,12 @@ def compose(state: VQAttentionState, summary: ChunkSummary, block_len: int) -> V
                          f"{state.offset} is not a multiple of block_len={L}")
     count, mean = _cache_with_window(state)
     count, mean = merge(count, mean, summary.count, summary.mean)
+    # the window copied: a summary's last block is a slice of a chunk's keys or of the gathered summaries, which the
+    # state would otherwise keep alive
     return VQAttentionState(state.offset + summary.length, count, mean,
-                            summary.last_k.to(state.recent_k.dtype), summary.last_v.to(state.recent_v.dtype),
-                            summary.last_z, state.recent_start.new_zeros(summary.last_z.shape[0], L), L)
+                            summary.last_k.to(state.recent_k.dtype, copy=True),
+                            summary.last_v.to(state.recent_v.dtype, copy=True), summary.last_z.clone(),
+                            state.recent_start.new_zeros(summary.last_z.shape[0], L), L)
 
 
 def _cache_with_window(state: VQAttentionState) -> tuple[torch.Tensor, torch.Tensor]:

@@ -169,7 +169,9 @@ def attend_within_block(q, k_hat, z, v, codebook, bias, L, state: VQAttentionSta
                 cache_count, cache_mean = restart(cache_count, cache_mean, ~starts[:, :L].any(dim=1))
             count, mean = summarize(codes[:, :, :L], values[:, :, :L], S, cache_mean.dtype, weight)
             cache_count, cache_mean = merge(cache_count, cache_mean, count, mean)
-        keys, values, codes, starts = keys[:, :, L:], values[:, :, L:], codes[:, :, L:], starts[:, L:]
+        # copies: slices would keep the whole window buffer alive beside the state (and out of its nbytes())
+        keys, values, codes, starts = keys[:, :, L:].clone(), values[:, :, L:].clone(), codes[:, :, L:].clone(), \
+            starts[:, L:].clone()
     return out, VQAttentionState(offset + t, cache_count, cache_mean, keys, values, codes, starts, L)
 
 
@@ -217,10 +219,11 @@ def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, re
         parts.insert(0, (s_cache, cache_mean.unsqueeze(3)))
     out = softmax_combine(parts, in_place=not grad)  # (B, G, N, R, L, Dv)
     out = out.transpose(2, 3).reshape(B, H, T, Dv).to(q.dtype)
-    # The codes are copied (the keys, values and starts are slices of tensors made here): a view of the caller's ``z``
-    # would change with it, and a loop that refills one code buffer per call would rewrite the state's codes.
-    return out, VQAttentionState(state.offset + T, final_count, final_mean,
-                                 k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:].clone(), starts[:, -L:], L)
+    # Copies, not slices: a slice of k_all keeps the whole call's keys alive beside the state (after a long prefill,
+    # every layer's; nbytes() counts the slice), and a view of the caller's ``z`` would change with it (a loop that
+    # refills one code buffer per call would rewrite the state's codes).
+    return out, VQAttentionState(state.offset + T, final_count, final_mean, k_all[:, :, -L:].clone(),
+                                 v_all[:, :, -L:].clone(), z[:, :, -L:].clone(), starts[:, -L:].clone(), L)
 
 
 def block_starts(z, L, state: VQAttentionState, doc_start) -> torch.Tensor:
@@ -280,7 +283,8 @@ def _cache_part(q, z_prev, v_all, codebook, L, state: VQAttentionState, reductio
     # The caller's scores are read, not overwritten: the first step then makes the fresh tensor the rest may update.
     add_counts = add if code_scores is None else torch.add
     s_cache = add_counts(s_cache.transpose(2, 3), cache_logits(cache_count, cache_bias, s_cache.dtype))
-    return (s_cache, cache_mean), prefix_count[:, :, -1], prefix_mean[:, :, -1]
+    # the final cache copied out of the prefixes of every block, which would otherwise stay alive beside the state
+    return (s_cache, cache_mean), prefix_count[:, :, -1].clone(), prefix_mean[:, :, -1].clone()
 
 
 def block_prefixes(z_prev, v_all, S, L, state: VQAttentionState, reduction, prev_len,

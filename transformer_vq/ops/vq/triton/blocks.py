@@ -40,9 +40,11 @@ def attend_blocks_fused(q, k_hat, z, v, codebook, bias, L, state: VQAttentionSta
     log_count = log_counts(prefix_count[:, :, :-1], torch.float32)  # (B, G, N, S): counts carry no gradient
     ids = (None, None) if docs is None else (docs.segment, docs.cache_segment)
     out = FusedVQAttention.apply(q, k_all, v_all, bias, codebook, log_count, prefix_mean[:, :, :-1], L, has_prev, *ids)
-    # the codes copied, as the eager kernel copies them: a view of the caller's z would change with it
-    return out, VQAttentionState(state.offset + z.shape[2], prefix_count[:, :, -1], prefix_mean[:, :, -1],
-                                 k_all[:, :, -L:], v_all[:, :, -L:], z[:, :, -L:].clone(), starts[:, -L:], L)
+    # copies, as the eager kernel makes them: slices would keep every block's prefixes and the call's keys alive
+    # beside the state, and a view of the caller's z would change with it
+    return out, VQAttentionState(state.offset + z.shape[2], prefix_count[:, :, -1].clone(),
+                                 prefix_mean[:, :, -1].clone(), k_all[:, :, -L:].clone(), v_all[:, :, -L:].clone(),
+                                 z[:, :, -L:].clone(), starts[:, -L:].clone(), L)
 
 
 def check_fused_inputs(q: torch.Tensor, code_scores, compressive_cache: bool) -> None:
