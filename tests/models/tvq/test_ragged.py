@@ -55,6 +55,21 @@ def test_row_states_select_gather_and_replace(model):
         mixed.gather([0, 1])
 
 
+
+def test_rows_of_packed_and_plain_states_share_a_batch(model):
+    """A row whose window may hold a document start (a packed call's state) and a plain row combine into one batch
+    that still hides the packed row's earlier documents (the state's host-side flag, any of the rows)."""
+    ids = torch.randint(0, 32, (2, 11), generator=torch.Generator().manual_seed(0))
+    packed = model(ids[:1], position_ids=torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2]])).state
+    plain = model(ids[1:]).state
+    assert packed.layers[0].documents and not plain.layers[0].documents
+    both = RowStates(2, [((0,), packed), ((1,), plain)]).gather([0, 1])
+    assert both.layers[0].documents and both.offset == 11
+    more = torch.randint(0, 32, (2, 3), generator=torch.Generator().manual_seed(1))
+    logits = model(more, both).logits
+    torch.testing.assert_close(logits[:1], model(more[:1], packed).logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits[1:], model(more[1:], plain).logits, rtol=1e-5, atol=1e-5)
+
 def test_run_segments_equals_each_sequence_alone(model):
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 32, (2, 13), generator=g)

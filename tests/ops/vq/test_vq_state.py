@@ -148,3 +148,37 @@ def test_codes_outside_the_codebook_are_named():
         z_bad[0, 0, 5] = bad
         with pytest.raises(ValueError, match=rf"z must lie in \[0, S\) = \[0, 3\), got codes from {min(bad, 0)} to"):
             vq_attention(q, k_hat, v, bias, block_len=4, z=z_bad, codebook=codebook)
+
+
+def host_reads_refused(monkeypatch):
+    """Every read of a tensor's values onto the host raises, and the checks read none (as on a GPU, where each read
+    would wait for the device)."""
+    def refused(*args, **kwargs):
+        raise AssertionError("a tensor's value was read on the host")
+
+    monkeypatch.setattr("transformer_vq.ops.protocol.reads_values", lambda tensor: False)
+    for method in ("__bool__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, method, refused)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_continuing_call_reads_nothing_off_the_device(packed, monkeypatch):
+    """Decoding token by token reads no value of its state to decide how to attend: whether the window may hold a
+    document start is a host-side flag of the state, set by the calls with ``doc_start`` (it once cost a device sync
+    per token and layer). A state of packed documents goes on hiding them from later calls without ``doc_start``."""
+    L, T = 4, 14
+    q, k_hat, z, v, codebook, bias = make_vq_inputs(2, 2, 1, T, L, 5)
+    starts = doc_start_mask([[0, 9], [0, 11]], 12) if packed else None
+    whole, _ = vq_attention(q, k_hat, v, bias, block_len=L, z=z, codebook=codebook,
+                            doc_start=None if starts is None else torch.cat([starts, starts.new_zeros(2, 2)], 1))
+    _, state = vq_attention(q[:, :, :12], k_hat[:, :, :12], v[:, :, :12], bias[:, :, :12], block_len=L,
+                            z=z[:, :, :12], codebook=codebook, doc_start=starts)
+    assert state.documents == packed
+    with monkeypatch.context() as patch:
+        host_reads_refused(patch)
+        outs = []
+        for t in (12, 13):  # two decoded tokens, the second completing a block
+            out, state = vq_attention(q[:, :, t:t + 1], k_hat[:, :, t:t + 1], v[:, :, t:t + 1], bias[:, :, t:t + 1],
+                                      block_len=L, z=z[:, :, t:t + 1], codebook=codebook, state=state)
+            outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, dim=2), whole[:, :, 12:], rtol=1e-12, atol=1e-12)

@@ -66,6 +66,8 @@ def cat_rows(states: Sequence[ModelState]) -> ModelState:
             values = [getattr(u, f.name) for u in unit_states]
             if isinstance(values[0], torch.Tensor):
                 fields[f.name] = torch.cat(values, dim=0)
+            elif "rows" in f.metadata:  # a field that says how rows combine (a flag: any of them)
+                fields[f.name] = f.metadata["rows"](values)
             elif any(v != values[0] for v in values):
                 raise ValueError(f"unit states disagree on {f.name} ({values}); they cannot share a batch")
             else:

@@ -144,9 +144,7 @@ def _starting_state(state, doc_start, q, v, codebook, block_len):
     if state is None:
         return VQAttentionState.empty(B, G, S, Dk, v.shape[-1], dtype=v.dtype, device=v.device), doc_start
     check_vq_state(state, q, v, codebook, block_len)
-    if doc_start is None and (torch.compiler.is_compiling() or bool(state.recent_start.any())):
-        # compiled, the host-side test would break the graph at every call: take the masked path, which gives the
-        # same numbers where no document begins
+    if doc_start is None and state.documents:
         doc_start = torch.zeros(B, T, dtype=torch.bool, device=q.device)
     return state, doc_start
 

@@ -172,7 +172,8 @@ def attend_within_block(q, k_hat, z, v, codebook, bias, L, state: VQAttentionSta
         # copies: slices would keep the whole window buffer alive beside the state (and out of its nbytes())
         keys, values, codes, starts = keys[:, :, L:].clone(), values[:, :, L:].clone(), codes[:, :, L:].clone(), \
             starts[:, L:].clone()
-    return out, VQAttentionState(offset + t, cache_count, cache_mean, keys, values, codes, starts, L)
+    return out, VQAttentionState(offset + t, cache_count, cache_mean, keys, values, codes, starts, L,
+                                 documents=doc_start is not None)
 
 
 def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, reduction, code_scores=None,
@@ -223,7 +224,8 @@ def attend_blocks(q, k_hat, z, v, codebook, bias, L, state: VQAttentionState, re
     # every layer's; nbytes() counts the slice), and a view of the caller's ``z`` would change with it (a loop that
     # refills one code buffer per call would rewrite the state's codes).
     return out, VQAttentionState(state.offset + T, final_count, final_mean, k_all[:, :, -L:].clone(),
-                                 v_all[:, :, -L:].clone(), z[:, :, -L:].clone(), starts[:, -L:].clone(), L)
+                                 v_all[:, :, -L:].clone(), z[:, :, -L:].clone(), starts[:, -L:].clone(), L,
+                                 documents=doc_start is not None)
 
 
 def block_starts(z, L, state: VQAttentionState, doc_start) -> torch.Tensor:

@@ -77,7 +77,8 @@ def vq_attention_blockwise(q: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor
     own = segment == segment[:, :, max(kept - 1, 0):max(kept, 1)]
     count, mean = _plain_summary(z[:, :, :kept], v[:, :, :kept], n_code, own[:, :, :kept])
     state = VQAttentionState(length, count.float(), mean.to(torch.promote_types(v.dtype, torch.float32)),
-                             k_hat[:, :, kept:], v[:, :, kept:], z[:, :, kept:], doc_start[:, kept:], L)
+                             k_hat[:, :, kept:], v[:, :, kept:], z[:, :, kept:], doc_start[:, kept:], L,
+                             documents=bool(doc_start.any()))
     return torch.stack(rows, dim=2), state
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -39,6 +39,11 @@ class VQAttentionState:
     """The block length ``L`` of the calls that made it: which keys are in the window and which are summarized
     depends on it, so a call with another ``L`` is refused. ``None`` for a state that holds no key yet (any ``L``
     may start from it) and for states saved before it was recorded."""
+    documents: bool = field(default=False, metadata={"rows": any})
+    """Whether ``recent_start`` may hold a document start: the state of a call with ``doc_start`` (or of one that
+    continued such a state). A call without ``doc_start`` then still hides the earlier documents of its window. Kept
+    on the host so that deciding reads nothing off the device (a sync per decoded token and layer on a GPU).
+    ``metadata["rows"]``: how the rows of separate states combine into one batch (any of them)."""
 
     @classmethod
     def empty(cls, batch: int, groups: int, n_code: int, d_k: int, d_v: int, *, dtype: torch.dtype,

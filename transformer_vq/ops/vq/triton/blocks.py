@@ -44,7 +44,7 @@ def attend_blocks_fused(q, k_hat, z, v, codebook, bias, L, state: VQAttentionSta
     # beside the state, and a view of the caller's z would change with it
     return out, VQAttentionState(state.offset + z.shape[2], prefix_count[:, :, -1].clone(),
                                  prefix_mean[:, :, -1].clone(), k_all[:, :, -L:].clone(), v_all[:, :, -L:].clone(),
-                                 z[:, :, -L:].clone(), starts[:, -L:].clone(), L)
+                                 z[:, :, -L:].clone(), starts[:, -L:].clone(), L, documents=doc_start is not None)
 
 
 def check_fused_inputs(q: torch.Tensor, code_scores, compressive_cache: bool) -> None:
