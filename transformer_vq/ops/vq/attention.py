@@ -83,7 +83,7 @@ def attend_checked(q, k_hat, v, bias, block_len, state, z, codebook, reduction, 
     own names and calls this: checked twice, the codes' range would be read twice at every decoded token."""
     T, L = q.shape[2], block_len
     state, doc_start = _starting_state(state, doc_start, q, v, codebook, L)
-    within_kernel, blocks_kernel = _kernels(backend, q, code_scores, compressive_cache, cache_bias)
+    within_kernel, blocks_kernel = kernels(backend, q, code_scores, compressive_cache, cache_bias)
     codebook = codebook.detach()
     # On a GPU, or under autograd (the backward keeps every piece's tensors anyway), one piece of whole blocks; on a
     # CPU without autograd, pieces of SEGMENT_ROWS' worth of blocks, written into one output as they come.
@@ -149,7 +149,7 @@ def _starting_state(state, doc_start, q, v, codebook, block_len):
     return state, doc_start
 
 
-def _kernels(backend: str, q: torch.Tensor, code_scores, compressive_cache: bool, cache_bias):
+def kernels(backend: str, q: torch.Tensor, code_scores, compressive_cache: bool, cache_bias):
     """The kernels of part-block pieces and of whole blocks, each given ``cache_bias`` when there is one (the eager
     kernels only, which :func:`check_cache_bias` asks for)."""
     check_cache_bias(q, cache_bias, compressive_cache, backend)

@@ -18,9 +18,11 @@ its summary. Context parallelism is then three steps per rank ``r`` of ``R``:
    exclusive prefix: the state entering chunk ``r``;
 3. run the ordinary operator on the chunk from that state.
 
-A rank checks its own input (its chunk length, the options) before the exchange and sends what it refused with its
-summary rather than raising alone: the other ranks would otherwise wait in the all-gather until the process group's
-timeout. After the exchange every rank raises the same error.
+A rank checks its own input (its chunk length, the options, and everything the operator checks of its tensors, state
+and backend) before the exchange and sends what it refused with its summary rather than raising alone: the other ranks
+would otherwise wait in the all-gather, or in the backward's, until the process group's timeout. After the exchange
+every rank raises an error naming the first rank that refused, that rank with its own reason. (A rank whose keys or
+values differ in size from the others' (batch, groups, widths, codebook) cannot size its share of the exchange alike.)
 
 The backward of step 2 is the reverse scan: the gradient reaching the summary of chunk ``j`` is the sum, over the
 ranks ``r > j`` whose incoming state holds it, of what their losses send back through the prefix. Autograd computes
@@ -41,9 +43,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from transformer_vq.ops.vq.attention import vq_attention
+from transformer_vq.ops.protocol import check_inputs
+from transformer_vq.ops.vq.attention import check_codes, check_vq_options, kernels, vq_attention
 from transformer_vq.ops.vq.cache import merge, restart, summarize
-from transformer_vq.ops.vq.state import VQAttentionState
+from transformer_vq.ops.vq.state import VQAttentionState, check_vq_state
 
 
 @dataclass
@@ -211,15 +214,16 @@ def vq_attention_context_parallel(
     Every rank of the group must call this the same number of times, in the same order, and use ``out`` in its
     loss: the backward holds one collective, which each rank joins through ``out``.
     """
-    state = _start(state, q, v, codebook)
-    n_code, acc_dtype = codebook.shape[1], state.cache_mean.dtype
-    layout = summary_layout(k_hat, v, n_code, block_len, acc_dtype)
-    refusal = local_refusal(k_hat.shape[2], block_len, options)
+    problem = input_problem(q, k_hat, v, bias, block_len, z, codebook, state, options)
+    refusal = local_refusal(k_hat.shape[2], block_len, options, problem)
+    like = v.new_zeros(()).to(torch.promote_types(v.dtype, torch.float32))  # the accumulators' dtype and device
+    state = _start(state, q, v, codebook) if not refusal else None
+    layout = summary_layout(k_hat, v, codebook.shape[-2] if codebook.dim() == 3 else 0, block_len, like.dtype)
     # A refusing rank still joins the exchange (with zeros of the same size), so that no rank waits for it.
-    local = None if refusal else chunk_summary(k_hat, v, z, block_len=block_len, n_code=n_code, acc_dtype=acc_dtype)
-    flat = pack(local, layout, k_hat.shape[2], refusal, state.cache_mean)
-    gathered = _GatherSummaries.apply(flat, group)  # (R, numbers)
-    lengths = agreed_lengths(gathered, block_len)
+    local = None if refusal else chunk_summary(k_hat, v, z, block_len=block_len, n_code=codebook.shape[1],
+                                               acc_dtype=like.dtype)
+    gathered = _GatherSummaries.apply(pack(local, layout, k_hat.shape[2], refusal, like), group)  # (R, numbers)
+    lengths = agreed_lengths(gathered, block_len, own=(dist.get_rank(group), problem))
     summaries = [unpack(row, layout, length) for row, length in zip(gathered.unbind(0), lengths)]
     states = prefix_states(state, summaries, block_len)
     rank = dist.get_rank(group)
@@ -238,32 +242,56 @@ def _start(state, q, v, codebook) -> VQAttentionState:
     return VQAttentionState.empty(B, G, S, Dk, v.shape[-1], dtype=v.dtype, device=v.device)
 
 
-# What a rank refuses of its own input, as the number it sends with its summary: nothing, its chunk's length, or
-# 2 + the index of an option in OPTION_REFUSALS.
-_ACCEPTED, _BAD_LENGTH, _FIRST_OPTION = 0, 1, 2
+# What a rank refuses of its own input, as the number it sends with its summary: nothing, its chunk's length, what
+# the operator checks of its tensors, or 3 + the index of an option in OPTION_REFUSALS.
+_ACCEPTED, _BAD_LENGTH, _BAD_INPUT, _FIRST_OPTION = 0, 1, 2, 3
 _HEADER = 2  # numbers before the summary in a packed row: the chunk length and the refusal
 
 
-def local_refusal(length: int, block_len: int, options: dict) -> int:
-    """What this rank refuses of its chunk of ``length`` tokens and ``options``, as :func:`refusal_text` reads it."""
+def input_problem(q, k_hat, v, bias, block_len: int, z, codebook, state, options: dict) -> str | None:
+    """Why :func:`vq_attention` would refuse this rank's tensors, state or backend (``None``: it would take them),
+    found before the exchange; raised inside the rank's own call after it, the refusal would leave the other ranks
+    waiting in the backward's all-reduce."""
+    try:
+        check_vq_options(options.get("reduction", "serial"), True)
+        check_inputs(q, k_hat, v, bias, block_len, key_name="k_hat")
+        check_codes(q, k_hat, z, codebook)
+        if state is not None:
+            check_vq_state(state, q, v, codebook, block_len)
+        kernels(options.get("backend", "eager"), q, None, True, options.get("cache_bias"))
+    except (ValueError, TypeError) as error:
+        return str(error)
+    return None
+
+
+def local_refusal(length: int, block_len: int, options: dict, problem: str | None = None) -> int:
+    """What this rank refuses of its chunk of ``length`` tokens, ``options`` and its tensors (``problem``: what
+    :func:`input_problem` found), as :func:`refusal_text` reads it."""
     refused = refused_option(options)
     if refused is not None:
         return _FIRST_OPTION + refused
-    return _BAD_LENGTH if chunk_length_problem(length, block_len) else _ACCEPTED
+    if chunk_length_problem(length, block_len):
+        return _BAD_LENGTH
+    return _BAD_INPUT if problem else _ACCEPTED
 
 
 def refusal_text(refusal: int, length: int, block_len: int) -> str:
     """The error of a rank whose :func:`local_refusal` was ``refusal`` for its chunk of ``length`` tokens."""
     if refusal == _BAD_LENGTH:
         return chunk_length_problem(length, block_len)
+    if refusal == _BAD_INPUT:
+        return "vq_attention refused this rank's input (that rank's own error says why)"
     return list(OPTION_REFUSALS.values())[refusal - _FIRST_OPTION]
 
 
-def agreed_lengths(gathered: torch.Tensor, block_len: int) -> list[int]:
-    """The chunk lengths in the headers of the gathered rows; raises ``ValueError`` (the same on every rank, which
-    all hold the same rows) for the first rank that refused its input."""
+def agreed_lengths(gathered: torch.Tensor, block_len: int, own: tuple[int, str | None] = (-1, None)) -> list[int]:
+    """The chunk lengths in the headers of the gathered rows; raises ``ValueError`` on every rank (which all hold the
+    same rows) for the first rank that refused its input, the same text on each but on that rank itself when ``own``
+    (this rank and the problem :func:`input_problem` found) gives its reason."""
     header = gathered.detach()[:, :_HEADER].tolist()  # one read of every rank's header (a host sync on a GPU)
     for rank, (length, refusal) in enumerate(header):
+        if refusal == _BAD_INPUT and own[0] == rank:
+            raise ValueError(f"rank {rank}: {own[1]}")
         if refusal != _ACCEPTED:
             raise ValueError(f"rank {rank}: {refusal_text(int(refusal), int(length), block_len)}")
     return [int(length) for length, _ in header]
