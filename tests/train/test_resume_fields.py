@@ -14,6 +14,7 @@ from transformer_vq.cli import main
 from transformer_vq.config import ConfigError
 from transformer_vq.train import train
 from transformer_vq.train.checkpoint import latest_checkpoint
+from transformer_vq.train.trainer import Trainer
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +89,24 @@ def test_resume_auto_takes_the_run_dir_a_config_file_names(two_steps, corpus_fil
     assert main(["train", "--resume", "auto", "--config", str(tmp_path / "cf.yaml")]) == 0
     saved = json.loads((run_dir / "config.json").read_text())["train"]
     assert saved["lr"] == json.loads((two_steps / "config.json").read_text())["train"]["lr"] != 5e-3
+
+
+def test_a_resume_that_fails_before_its_first_checkpoint_leaves_the_runs_config(corpus_file, two_steps, tmp_path,
+                                                                                 monkeypatch):
+    """The run's config.json is what the next ``--resume auto`` starts from: an attempt with other flags that fails
+    before saving anything leaves it as it was (it was rewritten at the start, so the next resume inherited the failed
+    attempt's flags); the resume that saves a checkpoint records its own."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(two_steps, run_dir)
+    config = (run_dir / "config.json").read_text()
+
+    def first_step_fails(self):
+        raise RuntimeError("the first step failed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "train_step", first_step_fails)
+        with pytest.raises(RuntimeError, match="the first step failed"):
+            train(tiny_config(corpus_file, run_dir, "steps=4", "lr=1e-4"), resume="auto")
+    assert (run_dir / "config.json").read_text() == config
+    assert train(tiny_config(corpus_file, run_dir, "steps=4", "lr=1e-4"), resume="auto").exit_code == 0
+    assert json.loads((run_dir / "config.json").read_text())["train"]["lr"] == 1e-4

@@ -95,6 +95,7 @@ class Trainer:
         tc = cfg.train
         self.run_dir: Path = tc.resolved_run_dir()
         self.ckpt_root = self.run_dir / CHECKPOINTS_DIR
+        self.config_unwritten = False  # a resumed run's config.json waits for its first checkpoint (_start)
         self.log = print if dist.is_main else (lambda *a, **k: None)
         torch.manual_seed(tc.seed)  # identical initial weights on every worker
         self.model = build().to(device)
@@ -259,14 +260,17 @@ class Trainer:
                     nonfinite_shards=lambda named: nonfinite_shards(named, self.dist, self.device),
                 ) if self.dist.fsdp else save_checkpoint(self.ckpt_root, **common)
             self.log(f"saved checkpoint {path}", flush=True)
+            if self.config_unwritten and self.dist.is_main:
+                self._write_config()
+        self.config_unwritten = False
         self.dist.barrier()
 
-    def restore(self, resume: str, skip: frozenset) -> None:
-        """Continue from the checkpoint ``resume`` names (nothing when ``"auto"`` finds none); ``skip`` (tests
-        only): parts not to restore, ``"data"`` and ``"rng"``."""
+    def restore(self, resume: str, skip: frozenset) -> bool:
+        """Continue from the checkpoint ``resume`` names (nothing when ``"auto"`` finds none: returns False); ``skip``
+        (tests only): parts not to restore, ``"data"`` and ``"rng"``."""
         ckpt = checkpoint_to_resume(self.ckpt_root, resume, self.log)
         if ckpt is None:
-            return
+            return False
         refuse_steps_below(ckpt.path, ckpt.step, self.tc.steps)
         self.check_checkpoint(ckpt)
         refuse_changed_fields(ckpt.config.get("train", {}), self.tc, ckpt.path)
@@ -280,6 +284,7 @@ class Trainer:
             self._restore_rng(state["rng"])
         self.load_checkpoint_state(state, skip)
         self.log(f"resumed from {ckpt.path} at step {self.step}")
+        return True
 
     def _apply_schedule_of_config(self) -> None:
         """The optimizer's and the scheduler's saved states bring back the peak learning rate and the weight decay
@@ -334,12 +339,19 @@ class Trainer:
             # temporary directories of killed saves, checkpoints whose pruning was killed midway
             fileio.clean_debris(self.ckpt_root)
         refuse_fresh_over_checkpoints(self.ckpt_root, self.run_dir, resume)
-        if resume is not None:
-            self.restore(resume, skip)
+        resumed = resume is not None and self.restore(resume, skip)
+        # A resumed run's config.json (what the next --resume auto starts from) is rewritten with its first checkpoint,
+        # not before: an attempt with other flags that fails before saving anything must not change it.
+        self.config_unwritten = resumed
         if self.dist.is_main:
-            with writing(self.run_dir, "write the run's config.json"):
-                fileio.atomic_write_text(self.run_dir / "config.json", self.cfg.to_json())
+            if not resumed:
+                self._write_config()
             self.on_start()
+
+    def _write_config(self) -> None:
+        """The run's config.json (main process)."""
+        with writing(self.run_dir, "write the run's config.json"):
+            fileio.atomic_write_text(self.run_dir / "config.json", self.cfg.to_json())
 
     def _loop(self) -> int:
         tc = self.tc

@@ -44,3 +44,19 @@ def test_without_enough_workers_is_refused(corpus_file, tmp_path):
     assert str(err.value) == ("context_parallel 2 splits each sequence over that many torchrun workers, and this run "
                               "has 1: start it with torchrun --nproc_per_node set to a multiple of 2, or lower "
                               "--context-parallel")
+
+
+@pytest.mark.parametrize("saved, resumed", [("1", "2"), ("2", "1")], ids=["ddp-then-cp2", "cp2-then-ddp"])
+def test_a_mid_batch_checkpoint_resumes_under_another_context_parallelism(corpus_file, tmp_path, saved, resumed):
+    """Each worker's carried state covers its rows of the batch: those of its whole group under context parallelism,
+    its own under DDP. Resumed mid-batch with the other layout, the rest of the batch starts without context, as after
+    a change of worker count (the state of the other layout crashed the first step)."""
+    run_dir = tmp_path / "run"
+    steps = ("ckpt_every=3", "batch_size=2")
+    first = torchrun([*cli_args(corpus_file, run_dir, "steps=3", *steps), "--context-parallel", saved])
+    assert first.returncode == 0, first.stderr
+    proc = torchrun([*cli_args(corpus_file, run_dir, "steps=4", *steps), "--context-parallel", resumed,
+                     "--resume", "auto"])
+    assert proc.returncode == 0, proc.stderr
+    assert "mid-batch" in proc.stdout and "the rest of this batch starts without context" in proc.stdout
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3, 4]

@@ -58,6 +58,19 @@ def from_plain(plain, device: torch.device | str = "cpu"):
     return plain
 
 
+def plain_rows(plain) -> int | None:
+    """The batch rows of a state in its plain form (:func:`to_plain`): the first dimension of its first tensor
+    (``None`` without one)."""
+    if isinstance(plain, torch.Tensor):
+        return plain.shape[0] if plain.dim() else None
+    values = plain.values() if isinstance(plain, dict) else plain if isinstance(plain, list) else ()
+    for value in values:
+        rows = plain_rows(value)
+        if rows is not None:
+            return rows
+    return None
+
+
 def _dataclass_type(name: str) -> type:
     module_name, _, qualname = name.partition(":")
     if not (module_name == "transformer_vq" or module_name.startswith("transformer_vq.")):

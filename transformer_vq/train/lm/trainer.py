@@ -28,7 +28,7 @@ from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte, c
 from transformer_vq.train.checkpoint.rundir import hold_run_dir
 from transformer_vq.train.device import training_device
 from transformer_vq.train.lm.build import build_model, check_corpus_options, load_corpus_for, save_run_tokenizer
-from transformer_vq.train.lm.carry import from_plain, to_plain
+from transformer_vq.train.lm.carry import from_plain, plain_rows, to_plain
 from transformer_vq.train.lm.evaluate import EvalResult, evaluate_tokens, trained_history
 from transformer_vq.train.lm.objective import masked_window
 from transformer_vq.train.lm.sample import stream_text
@@ -167,14 +167,17 @@ class LMTrainer(Trainer):
             return
         self.batch_pos = self.batches.state_dict()
         self._load_batch()
+        carries, rows = state["carry"], self.batch.shape[0]
         if "data" in skip:
             self.carry = None
-        elif len(state["carry"]) == self.dist.world_size:
-            self.carry = from_plain(state["carry"][self.dist.rank], self.device)
+        elif len(carries) == self.dist.world_size and plain_rows(carries[self.dist.rank]) in (rows, None):
+            self.carry = from_plain(carries[self.dist.rank], self.device)
         else:
-            # each worker's state covers its own rows of the batch, which change with the worker count
-            self.log(f"warning: the checkpoint falls mid-batch and was saved by {len(state['carry'])} workers, "
-                     f"this run has {self.dist.world_size}: the rest of this batch starts without context")
+            # each worker's state covers its own rows of the batch, which change with the worker count and with
+            # context parallelism (a rank then carries the rows of its whole group)
+            self.log(f"warning: the checkpoint falls mid-batch and its carried states were saved by {len(carries)} "
+                     f"workers of {plain_rows(carries[0])} rows each; this run has {self.dist.world_size} of {rows}: "
+                     f"the rest of this batch starts without context")
             self.carry = None
 
     # ---- start, validation and the end -----------------------------------------------------------
