@@ -110,3 +110,21 @@ def test_a_resume_that_fails_before_its_first_checkpoint_leaves_the_runs_config(
     assert (run_dir / "config.json").read_text() == config
     assert train(tiny_config(corpus_file, run_dir, "steps=4", "lr=1e-4"), resume="auto").exit_code == 0
     assert json.loads((run_dir / "config.json").read_text())["train"]["lr"] == 1e-4
+
+
+def test_a_resume_on_another_corpus_is_refused_and_a_moved_one_is_the_same(corpus_file, two_steps, tmp_path):
+    """The checkpoint records its corpus (name, split lengths, a hash of sampled tokens): resuming on another file
+    (here of the same length, which nothing noticed before) is refused before anything is written; the same file
+    moved to another path resumes."""
+    run_dir, other, moved = tmp_path / "run", tmp_path / "other.txt", tmp_path / "moved.txt"
+    shutil.copytree(two_steps, run_dir)
+    text = corpus_file.read_bytes()
+    other.write_bytes(text[::-1])
+    shutil.copy(corpus_file, moved)
+    config = (run_dir / "config.json").read_text()
+    with pytest.raises(ConfigError, match=rf"^--data-path: the run in {run_dir} was trained on the text corpus of "
+                                          rf"[0-9,]+ training tokens read from {corpus_file} and this run reads the "
+                                          rf"text corpus of [0-9,]+ training tokens read from {other}, which differs"):
+        train(tiny_config(corpus_file, run_dir, "steps=4", f"data_path={other}"), resume="auto")
+    assert (run_dir / "config.json").read_text() == config
+    assert train(tiny_config(corpus_file, run_dir, "steps=4", f"data_path={moved}"), resume="auto").exit_code == 0

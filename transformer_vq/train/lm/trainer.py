@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from transformer_vq.config import RunConfig
+from transformer_vq.config import ConfigError, RunConfig
 from transformer_vq.data.batches import check_decodable, check_vocab, corpus_batches, packed_documents
+from transformer_vq.data.corpus import corpus_fingerprint
 from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte, corpus_tokens_per_word
 from transformer_vq.train.checkpoint.rundir import hold_run_dir
 from transformer_vq.train.device import training_device
@@ -158,9 +159,12 @@ class LMTrainer(Trainer):
         # every worker's carried state (its own rows of the batch), in rank order
         carries = self.dist.all_gather_object(to_plain(self.carry) if self._mid_batch() else None)
         # mid-batch: where the current batch starts (the carried states are saved beside it)
-        return {"data": self.batch_pos if self._mid_batch() else self.batches.state_dict(), "carry": carries}
+        return {"data": self.batch_pos if self._mid_batch() else self.batches.state_dict(), "carry": carries,
+                "corpus": {**corpus_fingerprint(self.corpus), "data_path": self.tc.data_path}}
 
     def load_checkpoint_state(self, state: dict, skip: frozenset) -> None:
+        if "data" not in skip and "corpus" in state:  # absent from checkpoints of before it was saved
+            check_same_corpus(state["corpus"], self.corpus, self.tc.data_path, self.run_dir)
         if "data" not in skip:
             self.batches.load_state_dict(state["data"])
         if not self._mid_batch():
@@ -213,3 +217,21 @@ class LMTrainer(Trainer):
         if self.logger is not None:
             self.logger.print(f"sample ({self.tc.sample_tokens} tokens, prompt {json.dumps(prompt)}):\n"
                               f"{prompt}{self.sample}")
+
+
+def check_same_corpus(saved: dict, corpus, data_path: str | None, run_dir) -> None:
+    """Refuse to resume on another corpus than the checkpoint's (``saved``: its :func:`corpus_fingerprint` and
+    ``data_path``): the data position, the validation split and every later figure would belong to another text."""
+    identity = ("name", "tokens", "sample_sha256")
+    here = corpus_fingerprint(corpus)
+    if all(saved.get(key) == here[key] for key in identity):
+        return
+
+    def described(fingerprint: dict, path: str | None) -> str:
+        return (f"the {fingerprint['name']} corpus of {fingerprint['tokens'].get('train', 0):,} training tokens"
+                + (f" read from {path}" if path else ""))
+
+    raise ConfigError(f"--data-path: the run in {run_dir} was trained on {described(saved, saved.get('data_path'))} "
+                      f"and this run reads {described(here, data_path)}, which differs: a resumed run continues on "
+                      f"its own corpus (moved elsewhere, it is recognized by its tokens); resume with it, or start a "
+                      f"new run (--run-dir)")
