@@ -156,12 +156,14 @@ def check_decodable(corpus: Corpus, vocab_size: int) -> None:
 
 
 def packed_documents(corpus: Corpus, split: str) -> np.ndarray:
-    """The document starts of ``split`` for packing, or a ``DataError`` when the corpus records none."""
+    """The document starts of ``split`` for packing, or a ``DataError`` when the corpus records none, or one only (a
+    single text file: packing one document would change nothing, and silently)."""
     documents = corpus.documents.get(split)
-    if documents is None or len(documents) == 0:
-        raise DataError(f"--pack needs a corpus whose documents are known, and {corpus.name!r} records none for its "
-                        f"{split} split; use --data shakespeare, pg19, or text with a directory (one document per "
-                        "file), or leave --pack off")
+    if documents is None or len(documents) < 2:
+        held = "none" if documents is None or len(documents) == 0 else "one document only"
+        raise DataError(f"--pack needs a corpus whose documents are known, and {corpus.name!r} records {held} for "
+                        f"its {split} split; use --data shakespeare, pg19, or text with a directory (one document per "
+                        "file) or --data-option lines=true (one per line), or leave --pack off")
     return documents
 
 

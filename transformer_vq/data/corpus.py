@@ -81,4 +81,3 @@ def corpus_fingerprint(corpus: Corpus) -> dict:
         for start in np.unique(starts):
             digest.update(np.ascontiguousarray(tokens[start:start + PIECE_TOKENS], dtype=np.int64).tobytes())
     return {"name": corpus.name, "tokens": lengths, "sample_sha256": digest.hexdigest()}
-

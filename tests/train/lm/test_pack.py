@@ -83,8 +83,13 @@ def test_pack_refuses_a_corpus_without_documents_and_models_that_cannot(corpus_f
     corpus = Corpus(name="enwik8", splits={"train": np.zeros(8, dtype=np.uint8)}, vocab_size=256)
     with pytest.raises(DataError, match="^--pack needs a corpus whose documents are known, and 'enwik8' records none "
                                         "for its train split; use --data shakespeare, pg19, or text with a directory "
-                                        r"\(one document per file\), or leave --pack off$"):
+                                        r"\(one document per file\) or --data-option lines=true \(one per line\), or "
+                                        "leave --pack off$"):
         packed_documents(corpus, "train")
+    # a single text file is one document: packing it would change nothing, and said nothing
+    with pytest.raises(DataError, match="^--pack needs a corpus whose documents are known, and 'text' records one "
+                                        "document only for its train split"):
+        train(tiny_config(corpus_file, tmp_path / "one", "steps=1", "pack=true"))
     with pytest.raises(ConfigError, match=r"^invalid RunConfig: pack packs documents for next-token training; "
                                           r"tvq train's masked-token objective of an encoder \(causal=False\) takes "
                                           r"whole rows: leave --pack off, or train a causal model"):
