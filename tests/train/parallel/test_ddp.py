@@ -3,14 +3,19 @@ global batch (gradients averaged, codebook statistics summed, each worker readin
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file
 
 from trainutil import cli_args, read_metrics, tiny_config, torchrun
+from transformer_vq import TransformerVQ, preset
 from transformer_vq.train import train
+from transformer_vq.train.parallel.distributed import Distributed, data_parallel
 from transformer_vq.train.checkpoint import latest_checkpoint
 
 EXTRA = ("steps=6", "ckpt_every=100", "batch_size=4")
@@ -71,3 +76,18 @@ def test_the_process_group_ends_inside_the_teardown(corpus_file, tmp_path):
     worker = Path(__file__).with_name("teardown_worker.py")
     out = torchrun([str(corpus_file), str(tmp_path / "run")], entry=(str(worker),)).stdout
     assert out.count("gloo threads left after the teardown: []") == 2, out
+
+
+def test_the_ddp_wrapper_warns_nothing():
+    """DDP's wrapper is built with the option's current name: torch 2.13 renamed ``broadcast_buffers`` and warned on
+    every worker of every run."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            wrapped = data_parallel(TransformerVQ(preset("tiny")), dataclasses.replace(Distributed(), world_size=2),
+                                    torch.device("cpu"), find_unused=False)
+        assert isinstance(wrapped, torch.nn.parallel.DistributedDataParallel)
+        del wrapped
+    finally:
+        dist.destroy_process_group()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -124,10 +125,11 @@ def data_parallel(model: torch.nn.Module, info: Distributed, device: torch.devic
     if not info.enabled or info.fsdp:
         return model
     # codebooks stay identical without broadcasting buffers: every worker applies the same
-    # update from all-reduced statistics
+    # update from all-reduced statistics. torch 2.13 renamed the option (the old name warns on every worker).
+    renamed = "forward_sync_buffers" in inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
     return torch.nn.parallel.DistributedDataParallel(
-        model, broadcast_buffers=False, find_unused_parameters=find_unused,
-        device_ids=[device.index] if device.type == "cuda" else None,
+        model, **{"forward_sync_buffers" if renamed else "broadcast_buffers": False},
+        find_unused_parameters=find_unused, device_ids=[device.index] if device.type == "cuda" else None,
     )
 
 
