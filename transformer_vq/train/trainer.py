@@ -248,6 +248,8 @@ class Trainer:
         # every worker's generators, in rank order
         rngs = self.dist.all_gather_object(rng_state())
         task = self.checkpoint_state()
+        if self.config_unwritten and self.dist.is_main:  # this attempt trained: its flags are the run's from here on
+            self._write_config()
         if self.dist.is_main or self.dist.fsdp:  # FSDP: every worker writes its shards
             state = {**({} if self.dist.fsdp else {"optimizer": self.optimizer.state_dict()}),  # FSDP: in the shards
                      "scheduler": self.scheduler.state_dict(), "nonfinite_run": self.nonfinite_run,
@@ -260,8 +262,6 @@ class Trainer:
                     nonfinite_shards=lambda named: nonfinite_shards(named, self.dist, self.device),
                 ) if self.dist.fsdp else save_checkpoint(self.ckpt_root, **common)
             self.log(f"saved checkpoint {path}", flush=True)
-            if self.config_unwritten and self.dist.is_main:
-                self._write_config()
         self.config_unwritten = False
         self.dist.barrier()
 
@@ -340,8 +340,8 @@ class Trainer:
             fileio.clean_debris(self.ckpt_root)
         refuse_fresh_over_checkpoints(self.ckpt_root, self.run_dir, resume)
         resumed = resume is not None and self.restore(resume, skip)
-        # A resumed run's config.json (what the next --resume auto starts from) is rewritten with its first checkpoint,
-        # not before: an attempt with other flags that fails before saving anything must not change it.
+        # A resumed run's config.json (what the next --resume auto starts from) is rewritten at its first checkpoint,
+        # not before: an attempt with other flags that fails before it trains a step must not change it.
         self.config_unwritten = resumed
         if self.dist.is_main:
             if not resumed:
