@@ -79,7 +79,7 @@ def fingerprint(arch, model_cfg) -> list[torch.Tensor]:
     found = []
     for _ in range(2):
         if arch.task == "lm" and not model_cfg.causal:  # an encoder's objective: masked tokens (train/lm/objective)
-            inputs, targets, masked = masked_window(IDS, cfg=model_cfg, seed=0, step=0, rank=0)
+            inputs, targets, masked = masked_window(IDS, cfg=model_cfg, seed=0, step=0, first_row=0)
             out = model(inputs, targets=targets, loss_mask=masked)
         elif arch.task == "lm":
             out = model(IDS, targets=IDS)

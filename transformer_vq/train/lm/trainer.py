@@ -119,7 +119,7 @@ class LMTrainer(Trainer):
         loss_mask, packing = None, {}
         if not self.cfg.model.causal:  # an encoder predicts masked tokens of its window instead
             inputs, targets, loss_mask = masked_window(inputs, cfg=self.cfg.model, seed=self.tc.seed, step=self.step,
-                                                       rank=self.dist.rank)
+                                                       first_row=self.dist.data_rank * inputs.shape[0])
         if self.positions is not None:
             lo = self.step % self.tc.windows_per_batch * self.tc.update_len
             packing = {"position_ids": self.positions[:, lo:lo + inputs.shape[1]]}
