@@ -14,6 +14,7 @@ Data-parallel: ``torchrun --nproc_per_node N -m transformer_vq train ...``.
 
 from __future__ import annotations
 
+import os
 import sys
 
 EPILOG = """examples:
@@ -146,10 +147,33 @@ def run_training(job, command: str):
         print(f"error: {err}", file=sys.stderr)
         return None, 1
     if result.exit_code:
-        print(f"stopped at step {result.step}; continue with: {command} --resume auto "
-              f"--run-dir {result.run_dir}", file=sys.stderr)
+        if int(os.environ.get("RANK", "0")) == 0:  # every torchrun worker stops; one line says how to go on
+            print(f"stopped at step {result.step}; continue with: {continue_command(command)} --resume auto "
+                  f"--run-dir {result.run_dir}", file=sys.stderr)
         return result, result.exit_code
     return result, None
+
+
+def continue_command(command: str) -> str:
+    """``command`` (``tvq train``, ``tvq classify train``) as it continues this run: under torchrun, with the same
+    workers, since the plain command would continue with one (and a context-parallel run refuses one)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return command
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    nodes = f"--nnodes {world // per_node} " if world > per_node else ""
+    return f"torchrun {nodes}--nproc_per_node {per_node} -m transformer_vq {command.removeprefix('tvq ')}"
+
+
+def sample_hint(cfg) -> str:
+    """The arguments of the suggested `tvq sample`: a prompt only where it fits the run's corpus (a speaker of
+    Shakespeare's plays); other corpora (a user's own files, random bytes) get tvq sample's own neutral prompt, a
+    newline, by leaving --prompt out."""
+    from transformer_vq.train.lm.sample import is_image_run
+
+    if is_image_run(cfg):
+        return " --out samples/ --num-samples 4"
+    return " --prompt 'ROMEO:'" if cfg.train.data == "shakespeare" else ""
 
 
 def run(args) -> int:
@@ -164,9 +188,6 @@ def run(args) -> int:
     if status is not None:
         return status
     if result.validation is not None:
-        from transformer_vq.train.lm.sample import is_image_run
-
-        sample_hint = "--out samples/ --num-samples 4" if is_image_run(cfg) else "--prompt 'ROMEO:'"
         words = (f", word-level perplexity {result.validation.word_perplexity:.2f}"
                  if result.validation.word_perplexity is not None else "")
         # a resumed run at its last step trained nothing in this call: no throughput to report
@@ -174,5 +195,5 @@ def run(args) -> int:
         print(f"done: {result.step} steps{rate}; validation "
               f"{result.validation.bits_per_byte:.3f} {result.validation.unit}{words}.\n"
               f"next: tvq eval --ckpt {result.run_dir}"
-              + (f"  |  tvq sample --ckpt {result.run_dir} {sample_hint}" if cfg.model.causal else ""))
+              + (f"  |  tvq sample --ckpt {result.run_dir}{sample_hint(cfg)}" if cfg.model.causal else ""))
     return 0
