@@ -26,7 +26,7 @@ def test_cache_root_default_is_home_cache(monkeypatch):
 def test_unwritable_cache_is_a_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_bytes(b"")
-    with pytest.raises(DataError, match="cannot create the cache directory .*Set TVQ_CACHE_DIR"):
+    with pytest.raises(DataError, match="cannot create the cache directory .*given .cache_dir. must be writable"):
         cache.dataset_dir("x", blocker)
 
 

@@ -49,10 +49,19 @@ def dataset_dir(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DataError(
-            f"cannot create the cache directory {path} ({exc.strerror or exc}). "
-            f"Set {ENV_VAR} to a writable directory, or pass --cache-dir DIR"
+            f"cannot create the cache directory {path} ({exc.strerror or exc}). {_writable_hint(cache_dir)}"
         ) from exc
     return path
+
+
+def _writable_hint(cache_dir: str | os.PathLike | None) -> str:
+    """What chooses another cache root, in the words every caller shares: only ``tvq tokenizer`` has a
+    ``--cache-dir`` flag (``tvq train`` has none), so a command-line flag is not named here."""
+    if cache_dir is not None:  # the caller's own choice, which $TVQ_CACHE_DIR would not override
+        return "The cache directory given (cache_dir) must be writable: give another"
+    set_to = os.environ.get(ENV_VAR)
+    where = f"it is {set_to}" if set_to else "unset: the default is ~/.cache/transformer-vq"
+    return f"Set {ENV_VAR} to a writable directory ({where})"
 
 
 def input_listing(inputs: Iterable[str | os.PathLike]) -> list[list]:
