@@ -4,14 +4,20 @@ The ranges come from one place: the requirement specifiers of the installed tran
 dependencies and extras, as pip recorded them in the package's metadata). Versions are read from package metadata,
 without importing the packages (transformers and triton take seconds to import); torch is imported for its view of
 CUDA. A version outside its range, or a required package that is missing, is flagged (`OUT OF RANGE`, `MISSING`)
-and summed up in one `warning:` line; the exit status is 0 unless --strict, which makes it 1."""
+and summed up in one `warning:` line; the exit status is 0 unless --strict, which makes it 1.
+
+The ranges are pip's record of pyproject.toml at install time: when the imported transformer_vq sits in a source tree
+whose pyproject.toml asks other ranges (a `git pull` after `pip install -e .`), a `warning:` line names both and the
+reinstall that refreshes them. The path of the imported transformer_vq is printed too."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.metadata as metadata
+import importlib.util
 import platform
 import sys
+from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -110,6 +116,65 @@ def collect_rows() -> list[Row]:
             *(Row(name, installed_version(name), ranges.get(name)) for name in names)]
 
 
+def imported_package() -> Path | None:
+    """The directory of the transformer_vq this Python imports (a source tree or site-packages)."""
+    spec = importlib.util.find_spec("transformer_vq")
+    return None if spec is None or spec.origin is None else Path(spec.origin).parent
+
+
+def source_requirements(package: Path) -> tuple[list[str], list[str], str | None] | None:
+    """``(requirements, extras, requires-python)`` of the pyproject.toml of the source tree holding ``package``, in
+    the form of the installed metadata (an extra's requirement with ``extra == "..."`` in its marker); None outside
+    a source tree of transformer-vq, or on Python 3.10, whose standard library reads no TOML (the check is skipped)."""
+    try:
+        import tomllib
+    except ImportError:
+        return None
+    pyproject = package.parent / "pyproject.toml"
+    if not pyproject.is_file():
+        return None
+    project = tomllib.loads(pyproject.read_text()).get("project", {})
+    if canonicalize_name(project.get("name", "")) != DIST:
+        return None
+    lines = list(project.get("dependencies", []))
+    extras = project.get("optional-dependencies", {})
+    for extra, requirements in extras.items():
+        for line in requirements:
+            req = Requirement(line)
+            marker = f'({req.marker}) and extra == "{extra}"' if req.marker else f'extra == "{extra}"'
+            req.marker = None
+            lines.append(f"{req}; {marker}")
+    return lines, list(extras), project.get("requires-python")
+
+
+def _range_texts(requirements: list[str], extras: list[str], requires_python: str | None) -> dict[str, str]:
+    texts = {name: f"{r}{'' if r.required else ' (extra)'}" for name, r in tested_ranges(requirements, extras).items()}
+    texts["python"] = str(Range(SpecifierSet(requires_python or ""), True))
+    return texts
+
+
+def stale_ranges_warning(package: Path | None) -> str | None:
+    """A warning when the ranges pip recorded differ from the pyproject.toml beside ``package`` (None when they agree,
+    or when either is unknown): the ranges checked would be older, or newer, than the source being run."""
+    source = None if package is None else source_requirements(package)
+    if source is None or installed_version(DIST) is None:
+        return None
+    meta = metadata.metadata(DIST)
+    installed = _range_texts(metadata.requires(DIST) or [], meta.get_all("Provides-Extra") or [],
+                             meta.get("Requires-Python"))
+    wanted = _range_texts(*source)
+    changed = sorted(name for name in installed.keys() | wanted.keys() if installed.get(name) != wanted.get(name))
+    if not changed:
+        return None
+    return (f"warning: the ranges above are those pip recorded when {DIST} {installed_version(DIST)} was installed "
+            f"({_listed(installed, changed)}), but {package.parent / 'pyproject.toml'} now asks "
+            f"{_listed(wanted, changed)}: `pip install -e .` in {package.parent} refreshes them")
+
+
+def _listed(texts: dict[str, str], names: list[str]) -> str:
+    return "; ".join(f"{name} {texts.get(name, 'none')}" for name in names)
+
+
 def format_row(row: Row) -> str:
     tested = f"(tested: {row.range})" if row.range is not None else ""
     return f"{row.name:<16} {row.version or 'not installed':<16} {tested:<24} {row.status}".rstrip()
@@ -135,6 +200,11 @@ def run(args) -> int:
         print(format_row(row))
     print(cuda_line())
     print(f"platform         {platform.platform()} ({platform.machine()})")
+    package = imported_package()
+    print(f"imported         transformer_vq from {package or 'nowhere (not importable)'}")
+    stale = stale_ranges_warning(package)
+    if stale is not None:
+        print(stale, file=sys.stderr)
     if rows[0].version is None:
         print(f"warning: {DIST} is not installed (pip install -e .), so its tested ranges are unknown",
               file=sys.stderr)
