@@ -12,7 +12,8 @@ def add_parser(subparsers):
     from transformer_vq.config.fields import fields_of
     from transformer_vq.config.flags import add_flags
 
-    parser = subparsers.add_parser("demo", help="build a small model, compare the linear and quadratic paths, sample")
+    parser = subparsers.add_parser("demo", help="build a small model, compare the linear and quadratic paths, sample",
+                                   description=__doc__)
     parser.add_argument("--preset", default="small", help="model preset (default: small)")
     parser.add_argument("--length", type=at_least_two, default=300,
                         help="tokens in the test sequence, at least 2: it is also split in two windows (default: 300)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def add_parser(subparsers):
-    return subparsers.add_parser("version", help="print the installed versions")
+    return subparsers.add_parser("version", help="print the installed versions", description=__doc__)
 
 
 def run(args) -> int:
