@@ -32,7 +32,9 @@ def export(cfg: ExportConfig) -> Path:
     from transformer_vq.fileio import atomic_directory
     from transformer_vq.train.lm.build import model_from_checkpoint
 
-    model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device="cpu", command="export")
+    # eager whatever the run trained with: the same attention, and a directory that runs on any machine (the
+    # backend is an execution choice; set attn_backend in its config.json to use the fused kernels on a GPU)
+    model, run_cfg, checkpoint = model_from_checkpoint(cfg.ckpt, device="cpu", command="export", attn_backend="eager")
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_directory(out) as tmp:
         if cfg.format == "hf":

@@ -58,3 +58,16 @@ def test_a_triton_run_is_read_with_eager(capsys, finished_run):
     assert eval_loss() == before
     code, err = run_cli(capsys, ["sample", "--ckpt", str(finished_run), "--max-new-tokens", "5", "--seed", "0"])
     assert code == 0, err
+
+
+@pytest.mark.parametrize("interpreter", [False, True])
+def test_an_export_of_a_triton_run_says_eager_on_any_machine(capsys, finished_run, tmp_path, monkeypatch, interpreter):
+    """What ``tvq export`` writes does not depend on where it runs: the backend is read as 'eager' (the same
+    attention; the directory then runs everywhere), also where triton could run (here: its CPU interpreter)."""
+    if interpreter:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    _as_trained_with_triton(finished_run)
+    out = tmp_path / "export"
+    assert main(["export", "--format", "safetensors", "--ckpt", str(finished_run), "--out", str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["attn_backend"] == "eager"
+

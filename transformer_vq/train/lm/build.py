@@ -3,6 +3,7 @@ from a checkpoint alone (its saved config says which architecture)."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -93,17 +94,19 @@ def build_model(run_cfg: RunConfig) -> torch.nn.Module:
     return instantiate(find_arch("lm", run_cfg.arch), run_cfg.model)
 
 
-def model_from_checkpoint(path: str, *, device: str = "auto", command: str = "eval") -> tuple[torch.nn.Module,
-                                                                                          RunConfig, Checkpoint]:
+def model_from_checkpoint(path: str, *, device: str = "auto", command: str = "eval",
+                          attn_backend: str | None = None) -> tuple[torch.nn.Module, RunConfig, Checkpoint]:
     """The model of a checkpoint (run directory or checkpoint directory) with its weights, in eval
     mode on ``device``, plus its run config and the checkpoint itself. A run that ``tvq command`` does not read (a
     classifier's, for any of them) is refused, naming its kind and the commands that read it. A run trained with
     ``attn_backend`` 'triton' is read with 'eager' where triton cannot run (the same attention: the backend is how
-    training computed it, not what the weights mean)."""
+    training computed it, not what the weights mean); ``attn_backend`` given: read with that one."""
     ckpt = find_checkpoint(path)
     check_serves(ckpt.config, command, ckpt.path)
     where = resolve_device(device)
     run_cfg = runnable_on(RunConfig.from_dict(ckpt.config), where)
+    if attn_backend is not None and hasattr(run_cfg.model, "attn_backend"):
+        run_cfg = dataclasses.replace(run_cfg, model=run_cfg.model.replace(attn_backend=attn_backend))
     model = build_model(run_cfg)
     ckpt.load_weights(model)
     model.to(where).eval()
