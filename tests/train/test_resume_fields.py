@@ -14,7 +14,7 @@ from transformer_vq.cli import main
 from transformer_vq.config import ConfigError
 from transformer_vq.train import train
 from transformer_vq.train.checkpoint import latest_checkpoint
-from transformer_vq.train.trainer import Trainer
+from transformer_vq.train.lm import LMTrainer
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_a_resume_that_fails_before_its_first_checkpoint_leaves_the_runs_config(
         raise RuntimeError("the first step failed")
 
     with monkeypatch.context() as patch:
-        patch.setattr(Trainer, "train_step", first_step_fails)
+        patch.setattr(LMTrainer, "train_step", first_step_fails)
         with pytest.raises(RuntimeError, match="the first step failed"):
             train(tiny_config(corpus_file, run_dir, "steps=4", "lr=1e-4"), resume="auto")
     assert (run_dir / "config.json").read_text() == config

@@ -97,11 +97,11 @@ def test_resume_without_restoring_data_or_rng_differs(reference, killed, corpus_
             signal.raise_signal(signal.SIGTERM)
         return original(self)
 
-    LMTrainer.train_step = train_step
-    try:
+    # monkeypatch, not an assignment undone by another: that left LMTrainer its own copy of the inherited method,
+    # which then hid every later patch of Trainer.train_step from the language-model trainer
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LMTrainer, "train_step", train_step)
         result = train(cfg, resume="auto", _skip_restore=frozenset({skip} - {""}))
-    finally:
-        LMTrainer.train_step = original
     assert result.exit_code == 143 and result.step == end
 
     expected = {step: losses[0] for step, losses in losses_by_step(reference).items()}
