@@ -214,6 +214,7 @@ def vq_attention_context_parallel(
     Every rank of the group must call this the same number of times, in the same order, and use ``out`` in its
     loss: the backward holds one collective, which each rank joins through ``out``.
     """
+    rank = dist.get_rank(group)
     problem = input_problem(q, k_hat, v, bias, block_len, z, codebook, state, options)
     refusal = local_refusal(k_hat.shape[2], block_len, options, problem)
     like = v.new_zeros(()).to(torch.promote_types(v.dtype, torch.float32))  # the accumulators' dtype and device
@@ -223,10 +224,9 @@ def vq_attention_context_parallel(
     local = None if refusal else chunk_summary(k_hat, v, z, block_len=block_len, n_code=codebook.shape[1],
                                                acc_dtype=like.dtype)
     gathered = _GatherSummaries.apply(pack(local, layout, k_hat.shape[2], refusal, like), group)  # (R, numbers)
-    lengths = agreed_lengths(gathered, block_len, own=(dist.get_rank(group), problem))
+    lengths = agreed_lengths(gathered, block_len, own=(rank, problem))
     summaries = [unpack(row, layout, length) for row, length in zip(gathered.unbind(0), lengths)]
     states = prefix_states(state, summaries, block_len)
-    rank = dist.get_rank(group)
     out, _ = vq_attention(q, k_hat, v, bias, block_len=block_len, state=states[rank], z=z, codebook=codebook,
                           **options)
     # Rank 0's incoming state holds no summary, so without this its backward would never reach the gather, and the
