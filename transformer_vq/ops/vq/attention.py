@@ -68,12 +68,18 @@ def vq_attention(
             a query attends only keys of its own document, those of earlier calls included.
         cache_bias: ``[H]`` a logit per head on each key older than the window: an extension (docs/operator.md).
     """
+    check_vq_call(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores, compressive_cache)
+    return attend_checked(q, k_hat, v, bias, block_len, state, z, codebook, reduction, code_scores, compressive_cache,
+                          backend, doc_start, cache_bias)
+
+
+def check_vq_call(q, k_hat, v, bias, block_len, z, codebook, reduction, code_scores, compressive_cache) -> None:
+    """The checks :func:`vq_attention` runs before :func:`attend_checked` (which checks the rest): its options, the
+    tensors every operator shares, the codes and the code scores."""
     check_vq_options(reduction, compressive_cache)
     check_inputs(q, k_hat, v, bias, block_len, key_name="k_hat")
     check_codes(q, k_hat, z, codebook)
     check_code_scores(q, code_scores, codebook.shape[1])
-    return attend_checked(q, k_hat, v, bias, block_len, state, z, codebook, reduction, code_scores, compressive_cache,
-                          backend, doc_start, cache_bias)
 
 
 def attend_checked(q, k_hat, v, bias, block_len, state, z, codebook, reduction, code_scores, compressive_cache,

@@ -43,8 +43,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from transformer_vq.ops.protocol import check_inputs
-from transformer_vq.ops.vq.attention import check_codes, check_vq_options, kernels, vq_attention
+from transformer_vq.ops.vq.attention import attend_checked, check_vq_call, kernels, vq_attention
 from transformer_vq.ops.vq.cache import merge, restart, summarize
 from transformer_vq.ops.vq.state import VQAttentionState, check_vq_state
 
@@ -227,8 +226,9 @@ def vq_attention_context_parallel(
     lengths = agreed_lengths(gathered, block_len, own=(rank, problem))
     summaries = [unpack(row, layout, length) for row, length in zip(gathered.unbind(0), lengths)]
     states = prefix_states(state, summaries, block_len)
-    out, _ = vq_attention(q, k_hat, v, bias, block_len=block_len, state=states[rank], z=z, codebook=codebook,
-                          **options)
+    # checked before the exchange (input_problem): the rest of the call, whose checks of the composed state remain
+    out, _ = attend_checked(q, k_hat, v, bias, block_len, states[rank], z, codebook, options.get("reduction", "serial"),
+                            None, True, options.get("backend", "eager"), None, options.get("cache_bias"))
     # Rank 0's incoming state holds no summary, so without this its backward would never reach the gather, and the
     # collective there would wait forever for it. The tie adds nothing to any gradient.
     return _Tie.apply(out, gathered), states[-1]
@@ -253,9 +253,7 @@ def input_problem(q, k_hat, v, bias, block_len: int, z, codebook, state, options
     found before the exchange; raised inside the rank's own call after it, the refusal would leave the other ranks
     waiting in the backward's all-reduce."""
     try:
-        check_vq_options(options.get("reduction", "serial"), True)
-        check_inputs(q, k_hat, v, bias, block_len, key_name="k_hat")
-        check_codes(q, k_hat, z, codebook)
+        check_vq_call(q, k_hat, v, bias, block_len, z, codebook, options.get("reduction", "serial"), None, True)
         if state is not None:
             check_vq_state(state, q, v, codebook, block_len)
         kernels(options.get("backend", "eager"), q, None, True, options.get("cache_bias"))

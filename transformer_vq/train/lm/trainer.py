@@ -94,6 +94,8 @@ class LMTrainer(Trainer):
     def __init__(self, cfg: RunConfig, dist_info: Distributed, device: torch.device, model=None):
         tc = cfg.train
         self.corpus = load_corpus_for(tc)
+        # what identifies the corpus, saved in every checkpoint and compared on resume (the corpus never changes)
+        self.corpus_identity = {**corpus_fingerprint(self.corpus), "data_path": tc.data_path}
         for split in ("train", "validation"):
             check_vocab(self.corpus.split(split), cfg.model.vocab_size, split)
         check_decodable(self.corpus, cfg.model.vocab_size)
@@ -160,11 +162,11 @@ class LMTrainer(Trainer):
         carries = self.dist.all_gather_object(to_plain(self.carry) if self._mid_batch() else None)
         # mid-batch: where the current batch starts (the carried states are saved beside it)
         return {"data": self.batch_pos if self._mid_batch() else self.batches.state_dict(), "carry": carries,
-                "corpus": {**corpus_fingerprint(self.corpus), "data_path": self.tc.data_path}}
+                "corpus": self.corpus_identity}
 
     def load_checkpoint_state(self, state: dict, skip: frozenset) -> None:
         if "data" not in skip and "corpus" in state:  # absent from checkpoints of before it was saved
-            check_same_corpus(state["corpus"], self.corpus, self.tc.data_path, self.run_dir)
+            check_same_corpus(state["corpus"], self.corpus_identity, self.run_dir)
         if "data" not in skip:
             self.batches.load_state_dict(state["data"])
         if not self._mid_batch():
@@ -219,19 +221,19 @@ class LMTrainer(Trainer):
                               f"{prompt}{self.sample}")
 
 
-def check_same_corpus(saved: dict, corpus, data_path: str | None, run_dir) -> None:
-    """Refuse to resume on another corpus than the checkpoint's (``saved``: its :func:`corpus_fingerprint` and
-    ``data_path``): the data position, the validation split and every later figure would belong to another text."""
+def check_same_corpus(saved: dict, here: dict, run_dir) -> None:
+    """Refuse to resume on another corpus than the checkpoint's (``saved`` and ``here``: a
+    :func:`corpus_fingerprint` and its ``data_path``): the data position, the validation split and every later figure
+    would belong to another text."""
     identity = ("name", "tokens", "sample_sha256")
-    here = corpus_fingerprint(corpus)
     if all(saved.get(key) == here[key] for key in identity):
         return
 
-    def described(fingerprint: dict, path: str | None) -> str:
-        return (f"the {fingerprint['name']} corpus of {fingerprint['tokens'].get('train', 0):,} training tokens"
+    def described(identity: dict) -> str:
+        path = identity.get("data_path")
+        return (f"the {identity['name']} corpus of {identity['tokens'].get('train', 0):,} training tokens"
                 + (f" read from {path}" if path else ""))
 
-    raise ConfigError(f"--data-path: the run in {run_dir} was trained on {described(saved, saved.get('data_path'))} "
-                      f"and this run reads {described(here, data_path)}, which differs: a resumed run continues on "
-                      f"its own corpus (moved elsewhere, it is recognized by its tokens); resume with it, or start a "
-                      f"new run (--run-dir)")
+    raise ConfigError(f"--data-path: the run in {run_dir} was trained on {described(saved)} and this run reads "
+                      f"{described(here)}, which differs: a resumed run continues on its own corpus (moved "
+                      f"elsewhere, it is recognized by its tokens); resume with it, or start a new run (--run-dir)")
