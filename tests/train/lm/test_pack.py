@@ -97,3 +97,18 @@ def test_pack_refuses_a_corpus_without_documents_and_models_that_cannot(corpus_f
     with pytest.raises(ConfigError, match=r"^invalid RunConfig: pack does not combine with context_parallel=2 .*: "
                                           r"use one of them$"):
         tiny_config(corpus_file, tmp_path / "r", "pack=true", "context_parallel=2")
+
+
+@pytest.mark.parametrize("first, then", [("true", "false"), ("false", "true")])
+def test_a_resume_keeps_the_runs_packing(plays, tmp_path, first, then):
+    """Packing decides what each token attends to and is predicted from, and a checkpoint inside a batch carries its
+    rows' positions in their documents: a resume that turns it on or off is refused before anything is written (it
+    used to be accepted, and the run went on reading its data another way without a word)."""
+    run_dir = tmp_path / "run"
+    assert train(tiny_config(plays, run_dir, "steps=1", f"pack={first}")).exit_code == 0
+    config = (run_dir / "config.json").read_text()
+    keep = "--pack" if first == "true" else "--no-pack"
+    with pytest.raises(ConfigError, match=rf"^--pack: the run in .* was trained with pack {first.title()} and this "
+                                          rf"run asks for {then.title()}; it decides which tokens .* \(or give {keep}\)"):
+        train(tiny_config(plays, run_dir, "steps=2", f"pack={then}"), resume="auto")
+    assert (run_dir / "config.json").read_text() == config

@@ -82,6 +82,8 @@ KEPT_ON_RESUME = {
     "optimizer": "the checkpoint holds that optimizer's state (its moments), which another optimizer cannot take",
     "update_len": "a step is one window of update_len tokens, and a checkpoint taken inside a batch continues at its "
                   "window with the state carried into it",
+    "pack": "it decides which tokens each token attends to and is predicted from (its document's), and a checkpoint "
+            "taken inside a batch carries its rows' positions in their documents",
 }
 """Training fields a resumed run keeps, beside those that define its data, and why."""
 
@@ -99,9 +101,11 @@ def refuse_changed_fields(saved_train: dict, train, path) -> None:
             continue
         saved, now = saved_train[field.name], json.loads(json.dumps(getattr(train, field.name)))  # as saved
         if saved != now:
-            raise ConfigError(f"{flag_of(field)}: the run in {path} was trained with {field.name} {saved!r} and this "
-                              f"run asks for {now!r}; {reason}: leave it out (or give {saved!r}) to continue, or "
-                              f"start a new run with another --run-dir")
+            flag = flag_of(field)
+            keep = (flag if saved else f"--no-{flag[2:]}") if isinstance(saved, bool) else f"{saved!r}"
+            raise ConfigError(f"{flag}: the run in {path} was trained with {field.name} {saved!r} and this run asks "
+                              f"for {now!r}; {reason}: leave it out (or give {keep}) to continue, or start a new run "
+                              f"with another --run-dir")
 
 
 def resumed_base(resume: str, where: dict, train_cls, task: str):
