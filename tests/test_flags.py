@@ -214,8 +214,8 @@ def test_no_parser_accepts_an_abbreviated_option(capsys):
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["demo", "--length", "0"], "error: --length: must be >= 2 (the sequence is also fed as two windows), got 0"),
-    (["demo", "--length", "x"], "error: --length: expected an integer, got 'x'"),
+    (["demo", "--length", "0"], "error: --length: must be >= 2 (the sequence is also fed as two windows), got '0'"),
+    (["demo", "--length", "x"], "error: --length: must be an integer, got 'x'"),
     (["train", "--lr", "-1e-3"], "error: --lr: expected one argument (a negative value is written --lr=-X)"),
 ])
 def test_option_errors_say_what_to_change(capsys, argv, expected):

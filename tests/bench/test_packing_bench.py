@@ -41,8 +41,9 @@ def test_the_benchmark_runs_end_to_end_at_a_tiny_size(tmp_path, capsys):
     (["--mean-doc", "-5"], "error: --mean-doc: must be a positive integer, got '-5'"),
     (["--mean-doc", "8", "8"], "error: --mean-doc: each length once, got 8 8"),
     (["--rounds", "0"], "error: --rounds: must be a positive integer, got '0'"),
+    (["--seed", "-1"], "error: --seed: must be an integer >= 0, got '-1'"),
     (["--device", "foo"], "error: --device: invalid choice: 'foo' (choose from 'cpu', 'cuda')"),
-], ids=["length", "mean-doc", "repeated-mean-doc", "rounds", "device"])
+], ids=["length", "mean-doc", "repeated-mean-doc", "rounds", "seed", "device"])
 def test_bad_values_are_refused_in_one_line(capsys, flags, message):
     with pytest.raises(SystemExit) as stop:
         main(["--preset", "tiny", *flags])

@@ -131,20 +131,21 @@ def main(argv=None) -> int:
     first step (one ``error:`` line, exit status 2), ``--out`` included, so that a run is not lost at its end."""
     from transformer_vq.cli.errors import check_device
     from transformer_vq.config import ConfigError
-    from transformer_vq.config.flags import Parser
+    from transformer_vq.config.flags import Parser, int_at_least
 
     parser = Parser(prog="python -m transformer_vq.bench.packing", description=__doc__)
     parser.add_argument("--preset", default="small", choices=sorted(PRESETS))
-    parser.add_argument("--block-len", type=_positive, default=None, help="block length L (default: the preset's)")
-    parser.add_argument("--length", type=_positive, default=2048, help="tokens per row")
-    parser.add_argument("--batch-size", type=_positive, default=4)
-    parser.add_argument("--mean-doc", type=_positive, nargs="+", default=[64, 512, 2048],
+    parser.add_argument("--block-len", type=int_at_least(1), default=None,
+                        help="block length L (default: the preset's)")
+    parser.add_argument("--length", type=int_at_least(1), default=2048, help="tokens per row")
+    parser.add_argument("--batch-size", type=int_at_least(1), default=4)
+    parser.add_argument("--mean-doc", type=int_at_least(1), nargs="+", default=[64, 512, 2048],
                         help="mean document lengths")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--precision", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--repeats", type=_positive, default=3)
-    parser.add_argument("--rounds", type=_positive, default=3, help="alternations of the cases")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int_at_least(1), default=3)
+    parser.add_argument("--rounds", type=int_at_least(1), default=3, help="alternations of the cases")
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--out", default=None, help="write the result as JSON here")
     args = parser.parse_args(argv)
     try:
@@ -162,16 +163,6 @@ def main(argv=None) -> int:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
     return 0
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
 
 
 def _check_out(out: str | None) -> None:

@@ -10,29 +10,16 @@ from __future__ import annotations
 def add_parser(subparsers):
     from transformer_vq.config import SampleConfig
     from transformer_vq.config.fields import fields_of
-    from transformer_vq.config.flags import add_flags
+    from transformer_vq.config.flags import add_flags, int_at_least
 
     parser = subparsers.add_parser("demo", help="build a small model, compare the linear and quadratic paths, sample",
                                    description=__doc__)
     parser.add_argument("--preset", default="small", help="model preset (default: small)")
-    parser.add_argument("--length", type=at_least_two, default=300,
+    parser.add_argument("--length", type=int_at_least(2, "the sequence is also fed as two windows"), default=300,
                         help="tokens in the test sequence, at least 2: it is also split in two windows (default: 300)")
     # tvq sample's --seed, so that its values are checked as every command's seed is (an integer >= 0)
     add_flags(parser, SampleConfig, skip=tuple(name for name in fields_of(SampleConfig) if name != "seed"))
     return parser
-
-
-def at_least_two(text: str) -> int:
-    """``--length``: an integer >= 2 (the demo feeds the sequence whole and as two windows)."""
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"must be >= 2 (the sequence is also fed as two windows), got {value}")
-    return value
 
 
 def run(args) -> int:

@@ -20,7 +20,7 @@ import argparse
 import dataclasses
 import re
 
-from transformer_vq.config.fields import ConfigError, fields_of, flag_of, kinds, parse_text
+from transformer_vq.config.fields import ConfigError, _bounds, fields_of, flag_of, kinds, parse_text
 
 
 class Parser(argparse.ArgumentParser):
@@ -138,6 +138,24 @@ def not_empty(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError(f"must not be empty, got {text!r}")
     return text
+
+
+def int_at_least(minimum: int, why: str = ""):
+    """The type of an integer flag outside the config classes, at least ``minimum`` (``why``: the reason, said in the
+    refusal), worded as the config fields' checks are."""
+
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{_bounds({'min': minimum}, True)}{f' ({why})' if why else ''}, "
+                                             f"got {text!r}")
+        return value
+
+    convert.__name__ = f"int_at_least_{minimum}"
+    return convert
 
 
 def add_preset_flag(parser, default: str, presets: dict | None = None, source: str | None = None) -> None:
