@@ -217,3 +217,14 @@ def assert_as_close_as(got, want, yardstick, *, factor=2.0, name="output"):
     for what, mine, theirs in (("rms", rms(err), rms(ref)), ("max", float(err.max()), float(ref.max()))):
         assert mine <= factor * theirs + floor, (f"{name}: {what} error {mine:.3g}, the eager operator's in the same "
                                                  f"precision {theirs:.3g} (allowed {factor}x)")
+
+
+def host_reads_refused(monkeypatch):
+    """Every read of a tensor's values onto the host raises, and the checks read none (as on a GPU, where each read
+    would wait for the device)."""
+    def refused(*args, **kwargs):
+        raise AssertionError("a tensor's value was read on the host")
+
+    monkeypatch.setattr("transformer_vq.ops.protocol.reads_values", lambda tensor: False)
+    for method in ("__bool__", "__float__", "__int__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, method, refused)

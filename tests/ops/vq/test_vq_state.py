@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 import torch
-from opsutil import DOC_STARTS, assert_same_state, doc_start_mask, make_vq_inputs, vq_grid_id
+from opsutil import DOC_STARTS, assert_same_state, doc_start_mask, host_reads_refused, make_vq_inputs, vq_grid_id
 
 from transformer_vq.config import REDUCTIONS
 from transformer_vq.ops.vq import attention, vq_attention, vq_attention_blockwise
@@ -148,17 +148,6 @@ def test_codes_outside_the_codebook_are_named():
         z_bad[0, 0, 5] = bad
         with pytest.raises(ValueError, match=rf"z must lie in \[0, S\) = \[0, 3\), got codes from {min(bad, 0)} to"):
             vq_attention(q, k_hat, v, bias, block_len=4, z=z_bad, codebook=codebook)
-
-
-def host_reads_refused(monkeypatch):
-    """Every read of a tensor's values onto the host raises, and the checks read none (as on a GPU, where each read
-    would wait for the device)."""
-    def refused(*args, **kwargs):
-        raise AssertionError("a tensor's value was read on the host")
-
-    monkeypatch.setattr("transformer_vq.ops.protocol.reads_values", lambda tensor: False)
-    for method in ("__bool__", "item", "tolist"):
-        monkeypatch.setattr(torch.Tensor, method, refused)
 
 
 @pytest.mark.parametrize("packed", [False, True])

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from opsutil import make_vq_inputs
+from opsutil import host_reads_refused, make_vq_inputs
 from torch.utils.flop_counter import FlopCounterMode
 
 from transformer_vq.ops.vq_bidir import SCORINGS, vq_bidir_attention
@@ -170,3 +170,20 @@ def test_recomputed_softmax_equals_its_autograd_twin(masked):
     for name, got, want in zip(("q", "k_hat", "v", "bias"), torch.autograd.grad(recomputed, leaves, cotangent),
                                torch.autograd.grad(twin, leaves, cotangent)):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=lambda m: f"grad {name}: {m}")
+
+
+@pytest.mark.parametrize("scoring", SCORINGS)
+def test_padding_is_zeroed_without_reading_the_mask(scoring, monkeypatch):
+    """An encoder's call zeroes its padding queries' rows without asking the host whether the mask holds any (it
+    once read ``mask.all()`` at every call: a device sync per layer on a GPU); a mask of all True changes nothing."""
+    B, H, G, T, L, S = 2, 2, 1, 22, 4, 5
+    q, k_hat, z, v, codebook, _ = inputs(B, H, G, T, L, S, "codes")
+    mask = torch.arange(T).expand(B, T) < torch.tensor([[T], [13]])
+    kwargs = dict(block_len=L, z=z, codebook=codebook, scoring=scoring)
+    plain, _ = vq_bidir_attention(q, k_hat, v, **kwargs)
+    with monkeypatch.context() as patch:
+        host_reads_refused(patch)
+        padded, _ = vq_bidir_attention(q, k_hat, v, mask=mask, **kwargs)
+        all_real, _ = vq_bidir_attention(q, k_hat, v, mask=torch.ones(B, T, dtype=torch.bool), **kwargs)
+    assert bool((padded[1, :, 13:] == 0).all()) and bool((padded[0] != 0).any())
+    torch.testing.assert_close(all_real, plain, rtol=0, atol=0)

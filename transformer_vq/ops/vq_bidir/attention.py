@@ -86,7 +86,7 @@ def vq_bidir_attention(
     keys_real = real | ~real.any(dim=-1, keepdim=True)
     if bias is not None and doc_start is None and T <= 2 * block_len:
         out = _attend_short(q, k_hat, v, bias, block_len, keys_real, scoring)
-        return _zero_padding(out, real).to(q.dtype), None
+        return _zero_padding(out, mask).to(q.dtype), None
     if bias is None and doc_start is None:
         scores = codeword_scores(q, codebook) if code_scores is None else code_scores
         out = _attend_codes(scores, z, v, keys_real, codebook.shape[1], scoring)
@@ -96,12 +96,13 @@ def vq_bidir_attention(
     else:
         out = _attend_window(q, k_hat, v, bias, block_len, z, codebook, code_scores,
                              real if doc_start is not None else keys_real, scoring, doc_start)
-    return _zero_padding(out, real).to(q.dtype), None
+    return _zero_padding(out, mask).to(q.dtype), None
 
 
-def _zero_padding(out: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """``out [B, H, T, Dv]`` with the rows of padding queries zeroed (a copy only where there are some)."""
-    return out if bool(real.all()) else out.masked_fill(~real[:, None, :, None], 0.0)
+def _zero_padding(out: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``out [B, H, T, Dv]`` with the rows of padding queries zeroed (``mask`` None: there are none). Filled whatever
+    the mask holds: asking whether it holds any padding would read it on the host, a device sync per call."""
+    return out if mask is None else out.masked_fill(~mask[:, None, :, None], 0.0)
 
 
 def codeword_scores(q: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
