@@ -28,6 +28,7 @@ from authors_bridge import (add_authors_flags, authors_params, authors_source, g
                             run_jax_side)
 from transformer_vq import GatedAttentionUnit
 from transformer_vq.bench.machine import machine_info
+from transformer_vq.config.flags import int_at_least
 
 CASES = {
     "small": dict(d_model=64, d_k=16, n_code=32, block_len=8, seq_len=64, batch=2, split=24),
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_authors_flags(parser)
     parser.add_argument("--case", nargs="+", default=["small", "odd-split"], choices=list(CASES))
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--out", default=None, help="write OUT.json and OUT.md (default: print only)")
     args = parser.parse_args(argv)
     require_authors(args)

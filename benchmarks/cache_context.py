@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from transformer_vq.bench.machine import machine_info
+from transformer_vq.config.flags import int_at_least
 from transformer_vq.train.lm.context import context_profile
 
 
@@ -33,8 +34,11 @@ def table(results: dict) -> list[str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+")
-    parser.add_argument("--carry", type=int, nargs="+", default=[-1, 0])
-    parser.add_argument("--max-tokens", type=int, default=0)
+    parser.add_argument("--carry", type=int_at_least(-1, "0 = the whole stream, -1 = the run's seq_len"), nargs="+",
+                        default=[-1, 0], help="tokens of history before the state is reset (0 = the whole stream, "
+                                              "-1 = the run's training seq_len)")
+    parser.add_argument("--max-tokens", type=int_at_least(0), default=0,
+                        help="validation tokens read (0 = the whole split)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--name", required=True)
     parser.add_argument("--out", default="benchmarks/results")

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import machine_info
+from transformer_vq.config.flags import int_at_least
 
 ARCHS = ("longvq", "transformer", "tvq")
 
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output path without extension (.json, .md, .png)")
     parser.add_argument("--runs", default="runs/compare", help="where the cells' run directories go")
     parser.add_argument("--archs", nargs="+", default=list(ARCHS), choices=ARCHS)
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--seeds", nargs="+", type=int_at_least(0), default=[0, 1])
     args = parser.parse_args(argv[:split])
     train_flags = argv[split + 1:]
     results = []

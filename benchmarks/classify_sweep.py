@@ -25,6 +25,7 @@ from pathlib import Path
 from classify_compare import run_cell
 
 from transformer_vq.bench.machine import machine_info
+from transformer_vq.config.flags import int_at_least
 
 
 def markdown(data: str, arch: str, rows: list[dict], common: list[str]) -> str:
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", default="longvq")
     parser.add_argument("--out", required=True, help="output path without extension (.json, .md)")
     parser.add_argument("--runs", default="runs/sweep", help="where the cells' run directories go")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--seeds", nargs="+", type=int_at_least(0), default=[0])
     parser.add_argument("--setting", action="append", required=True, metavar="NAME=FLAGS",
                         help="a setting: its name, '=', and its flags (repeatable)")
     args = parser.parse_args(argv[:split])

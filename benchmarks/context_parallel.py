@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from transformer_vq.bench.load import OthersLoad, load_text
+from transformer_vq.config.flags import int_at_least
 from transformer_vq.hostmem import meminfo_bytes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -184,9 +185,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bytes", action="store_true", help="count the bytes of the collectives instead of timing")
     parser.add_argument("--preset", default="small", help="model preset (its widths, codes and block length)")
-    parser.add_argument("--layers", type=int, default=2, help="layers of the timed model")
-    parser.add_argument("--steps", type=int, default=3, help="timed forward and backward passes per run")
-    parser.add_argument("--lengths", type=int, nargs="+", default=None, help="sequence lengths in tokens")
+    parser.add_argument("--layers", type=int_at_least(1), default=2, help="layers of the timed model")
+    parser.add_argument("--steps", type=int_at_least(1), default=3, help="timed forward and backward passes per run")
+    parser.add_argument("--lengths", type=int_at_least(1), nargs="+", default=None, help="sequence lengths in tokens")
     parser.add_argument("--out", default=None, help="JSON file of the results (default: benchmarks/results/...)")
     args = parser.parse_args()
     if args.lengths is None:

@@ -81,12 +81,15 @@ def estimate_mib(parameters: int, parallel: str, workers: int) -> float:
 
 
 def main() -> None:
+    from transformer_vq.config.flags import int_at_least
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="enwik8")
-    parser.add_argument("--layers", type=int, default=24, help="n_layers (the preset has 24)")
-    parser.add_argument("--window", type=int, default=32, help="seq_len = update_len = block_len")
-    parser.add_argument("--batch", type=int, default=2, help="global batch size")
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--layers", type=int_at_least(1), default=24, help="n_layers (the preset has 24)")
+    parser.add_argument("--window", type=int_at_least(1), default=32, help="seq_len = update_len = block_len")
+    parser.add_argument("--batch", type=int_at_least(2, "split over the 2 workers"), default=2,
+                        help="global batch size")
+    parser.add_argument("--steps", type=int_at_least(1), default=3)
     parser.add_argument("--out", default=None, help="result JSON (default benchmarks/results/fsdp-memory-DATE.json)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--parallel", default="ddp", help=argparse.SUPPRESS)

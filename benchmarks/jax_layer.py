@@ -39,6 +39,7 @@ from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import load_average, machine_info, matmul_gflops
 from transformer_vq.config import PRESETS
 from transformer_vq.config.fields import parse_scalar
+from transformer_vq.config.flags import int_at_least
 from worker_protocol import MODES
 
 HERE = Path(__file__).resolve().parent
@@ -233,9 +234,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_authors_flags(parser)
     parser.add_argument("--lengths", nargs="+", default=["2k", "8k", "32k"])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int_at_least(1), default=7)
+    parser.add_argument("--batch", type=int_at_least(1), default=1)
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--out", default="benchmarks/results", help="folder of NAME.json and NAME.md")
     parser.add_argument("--name", default=None, help="default: jax-layer-fp32-DATE-<cpus>cpu")
     args = parser.parse_args(argv)

@@ -36,6 +36,7 @@ from worker_protocol import MODES
 
 from transformer_vq.bench.load import load_text
 from transformer_vq.bench.machine import load_average, machine_info
+from transformer_vq.config.flags import int_at_least
 
 ROOT = HERE.parent
 PRELOADS = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc_minimal.so.4"}
@@ -132,8 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", nargs="+", required=True, help="LABEL=REV[:ALLOCATOR], the first the baseline")
     parser.add_argument("--lengths", nargs="+", default=["8k", "32k"])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int_at_least(1), default=3)
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--name", default=None, help="default: layer-versions-DATE")
     args = parser.parse_args(argv)

@@ -29,6 +29,7 @@ from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.longvq import _apply, build_layer
 from transformer_vq.bench.config import LongVQBenchConfig
 from transformer_vq.bench.machine import machine_info
+from transformer_vq.config.flags import int_at_least
 
 
 def passes(kind: str, cfg: LongVQBenchConfig, length: int) -> dict:
@@ -72,11 +73,11 @@ def profile_call(call, warmup: int) -> tuple[list[dict], str, float]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output path without extension")
-    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
+    parser.add_argument("--lengths", type=int_at_least(1), nargs="+", default=[4096, 16384])
     parser.add_argument("--preset", default="lra-text", choices=sorted(LONGVQ_BENCH_PRESETS))
     parser.add_argument("--kinds", nargs="+", default=["longvq", "transformer"], choices=["longvq", "transformer"])
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--top", type=int, default=15, help="ops kept per cell in the JSON")
+    parser.add_argument("--warmup", type=int_at_least(0), default=1, help="unprofiled calls first (0 = none)")
+    parser.add_argument("--top", type=int_at_least(1), default=15, help="ops kept per cell in the JSON")
     args = parser.parse_args(argv)
     cfg = LongVQBenchConfig(model=LONGVQ_BENCH_PRESETS[args.preset], isolate=False)
     cells, sections = [], []

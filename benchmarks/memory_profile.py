@@ -38,6 +38,7 @@ from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import machine_info
 from transformer_vq.bench.memory import PeakMemory
 from transformer_vq.config import PRESETS
+from transformer_vq.config.flags import int_at_least
 
 GIB = 2**30
 PACKAGE = str(Path(__file__).resolve().parents[1] / "transformer_vq")
@@ -148,7 +149,7 @@ def table(result: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--length", default="32k")
-    parser.add_argument("--top", type=int, default=12, help="ops listed per mode")
+    parser.add_argument("--top", type=int_at_least(1), default=12, help="ops listed per mode")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--name", default=None, help="default: memory-profile-T-DATE")
     args = parser.parse_args(argv)

@@ -27,6 +27,7 @@ import time
 import numpy as np
 import torch
 
+from transformer_vq.config.flags import float_in, int_at_least
 from transformer_vq.config.longvq import CLASSIFY_PRESETS
 from transformer_vq.data.classify.pathfinder import layout, load_pathfinder
 from transformer_vq.models.baselines.classifiers import TransformerClassifier
@@ -34,26 +35,39 @@ from transformer_vq.models.longvq.model import LongVQClassifier
 from transformer_vq.nn.batch_stats import recompute_batch_norm_stats
 
 
+def tau_max(text: str) -> float:
+    """``--tau-max``: 0 (off) or at least 1.5, the low end of the range ``tau`` is drawn from."""
+    value = float_in(0, why="0 = off")(text)
+    if 0 < value < 1.5:
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or >= 1.5 (tau is drawn log-uniform in [1.5, tau_max]), "
+                                         f"got {text!r}")
+    return value
+
+
+tau_max.bounds = {"min": 0.0, "max": None, "min_open": False, "max_open": False}  # its floor, as float_in keeps it
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="longvq", choices=("longvq", "transformer"))
-    p.add_argument("--n-fit", type=int, default=256)
-    p.add_argument("--n-val", type=int, default=256)
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-2)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--clip", type=float, default=1.0)
-    p.add_argument("--wd", type=float, default=0.01)
-    p.add_argument("--every", type=int, default=10)
-    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--n-fit", type=int_at_least(1), default=256)
+    p.add_argument("--n-val", type=int_at_least(1), default=256)
+    p.add_argument("--steps", type=int_at_least(1), default=100)
+    p.add_argument("--batch", type=int_at_least(1), default=32)
+    p.add_argument("--lr", type=float_in(0, low_open=True), default=1e-2)
+    p.add_argument("--warmup", type=int_at_least(0), default=10, help="linear warmup steps (0 = none)")
+    p.add_argument("--clip", type=float_in(0), default=1.0, help="gradient norm clip (0 = none)")
+    p.add_argument("--wd", type=float_in(0), default=0.01, help="weight decay (0 = none)")
+    p.add_argument("--every", type=int_at_least(1), default=10)
+    p.add_argument("--eval-every", type=int_at_least(1), default=50)
     p.add_argument("--model", default="{}", help="json overrides of the small preset")
     p.add_argument("--data", default="{}", help="json data options")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_at_least(0), default=0)
     p.add_argument("--cosine", action="store_true")
     p.add_argument("--label", default="true", choices=("true", "ink", "dist"),
                    help="true | ink (ink count above median) | dist (dot distance < 14)")
-    p.add_argument("--tau-max", type=float, default=0.0, help="EMA alpha = 1/tau, tau log-uniform in [1.5, tau_max]")
+    p.add_argument("--tau-max", type=tau_max, default=0.0,
+                   help="EMA alpha = 1/tau, tau log-uniform in [1.5, tau_max] (0 = the model's own init)")
     return p.parse_args(argv)
 
 

@@ -225,3 +225,68 @@ def test_option_errors_say_what_to_change(capsys, argv, expected):
         main(argv)
     assert stop.value.code == 2
     assert capsys.readouterr().err.strip() == expected
+
+
+@pytest.mark.parametrize("kwargs, text, message", [
+    (dict(low=0, low_open=True), "0", "must be > 0, got '0'"),
+    (dict(low=0), "-1", "must be >= 0, got '-1'"),
+    (dict(low=0, high=1, low_open=True), "1.5", "must be in (0, 1], got '1.5'"),
+    (dict(low=0, high=1, high_open=True), "1", "must be in [0, 1), got '1'"),
+    (dict(high=1, high_open=True), "1", "must be < 1, got '1'"),
+    (dict(high=2), "2.5", "must be <= 2, got '2.5'"),
+    (dict(low=0, why="0 = off"), "-0.5", "must be >= 0 (0 = off), got '-0.5'"),
+    (dict(low=1e-3), "1e-4", "must be >= 0.001, got '1e-4'"),
+    (dict(low=0), "x", "must be a number, got 'x'"),
+    (dict(low=0), "", "must be a number, got ''"),
+    (dict(low=0), "nan", "must be a finite number, got 'nan'"),
+    (dict(high=1), "-inf", "must be a finite number, got '-inf'"),
+    (dict(low=0), "inf", "must be a finite number, got 'inf'"),
+    (dict(), "nan", "must be a finite number, got 'nan'"),
+    (dict(low=0), "1e999", "is too large (overflows a float), got '1e999'"),
+])
+def test_float_in_refuses_as_the_config_fields_do(kwargs, text, message):
+    import argparse
+
+    from transformer_vq.config.flags import float_in
+
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        float_in(**kwargs)(text)
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize("kwargs, text, value", [
+    (dict(low=0), "0", 0.0),
+    (dict(low=0, high=1), "1", 1.0),
+    (dict(low=0, low_open=True), "1e-3", 1e-3),
+    (dict(low=-1, high=1, low_open=True, high_open=True), " -0.5 ", -0.5),
+    (dict(), "-7", -7.0),
+])
+def test_float_in_accepts_its_bounds_and_what_is_between(kwargs, text, value):
+    from transformer_vq.config.flags import float_in
+
+    got = float_in(**kwargs)(text)
+    assert got == value and isinstance(got, float)
+
+
+@pytest.mark.parametrize("text", ["x", "nan", "0", "-1e-3", "1e999"])
+def test_float_in_words_a_refusal_as_a_float_field_on_the_command_line(capsys, text):
+    """The same value refused by ``tvq train --lr`` (a field with min 0, exclusive) and by a flag of type
+    ``float_in(0, low_open=True)``: the same words."""
+    from transformer_vq.config.flags import Parser, float_in
+
+    parser = Parser(prog="bench")
+    parser.add_argument("--lr", type=float_in(0, low_open=True))
+    for run in (lambda: main(["train", f"--lr={text}"]), lambda: parser.parse_args([f"--lr={text}"])):
+        with pytest.raises(SystemExit) as stop:
+            run()
+        assert stop.value.code == 2
+    train, bench = capsys.readouterr().err.strip().splitlines()
+    assert bench == train and bench.startswith("error: --lr: ")
+
+
+def test_float_in_keeps_its_bounds_and_checks_them():
+    from transformer_vq.config.flags import float_in
+
+    assert float_in(0, 1, low_open=True).bounds == {"min": 0, "max": 1, "min_open": True, "max_open": False}
+    with pytest.raises(ValueError, match="low 2 is above high 1"):
+        float_in(2, 1)

@@ -24,11 +24,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from worker_protocol import serve  # noqa: E402
 
 
+def positive_int(text: str) -> int:
+    """The type of ``--batch``, worded as ``transformer_vq.config.flags.int_at_least(1)``, which this side cannot
+    import (the JAX environment runs without this project's package)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+positive_int.bounds = {"min": 1, "max": None, "min_open": False, "max_open": False}  # as float_in keeps its bounds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--src", required=True, help="the authors' src folder (branch optimized)")
     parser.add_argument("--params", required=True)
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--batch", type=positive_int, default=1)
     args = parser.parse_args()
     modules = import_authors(args.src, float64=False)
     import flax

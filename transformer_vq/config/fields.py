@@ -85,7 +85,9 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _bounds(rules: dict, integer: bool) -> str | None:
+def bounds_text(rules: dict, integer: bool) -> str | None:
+    """A number's bounds (``rules``: a field's ``min``, ``max``, ``min_open``, ``max_open``) as its refusal says
+    them: "must be a positive integer", "must be in (0, 1]"; None when there are none."""
     low, high = rules.get("min"), rules.get("max")
     if integer and low in (0, 1) and high is None:
         return "must be a positive integer" if low == 1 else "must be an integer >= 0"
@@ -99,7 +101,8 @@ def _bounds(rules: dict, integer: bool) -> str | None:
     return None
 
 
-def _outside(value, rules: dict) -> bool:
+def outside_bounds(value, rules: dict) -> bool:
+    """Whether ``value`` lies outside the bounds ``rules`` (as :func:`bounds_text` reads them)."""
     low, high = rules.get("min"), rules.get("max")
     if low is not None and (value <= low if rules.get("min_open") else value < low):
         return True
@@ -133,7 +136,7 @@ def _scalar_problem(value, base: type, rules: dict) -> str | None:
         return None if ok else "must be a mapping of option name to value"
     else:
         return None if isinstance(value, base) else f"must be a {base.__name__}"
-    return _bounds(rules, base is int) if _outside(value, rules) else None
+    return bounds_text(rules, base is int) if outside_bounds(value, rules) else None
 
 
 def file_stem_problem(name: str) -> str | None:

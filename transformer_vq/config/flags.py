@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import re
 
-from transformer_vq.config.fields import ConfigError, _bounds, fields_of, flag_of, kinds, parse_text
+from transformer_vq.config.fields import (ConfigError, bounds_text, fields_of, flag_of, kinds, outside_bounds,
+                                          parse_scalar, parse_text)
 
 
 class Parser(argparse.ArgumentParser):
@@ -150,11 +152,38 @@ def int_at_least(minimum: int, why: str = ""):
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
         if value < minimum:
-            raise argparse.ArgumentTypeError(f"{_bounds({'min': minimum}, True)}{f' ({why})' if why else ''}, "
+            raise argparse.ArgumentTypeError(f"{bounds_text({'min': minimum}, True)}{f' ({why})' if why else ''}, "
                                              f"got {text!r}")
         return value
 
     convert.__name__ = f"int_at_least_{minimum}"
+    return convert
+
+
+def float_in(low: float | None = None, high: float | None = None, *, low_open: bool = False, high_open: bool = False,
+             why: str = ""):
+    """The type of a number flag outside the config classes, between ``low`` and ``high`` (None: no bound on that
+    side; ``low_open``/``high_open``: the bound itself excluded; ``why``: the reason, said in the refusal), worded as
+    the config fields' checks are: ``must be > 0``, ``must be in (0, 1]``, ``must be a number, got 'x'``. Like a float
+    field, it refuses nan and the infinities (``must be a finite number``). The bounds are kept as ``convert.bounds``
+    (the config fields' rule names: min, max, min_open, max_open)."""
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"float_in: low {low} is above high {high}")
+    rules = {"min": low, "max": high, "min_open": low_open, "max_open": high_open}
+
+    def convert(text: str) -> float:
+        try:
+            value = parse_scalar(text, float, {})
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        if outside_bounds(value, rules):
+            raise argparse.ArgumentTypeError(f"{bounds_text(rules, False)}{f' ({why})' if why else ''}, got {text!r}")
+        return value
+
+    convert.__name__ = "float_in"
+    convert.bounds = dict(rules)
     return convert
 
 
