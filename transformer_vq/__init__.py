@@ -21,7 +21,7 @@ _EXPORTS = {
     "GatedAttentionUnit": "transformer_vq.models.tvq.gau",
     "TransformerVQ": "transformer_vq.models.tvq.model",
     "ModelOutput": "transformer_vq.models.tvq.model",
-    "ModelState": "transformer_vq.models.tvq.model",
+    "ModelState": "transformer_vq.nn.state",
     "vq_attention": "transformer_vq.ops",
     "vq_attention_naive": "transformer_vq.ops",
 }

@@ -1,7 +1,8 @@
 """Every attention kind the model offers takes packed documents, or refuses them in words the docs carry.
 
 The kinds are not listed by hand: every combination of the config's choices (``ATTN_TYPES``, ``causal``,
-``quantize_queries``, ``compressive_cache``, ``ATTN_BACKENDS``) that ``preset`` accepts is run, so a kind added
+``quantize_queries``, ``compressive_cache``, ``ATTN_BACKENDS``, ``abs_pos``) that ``preset`` accepts is run, with the
+documents given either way (``position_ids``, ``cu_seqlens``), so a kind added
 later is held to packing from its first commit. The same packed batch (documents on block edges, and one of a single
 token at the end of a row) must give each document exactly what it gets alone, logits and every parameter gradient;
 a kind that cannot must raise a ``ValueError`` whose message is quoted in docs/operator.md or docs/training.md.
@@ -27,7 +28,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 def every_kind():
     """``(id, overrides)`` of every configuration of the attention that the config accepts."""
     axes = dict(attn_type=ATTN_TYPES, causal=(True, False), quantize_queries=(False, True),
-                compressive_cache=(True, False), attn_backend=ATTN_BACKENDS)
+                compressive_cache=(True, False), attn_backend=ATTN_BACKENDS, abs_pos=(False, True))
     for values in itertools.product(*axes.values()):
         overrides = dict(zip(axes, values))
         try:
@@ -36,7 +37,8 @@ def every_kind():
             continue
         name = "-".join([overrides["attn_type"], "causal" if overrides["causal"] else "encoder",
                          *(["qk"] if overrides["quantize_queries"] else []),
-                         *([] if overrides["compressive_cache"] else ["window"]), overrides["attn_backend"]])
+                         *([] if overrides["compressive_cache"] else ["window"]), overrides["attn_backend"],
+                         *(["abs"] if overrides["abs_pos"] else [])])
         # the fused kernels under Triton's interpreter take a minute here; their packing is tested on the operator
         # (tests/ops/vq/test_vq_triton_documents.py) by default
         slow = overrides["attn_backend"] == "triton" and not torch.cuda.is_available()
@@ -54,6 +56,8 @@ def kind_model(overrides):
         for unit in model.units:  # non-zero u, v_r so the position terms take part
             unit.u.normal_()
             unit.v_r.normal_()
+        if model.abs_pos_scale is not None:  # (a document packed at column c once got the positions from c on)
+            model.abs_pos_scale.fill_(1.0)
     # float32: a parameter gradient sums ~50 tokens' products in another order than the documents alone do
     return model, (1e-4 if dtype == torch.float32 else 1e-10)
 
@@ -67,8 +71,9 @@ def documented(message: str) -> bool:
     return any(message in path.read_text() for path in (DOCS / "operator.md", DOCS / "training.md"))
 
 
+@pytest.mark.parametrize("form", ["position_ids", "cu_seqlens"])
 @pytest.mark.parametrize("overrides", list(every_kind()))
-def test_every_kind_packs_exactly_or_refuses_in_documented_words(overrides):
+def test_every_kind_packs_exactly_or_refuses_in_documented_words(overrides, form):
     if overrides["attn_backend"] == "triton" and not torch.cuda.is_available() and \
             os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the fused kernels need CUDA or TRITON_INTERPRET=1")
@@ -77,7 +82,10 @@ def test_every_kind_packs_exactly_or_refuses_in_documented_words(overrides):
     position_ids = torch.stack([torch.cat([torch.arange(n) for n in row]) for row in lengths])
     ids = torch.randint(0, 256, position_ids.shape, generator=torch.Generator().manual_seed(1))
     try:
-        packed = model(ids, position_ids=position_ids).logits
+        lengths_flat = torch.tensor([n for row in lengths for n in row])
+        documents = {"position_ids": position_ids} if form == "position_ids" else \
+            {"cu_seqlens": torch.cat([torch.zeros(1, dtype=torch.long), lengths_flat.cumsum(0)])}
+        packed = model(ids, **documents).logits
     except ValueError as refusal:
         assert documented(str(refusal)), f"undocumented refusal: {refusal}"
         return

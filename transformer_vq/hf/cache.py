@@ -22,8 +22,8 @@ import inspect
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from transformer_vq.models.tvq.model import ModelState
 from transformer_vq.models.tvq.ragged import RowStates
+from transformer_vq.nn.state import ModelState
 
 # transformers 5.0 crops to a length (``crop(max_length)``, negative: remove that many); later ones remove a count.
 CROP_TAKES_LENGTH = "max_length" in inspect.signature(Cache.crop).parameters

@@ -1,5 +1,6 @@
-"""What every sequence classifier of the library shares: mean pooling over real tokens, a linear head, the loss, the
-input checks (docs/longvq.md, "Classifiers"; the codebook interface is :mod:`transformer_vq.nn.codebooks`).
+"""What every sequence classifier of the library shares: mean pooling over real tokens, a linear head, the loss
+(docs/longvq.md, "Classifiers"; the codebook interface is :mod:`transformer_vq.nn.codebooks`, the input checks
+:mod:`transformer_vq.nn.inputs`).
 
 Letters: B batch, T positions, D width, C classes.
 """
@@ -18,6 +19,8 @@ from transformer_vq.nn.outputs import module_output
 @module_output
 @dataclass
 class ClassifierOutput:
+    """What a sequence classifier's call returns: the class logits, and the losses when labels are given."""
+
     logits: torch.Tensor
     """``[B, C]`` class logits."""
     commit_loss: torch.Tensor
@@ -34,21 +37,6 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return x.mean(dim=1)
     weights = mask.to(x.dtype).unsqueeze(-1)  # (B, T, 1)
     return (x * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
-
-
-def check_inputs(ids: torch.Tensor, mask: torch.Tensor | None, vocab_size: int, name: str = "ids") -> None:
-    """Raise ``ValueError`` unless ``ids`` is int64 ``[B, T]`` (``B, T >= 1``) inside the vocabulary and ``mask``
-    bool ``[B, T]``."""
-    # an empty batch is refused here: the vocabulary check below reduces over ids, which needs an element
-    if ids.dim() != 2 or ids.dtype != torch.long or ids.shape[0] < 1 or ids.shape[1] < 1:
-        raise ValueError(f"{name} must be a [batch, length] int64 tensor with batch >= 1 and length >= 1, got "
-                         f"{tuple(ids.shape)} {ids.dtype}")
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= vocab_size:
-        raise ValueError(f"{name} holds token id {low if low < 0 else high}, outside the vocabulary [0, {vocab_size})")
-    if mask is not None and (mask.dtype != torch.bool or mask.shape != ids.shape):
-        raise ValueError(f"mask must be a bool tensor of the shape of {name} {list(ids.shape)}, got {mask.dtype} "
-                         f"{list(mask.shape)}")
 
 
 class PoolingHead(nn.Module):

@@ -26,6 +26,9 @@ from transformer_vq.nn.token_mean import token_mean
 @module_output
 @dataclass
 class QuantizerOutput:
+    """What :class:`VectorQuantizer` returns for a batch of keys: the quantized keys, their codes and the
+    commitment loss."""
+
     k_hat: torch.Tensor
     """``[B, G, T, D]`` quantized keys: ``codebook[z]`` in value, identity Jacobian w.r.t. the keys."""
     z: torch.Tensor

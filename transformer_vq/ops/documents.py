@@ -73,6 +73,17 @@ def _starts_from_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, length: int, d
     return starts.to(device if device is not None else cu_seqlens.device)
 
 
+def document_positions(doc_start: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B, T]`` int64: each token's position in its document, what a model's absolute position embedding reads
+    of a packed row (the row's own positions would give a document the positions of where it was packed):
+    ``position_ids`` as given, else (``cu_seqlens``, whose rows all start a document) counted from each start."""
+    if position_ids is not None:
+        return position_ids.to(torch.long)
+    columns = torch.arange(doc_start.shape[-1], device=doc_start.device).expand_as(doc_start)
+    start = torch.where(doc_start, columns, torch.zeros_like(columns)).cummax(dim=-1).values
+    return columns - start
+
+
 def segment_ids(doc_start: torch.Tensor) -> torch.Tensor:
     """``[B, T]`` int64: the number of document starts at or before each token (equal within one document)."""
     return doc_start.to(torch.long).cumsum(dim=-1)

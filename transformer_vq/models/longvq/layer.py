@@ -63,6 +63,8 @@ class LongVQLayerState:
 @module_output
 @dataclass
 class LongVQLayerOutput:
+    """What one LongVQ layer (or block) returns: its output, its state and its commitment loss."""
+
     x: torch.Tensor
     """``[B, T, D]`` the layer's (or block's) output."""
     state: LongVQLayerState | None

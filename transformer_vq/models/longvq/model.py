@@ -12,9 +12,11 @@ from torch import nn
 
 from transformer_vq.config import LongVQConfig
 from transformer_vq.models.longvq.layer import LongVQBlock
-from transformer_vq.models.tvq.model import ModelOutput, ModelState, TransformerVQ
+from transformer_vq.models.tvq.model import ModelOutput, TransformerVQ
 from transformer_vq.nn.codebooks import Codebooks
-from transformer_vq.nn.pooling import ClassifierOutput, PoolingHead, check_inputs
+from transformer_vq.nn.inputs import causal_padding, check_mask, check_token_ids
+from transformer_vq.nn.pooling import ClassifierOutput, PoolingHead
+from transformer_vq.nn.state import ModelState, check_continued_state
 from transformer_vq.nn.token_mean import token_mean
 
 
@@ -31,10 +33,11 @@ class LongVQBackbone(nn.Module):
                 attention: str = "linear") -> tuple[torch.Tensor, ModelState | None, torch.Tensor]:
         """``(x [B, T, D], state, commit_loss)`` for token ids ``[B, T]``; ``state``: ``None`` for an encoder, and
         after ``attention="quadratic"``."""
-        check_inputs(ids, mask, self.cfg.vocab_size)
-        if mask is not None and self.cfg.causal and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
-            raise ValueError("a causal model takes trailing padding only: a real token follows a padding token "
-                             "in mask")
+        check_token_ids(ids, self.cfg.vocab_size, "ids")
+        check_mask(mask, ids.shape, "mask", of="ids")
+        if state is not None:
+            check_continued_state(state, len(self.blocks), "LongVQ model")
+        padded = self.cfg.causal and causal_padding(mask)
         x = self.embed(ids)  # (B, T, D)
         commit_loss = x.new_zeros((), dtype=torch.float32)
         states = []
@@ -44,7 +47,7 @@ class LongVQBackbone(nn.Module):
             states.append(out.state)
         if states[0] is None:
             return x, None, commit_loss
-        return x, ModelState(states[0].offset, states), commit_loss
+        return x, ModelState(states[0].offset, states, padded), commit_loss
 
 
 class LongVQClassifier(Codebooks, nn.Module):
@@ -84,10 +87,8 @@ class LongVQLM(Codebooks, nn.Module):
         """Next-token logits ``[B, T, V]`` of ``ids [B, T]``; with ``targets [B, T]``, the loss of eq. 23, its
         cross-entropy averaged over the positions where ``loss_mask [B, T]`` is True (``None``: all)."""
         if targets is not None:  # before the forward: a bad target must not cost one
-            check_inputs(targets, loss_mask, self.cfg.vocab_size, name="targets")
-            if targets.shape != ids.shape:
-                raise ValueError(f"targets must have the shape of ids {tuple(ids.shape)} (one target per input "
-                                 f"position), got {tuple(targets.shape)}")
+            check_token_ids(targets, self.cfg.vocab_size, "targets", shape=ids.shape, shape_name="ids")
+        check_mask(loss_mask, ids.shape, "loss_mask", of="ids")
         x, new_state, commit_loss = self.backbone(ids, state=state, attention=attention)
         logits = self.head(x)
         result = ModelOutput(logits=logits, state=new_state, commit_loss=commit_loss)

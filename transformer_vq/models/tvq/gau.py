@@ -48,6 +48,8 @@ from transformer_vq.ops.vq_qk import code_pair_table
 @module_output
 @dataclass
 class GAUOutput:
+    """What one gated attention unit returns: the residual stream, its state and its commitment loss."""
+
     x: torch.Tensor
     """``[B, T, Dm]`` the residual stream after this unit."""
     state: Any

@@ -13,34 +13,23 @@ from torch import nn
 from transformer_vq.config import TransformerVQConfig
 from transformer_vq.models.tvq.gau import GatedAttentionUnit, chunk_start
 from transformer_vq.nn.codebooks import Codebooks
+from transformer_vq.nn.inputs import causal_padding, check_mask, check_token_ids
 from transformer_vq.nn.norm import rms_norm
 from transformer_vq.nn.outputs import module_output
 from transformer_vq.nn.position import sinusoids
 from transformer_vq.nn.quantizer import VectorQuantizer
 from transformer_vq.nn.sampling import check_sampling, sample_next_token
+from transformer_vq.nn.state import ModelState, check_continued_state
 from transformer_vq.nn.token_mean import token_mean
-from transformer_vq.ops.documents import document_starts
-
-
-@dataclass
-class ModelState:
-    """Per-unit attention states of a batch of sequences, plus the number of tokens consumed."""
-
-    offset: int
-    layers: list[Any]
-
-    def detach(self) -> "ModelState":
-        """A copy cut from the autograd graph (truncated backprop between training windows)."""
-        return ModelState(self.offset, [s.detach() if s is not None else None for s in self.layers])
-
-    def nbytes(self) -> int:
-        """Memory held by the states' tensors, in bytes."""
-        return sum(s.nbytes() for s in self.layers if s is not None)
+from transformer_vq.ops.documents import document_positions, document_starts
 
 
 @module_output
 @dataclass
 class ModelOutput:
+    """What a language model's call returns (Transformer-VQ's and LongVQ's): the logits, the state to continue with,
+    and the losses when targets are given."""
+
     logits: torch.Tensor
     """``[B, T, V]`` next-token logits."""
     state: ModelState | None
@@ -104,7 +93,9 @@ class TransformerVQ(Codebooks, nn.Module):
             targets: ``[B, T]`` target ids (the next tokens; an encoder's: the original tokens); when given,
                 ``ce_loss`` and ``loss`` are computed.
             mask: ``[B, T]`` bool, True for real tokens: padding takes no part in attention, the commitment loss
-                or the codebook statistics; ``None`` means every position is real.
+                or the codebook statistics; ``None`` means every position is real. A causal model takes trailing
+                padding only, and the state of a padded call is not continued: rows of different lengths run
+                exactly through :mod:`transformer_vq.models.tvq.ragged`.
             loss_mask: ``[B, T]`` bool, the positions whose targets count in ``ce_loss`` (default: ``mask``).
             attention: ``"linear"`` (the operator) or ``"quadratic"`` (the dense reference, same parameters).
             context_parallel: a process group whose ranks each pass one chunk of the same sequences, of equal length
@@ -115,13 +106,14 @@ class TransformerVQ(Codebooks, nn.Module):
                 over the flattened tokens. No token attends a token of another document; a row whose first position
                 is not 0 continues the document of ``state``.
         """
-        self._check_ids(input_ids, "input_ids", self.embed.num_embeddings)
-        if targets is not None:  # before the forward pass, which a mismatched target would waste
-            self._check_ids(targets, "targets", self.cfg.vocab_size, shape=input_ids.shape)
+        padded = self._check_call(input_ids, state, targets, mask, loss_mask)  # before the forward pass it would waste
         B, T = input_ids.shape
         doc_start = document_starts(B, T, position_ids=position_ids, cu_seqlens=cu_seqlens, device=input_ids.device)
+        positions = None if doc_start is None or self.abs_pos_scale is None else \
+            document_positions(doc_start, position_ids)
         x, states, commit_loss = self.features(input_ids, state, mask=mask, attention=attention,
-                                               context_parallel=context_parallel, doc_start=doc_start)
+                                               context_parallel=context_parallel, doc_start=doc_start,
+                                               positions=positions)
         offset = 0 if state is None else state.offset
         if self.head is None:
             # tied, scaled to unit variance (an encoder's mask token is an input only)
@@ -129,7 +121,8 @@ class TransformerVQ(Codebooks, nn.Module):
         else:
             logits = self.head(x)
         consumed = T if context_parallel is None else T * dist.get_world_size(context_parallel)
-        new_state = None if attention == "quadratic" or not self.cfg.causal else ModelState(offset + consumed, states)
+        new_state = None if attention == "quadratic" or not self.cfg.causal else \
+            ModelState(offset + consumed, states, padded)
         result = ModelOutput(logits=logits, state=new_state, commit_loss=commit_loss)
         if targets is not None:
             loss_mask = mask if loss_mask is None else loss_mask
@@ -140,17 +133,19 @@ class TransformerVQ(Codebooks, nn.Module):
         return result
 
     def features(self, input_ids: torch.Tensor, state: ModelState | None = None, *, mask: torch.Tensor | None = None,
-                 attention: str = "linear", context_parallel=None,
-                 doc_start: torch.Tensor | None = None) -> tuple[torch.Tensor, list[Any], torch.Tensor]:
+                 attention: str = "linear", context_parallel=None, doc_start: torch.Tensor | None = None,
+                 positions: torch.Tensor | None = None) -> tuple[torch.Tensor, list[Any], torch.Tensor]:
         """``(x [B, T, Dm], unit states, commit_loss)``: the residual stream after every unit (and the final norm),
         before the output head. A classifier pools ``x``; :meth:`forward` turns it into logits. ``input_ids`` are
-        not checked here (:meth:`forward` checks them); ``doc_start [B, T]``: where packed documents begin."""
+        not checked here (:meth:`forward` checks them); ``doc_start [B, T]``: where packed documents begin;
+        ``positions [B, T]``: each token's position in its document, for ``abs_pos`` (``None``: the row's)."""
         if state is not None and not self.cfg.causal:
             raise ValueError("an encoder (causal=False) reads whole sequences and carries no state: pass state=None")
         offset = (0 if state is None else state.offset) + chunk_start(context_parallel, input_ids.shape[1])
         x = self.embed(input_ids)  # (B, T, Dm)
         if self.abs_pos_scale is not None:
-            positions = torch.arange(offset, offset + input_ids.shape[1], device=input_ids.device)
+            if positions is None:
+                positions = torch.arange(offset, offset + input_ids.shape[1], device=input_ids.device)
             x = x + self.abs_pos_scale * sinusoids(positions, self.cfg.d_model, self.cfg.max_wavelength, x.dtype)
         states, commit_loss = [], x.new_zeros((), dtype=torch.float32)
         for i, unit in enumerate(self.units):
@@ -162,23 +157,17 @@ class TransformerVQ(Codebooks, nn.Module):
             x = rms_norm(x)
         return x, states, commit_loss
 
-    def _check_ids(self, ids: torch.Tensor, name: str, n_ids: int, shape: torch.Size | None = None) -> None:
-        """Refuse ``ids`` that are not ``[batch, length]`` int64 ids in ``[0, n_ids)`` (of ``shape``, when given:
-        the targets of ``input_ids``, one per position)."""
-        if ids.dim() != 2 or ids.dtype != torch.long:
-            raise ValueError(f"{name} must be a [batch, length] int64 tensor, got {tuple(ids.shape)} {ids.dtype}")
-        if shape is not None and ids.shape != shape:
-            raise ValueError(f"{name} must have the shape of input_ids {tuple(shape)} (one target per input "
-                             f"position), got {tuple(ids.shape)}")
-        if ids.shape[1] < 1:
-            raise ValueError(f"{name} must hold at least one token per sequence")
-        low, high = int(ids.min()), int(ids.max())
-        if low < 0 or high >= n_ids:
-            bad = low if low < 0 else high
-            raise ValueError(
-                f"{name} holds token id {bad}, outside the vocabulary [0, {n_ids}); "
-                f"check the tokenizer or set vocab_size to cover it"
-            )
+    def _check_call(self, input_ids, state, targets, mask, loss_mask) -> bool:
+        """Refuse a bad call (:mod:`transformer_vq.nn.inputs`) before any work; whether ``mask`` holds padding
+        (a causal model's, trailing: the state it returns is not continued)."""
+        check_token_ids(input_ids, self.embed.num_embeddings, "input_ids")
+        if targets is not None:
+            check_token_ids(targets, self.cfg.vocab_size, "targets", shape=input_ids.shape)
+        check_mask(mask, input_ids.shape, "mask")
+        check_mask(loss_mask, input_ids.shape, "loss_mask")
+        if state is not None and self.cfg.causal:  # an encoder's is refused by features(), which takes one too
+            check_continued_state(state, len(self.units), type(self).__name__)
+        return self.cfg.causal and causal_padding(mask)
 
     # ------------------------------------------------------------------ sampling
 
@@ -191,8 +180,8 @@ class TransformerVQ(Codebooks, nn.Module):
         The prompt is read once; each new token then costs one linear-time step with the carried state,
         whatever the context length. The model is in eval mode while sampling.
         """
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         if not self.cfg.causal:
             raise ValueError("sampling needs a causal model; this one is an encoder (causal=False)")
         check_sampling(temperature, top_k, top_p)  # before the prompt is read

@@ -24,8 +24,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from transformer_vq.models.tvq.model import ModelState, TransformerVQ
+from transformer_vq.models.tvq.model import TransformerVQ
 from transformer_vq.nn.outputs import module_output
+from transformer_vq.nn.state import ModelState
 
 IGNORE_INDEX = -100  # the label of a position without a target (PyTorch's and transformers' convention)
 
@@ -234,6 +235,8 @@ def position_error(row: int, column: int, position: int, expected: int, *, conti
 @module_output
 @dataclass
 class RaggedOutput:
+    """What :func:`run_segments` returns for a ragged call: logits per column, the rows' states and the losses."""
+
     logits: torch.Tensor
     """``[B, T, V]``. A padded column holds the logits of the row's last real token before it (what comes next in
     the row's sequence so far: right-padded prompts continue correctly); zero before a row's first real token."""

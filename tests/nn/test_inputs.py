@@ -1,0 +1,116 @@
+"""What every model refuses of a call, before any work, and what it does with padding (``models/inputs.py``).
+
+Found by a new user's audit: a causal Transformer-VQ attended left padding as if it were text (logits moved by the
+padding's content), a state of another model was continued without a word, and an empty batch, a mask of the wrong
+shape or dtype, or a float ``max_new_tokens`` ended in torch's or Python's own errors.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transformer_vq import TransformerVQ, preset
+from transformer_vq.config import LongVQConfig
+from transformer_vq.models.longvq.model import LongVQClassifier, LongVQLM
+from transformer_vq.nn.state import ModelState
+
+B, T, L = 2, 12, 4
+
+
+def tvq(attn_type="vq", n_layers=1, causal=True):
+    torch.manual_seed(0)
+    return TransformerVQ(preset("tiny", n_layers=n_layers, block_len=L, n_code=6, attn_type=attn_type,
+                                causal=causal)).double().eval()
+
+
+def longvq_lm(n_layers=1):
+    torch.manual_seed(0)
+    cfg = LongVQConfig(vocab_size=256, d_model=16, d_qk=8, d_v=16, n_layers=n_layers, block_len=L, n_code=6,
+                       n_classes=0, causal=True)
+    return LongVQLM(cfg).double().eval()
+
+
+def ids(seed=1, shape=(B, T)):
+    return torch.randint(0, 256, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def trailing_mask(real=(T, 7)):
+    return torch.arange(T).expand(B, T) < torch.tensor(real)[:, None]
+
+
+@pytest.mark.parametrize("attn_type", ["vq", "full", "flash"])
+def test_a_causal_model_refuses_padding_before_real_tokens(attn_type):
+    mask = ~trailing_mask((0, 3))  # left padding: row 1's first 3 positions
+    mask[0] = True
+    with pytest.raises(ValueError, match=r"^a causal model takes trailing padding only, and mask has a real token "
+                                         r"after a padding token: .*transformer_vq.models.tvq.ragged"):
+        tvq(attn_type)(ids(), mask=mask)
+
+
+@pytest.mark.parametrize("attn_type", ["vq", "full", "flash"])
+def test_trailing_padding_changes_no_real_token_and_its_state_is_not_continued(attn_type):
+    model, mask = tvq(attn_type), trailing_mask()
+    x, other = ids(1), ids(2)
+    x2 = torch.where(mask, x, other)  # the padding's content changed, the real tokens kept
+    out = model(x, mask=mask)
+    torch.testing.assert_close(model(x2, mask=mask).logits[mask], out.logits[mask], rtol=0, atol=0)
+    torch.testing.assert_close(out.logits[1, :7], model(x[1:, :7]).logits[0], rtol=1e-12, atol=1e-12)
+    assert out.state.padded and not model(x).state.padded
+    assert out.state.detach().padded
+    with pytest.raises(ValueError, match=r"^state was returned by a call whose mask held padding"):
+        model(x[:, :1], out.state)
+
+
+def test_a_state_of_another_model_is_refused():
+    one, two = tvq(n_layers=1), tvq(n_layers=2)
+    x = ids()
+    state = two(x).state
+    with pytest.raises(ValueError, match=r"^state holds the states of 4 layers and this TransformerVQ has 2: it was "
+                                         r"returned by another model"):
+        one(x, state)
+    with pytest.raises(ValueError, match=r"^state holds the states of 2 layers and this TransformerVQ has 4"):
+        two(x, one(x).state)
+    with pytest.raises(ValueError, match=r"^state must be the ModelState that a previous call of this TransformerVQ "
+                                         r"returned \(or None\), got list"):
+        one(x, state.layers)
+    lm1, lm2 = longvq_lm(1), longvq_lm(2)
+    with pytest.raises(ValueError, match=r"^state holds the states of 2 layers and this LongVQ model has 1"):
+        lm1(x, lm2(x).state)
+
+
+@pytest.mark.parametrize("make", [tvq, longvq_lm], ids=["tvq", "longvq"])
+def test_bad_ids_masks_and_lengths_are_refused_by_name(make):
+    model = make()
+    name = "input_ids" if make is tvq else "ids"
+    x = ids()
+    with pytest.raises(ValueError, match=rf"^{name} must be a \[batch, length\] int64 tensor with batch >= 1 and "
+                                         rf"length >= 1, got \(0, 12\) torch.int64$"):
+        model(x[:0])
+    with pytest.raises(ValueError, match=rf"^{name} must be a \[batch, length\] int64 tensor .* got \(2, 12\) "
+                                         rf"torch.float32$"):
+        model(x.float())
+    for bad, got in ((torch.ones(B, T - 1, dtype=torch.bool), r"torch.bool \[2, 11\]"),
+                     (torch.ones(B, T), r"torch.float32 \[2, 12\]"), (torch.ones(T, dtype=torch.bool),
+                                                                    r"torch.bool \[12\]")):
+        with pytest.raises(ValueError, match=rf"^loss_mask must be a bool tensor of the shape of {name} \[2, 12\], "
+                                             rf"got {got}$"):
+            model(x, targets=x, loss_mask=bad)
+    with pytest.raises(ValueError, match=r"^max_new_tokens must be an integer >= 0, got 2.5$"):
+        model.generate(x, 2.5)
+
+
+def test_tvq_refuses_a_bad_mask_by_name():
+    with pytest.raises(ValueError, match=r"^mask must be a bool tensor of the shape of input_ids \[2, 12\], got "
+                                         r"torch.float32 \[2, 12\]$"):
+        tvq()(ids(), mask=torch.ones(B, T))
+
+
+def test_longvq_classifier_mask_padding_is_still_refused_before_real_tokens():
+    cfg = LongVQConfig(vocab_size=256, d_model=16, d_qk=8, d_v=16, n_layers=1, block_len=L, n_code=6, n_classes=3,
+                       causal=True)
+    mask = trailing_mask()
+    mask[0, 2] = False
+    with pytest.raises(ValueError, match=r"^a causal model takes trailing padding only"):
+        LongVQClassifier(cfg)(ids(), mask=mask)
+    assert ModelState(0, []).padded is False

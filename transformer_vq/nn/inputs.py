@@ -1,0 +1,56 @@
+"""What a model checks of its call before any work: the token ids and targets and the masks (the state it continues:
+:func:`transformer_vq.nn.state.check_continued_state`).
+
+One place for every model (Transformer-VQ, the LongVQ language model and classifier, the baseline classifiers), so
+that a bad call is refused alike wherever it comes, by name, before a forward pass is spent on it; the alternative
+is a torch error from deep inside (an index out of range in the embedding, a broadcast in the loss) or, worse, an
+answer: padding attended as if it were text.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_token_ids(ids: torch.Tensor, n_ids: int, name: str = "input_ids", *, shape: torch.Size | None = None,
+                    shape_name: str = "input_ids") -> None:
+    """Raise ``ValueError`` unless ``ids`` is an int64 ``[B, T]`` tensor, ``B, T >= 1``, of ids in ``[0, n_ids)``
+    (of ``shape`` when given: targets, one per position of ``shape_name``). The range is read in one pass (on a GPU,
+    one device sync per call: the price of naming the bad id instead of the device's own index assertion)."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype != torch.long or 0 in ids.shape:
+        got = f"{tuple(ids.shape)} {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise ValueError(f"{name} must be a [batch, length] int64 tensor with batch >= 1 and length >= 1, got {got}")
+    if shape is not None and ids.shape != shape:
+        raise ValueError(f"{name} must have the shape of {shape_name} {tuple(shape)} (one target per input "
+                         f"position), got {tuple(ids.shape)}")
+    low, high = (int(x) for x in torch.aminmax(ids))
+    if low < 0 or high >= n_ids:
+        raise ValueError(f"{name} holds token id {low if low < 0 else high}, outside the vocabulary [0, {n_ids}); "
+                         f"check the tokenizer or set vocab_size to cover it")
+
+
+def check_mask(mask: torch.Tensor | None, shape: torch.Size, name: str = "mask", of: str = "input_ids") -> None:
+    """Raise ``ValueError`` unless ``mask`` is ``None`` or a bool tensor of ``shape`` (that of ``of``): a float mask
+    would be read as weights, a ``[T]`` one broadcast over rows it was not meant for."""
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != shape:
+        got = f"{mask.dtype} {list(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise ValueError(f"{name} must be a bool tensor of the shape of {of} {list(shape)}, got {got}")
+
+
+def causal_padding(mask: torch.Tensor | None) -> bool:
+    """Whether a causal model's ``mask`` (bool ``[B, T]``, True for real tokens) holds padding; raises
+    ``ValueError`` where a real token follows padding. A causal model attends every earlier key of its row, and its
+    operators carry one position for the whole batch, so padding before a real token would be attended (and shift
+    the row's blocks): rows of different lengths, left-padded, run exactly through
+    :mod:`transformer_vq.models.tvq.ragged` (what the Hugging Face model does). Trailing padding is attended by no
+    real token. One read of two flags."""
+    if mask is None:
+        return False
+    before_real, padded = torch.stack([(mask[:, 1:] & ~mask[:, :-1]).any(), ~mask.all()]).tolist()
+    if before_real:
+        raise ValueError("a causal model takes trailing padding only, and mask has a real token after a padding "
+                         "token: a real token would attend the padding; run rows of different lengths through "
+                         "transformer_vq.models.tvq.ragged (left padding included), or pad them on the right")
+    return padded
