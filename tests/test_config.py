@@ -110,3 +110,17 @@ def test_list_options_refuse_a_repeated_value():
     with pytest.raises(ConfigError, match=r"seeds must not repeat a value \(0 given twice\)"):
         AblateConfig(matrix="recall", seeds=(0, 1, 0))
     assert AblateConfig(matrix="recall", seeds=(1, 0)).seeds == (1, 0)
+
+
+def test_a_misspelt_keyword_is_refused_with_the_known_names():
+    """``preset("tiny", nlayers=2)``, ``longvq_preset``, ``config.replace`` and the jobs' keywords
+    (``evaluate(ckpt, max_token=...)``) name the unknown key and the known ones (they got dataclasses' TypeError)."""
+    from transformer_vq.config import ConfigError, EvalConfig, longvq_preset, preset
+    from transformer_vq.config.jobs import job_config
+
+    with pytest.raises(ConfigError, match=r"^unknown TransformerVQConfig key\(s\): nlayers; known keys: .*n_layers"):
+        preset("tiny", nlayers=2)
+    with pytest.raises(ConfigError, match=r"^unknown LongVQConfig key\(s\): nlayer; known keys: .*n_layers"):
+        longvq_preset("tiny", nlayer=1)
+    with pytest.raises(ConfigError, match=r"^unknown EvalConfig key\(s\): max_token; known keys: .*max_tokens"):
+        job_config(EvalConfig, "runs/x", max_token=3)

@@ -191,4 +191,5 @@ class AblateConfig:
         return self.name or f"ablate-{self.matrix}"
 
     def to_dict(self) -> dict:
+        """The fields as plain values (tuples stay tuples; JSON writes them as lists)."""
         return dataclasses.asdict(self)

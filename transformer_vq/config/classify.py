@@ -80,6 +80,7 @@ class ClassifyTrainConfig:
         return Path(self.run_dir) if self.run_dir else Path("runs") / self.name
 
     def to_dict(self) -> dict:
+        """The fields as plain values (tuples stay tuples; JSON writes them as lists)."""
         return dataclasses.asdict(self)
 
 
@@ -105,10 +106,12 @@ class ClassifyConfig:
         return self.train.arch
 
     def to_dict(self) -> dict:
+        """The whole config as plain values, as the run's ``config.json`` holds it (``from_dict`` reads it back)."""
         return {"task": "classify", "model": self.model.to_dict(), "train": self.train.to_dict(),
                 "recipe": self.recipe}
 
     def to_json(self) -> str:
+        """:meth:`to_dict` as indented JSON, keys sorted."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod

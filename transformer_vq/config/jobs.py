@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from transformer_vq.config.applies import Above, Other, switch_problems
 from transformer_vq.config.choices import DEVICES, EXPORT_FORMATS, IMAGE_CORPORA, SPLITS
-from transformer_vq.config.fields import check, option
+from transformer_vq.config.fields import ConfigError, check, fields_of, option, unknown_message
 
 # Below this (but above 0) the logits divided by the temperature overflow float32 for ordinary logits, and the
 # softmax turns into NaN; 0 already means greedy decoding, which is what such a temperature would approach.
@@ -129,6 +129,9 @@ class ExportConfig:
 def job_config(cls, given, **options):
     """``given`` as a ``cls`` config: a config (with ``options`` applied) or a checkpoint path (with ``options``
     as the other fields); options that are None keep their value."""
+    unknown = set(options) - set(fields_of(cls))
+    if unknown:  # a misspelt keyword (max_token=) got dataclasses' bare TypeError
+        raise ConfigError(unknown_message(unknown, cls.__name__, set(fields_of(cls)) - {"ckpt"}))
     options = {k: v for k, v in options.items() if v is not None}
     if isinstance(given, cls):
         return dataclasses.replace(given, **options) if options else given

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from transformer_vq.config.choices import (ATTN_BACKENDS, ATTN_TYPES, BIAS_SPANS, HEAD_TYPES, NONCAUSAL_ATTN_TYPES,
                                            REDUCTIONS)
 from transformer_vq.config.applies import switch_problems
-from transformer_vq.config.fields import ConfigError, check, fields_of, option
+from transformer_vq.config.fields import ConfigError, check, fields_of, option, unknown_message
 
 PROBABILITY = dict(min=0.0, max=1.0, max_open=True)
 VQ = {"attn_type": ("vq",)}
@@ -138,10 +138,15 @@ class TransformerVQConfig:
         return None if self.causal else self.vocab_size
 
     def replace(self, **changes) -> "TransformerVQConfig":
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again); a name that is no field is refused with the known
+        ones (a misspelt ``nlayers`` got dataclasses' bare ``TypeError``)."""
+        unknown = set(changes) - set(fields_of(type(self)))
+        if unknown:
+            raise ConfigError(unknown_message(unknown, f"{type(self).__name__}", fields_of(type(self))))
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
+        """The fields as plain values (tuples stay tuples; JSON writes them as lists)."""
         return dataclasses.asdict(self)
 
     @classmethod

@@ -143,6 +143,7 @@ class TrainConfig:
         return Path(self.run_dir) if self.run_dir else Path("runs") / self.name
 
     def to_dict(self) -> dict:
+        """The fields as plain values (tuples stay tuples; JSON writes them as lists)."""
         return dataclasses.asdict(self)
 
 
@@ -168,9 +169,11 @@ class RunConfig:
         return arch_of(self.model)
 
     def to_dict(self) -> dict:
+        """The whole config as plain values, as the run's ``config.json`` holds it (``from_dict`` reads it back)."""
         return {"task": "lm", "arch": self.arch, "model": self.model.to_dict(), "train": self.train.to_dict()}
 
     def to_json(self) -> str:
+        """:meth:`to_dict` as indented JSON, keys sorted."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
