@@ -114,3 +114,35 @@ def test_longvq_classifier_mask_padding_is_still_refused_before_real_tokens():
     with pytest.raises(ValueError, match=r"^a causal model takes trailing padding only"):
         LongVQClassifier(cfg)(ids(), mask=mask)
     assert ModelState(0, []).padded is False
+
+
+def test_layers_and_references_refuse_bad_input_by_name():
+    """The exported building blocks check what they are given: a wrong width, a ``[T]`` mask, a quantizer of no
+    codes or a diverging EMA rate, a reference at ``block_len=0`` (once a ZeroDivisionError) or of the wrong rank."""
+    from transformer_vq import GatedAttentionUnit, VectorQuantizer, vq_attention_naive
+    from transformer_vq.ops.flash.naive import flash_attention_naive
+    from transformer_vq.ops.vq_bidir.naive import vq_bidir_attention_naive
+
+    unit = GatedAttentionUnit(preset("tiny"))
+    with pytest.raises(ValueError, match=r"^x must be a floating \[batch, length, 32\] tensor .* got \(2, 5, 31\)"):
+        unit(torch.randn(2, 5, 31))
+    with pytest.raises(ValueError, match=r"^mask must be a bool tensor of the shape of x's \[B, T\] \[2, 5\], got "
+                                         r"torch.bool \[5\]$"):
+        unit(torch.randn(2, 5, 32), mask=torch.ones(5, dtype=torch.bool))
+    for kwargs, message in ((dict(n_code=0), r"^n_code must be a positive integer, got 0"),
+                            (dict(ema_rate=2.0), r"^ema_rate must be in \(0, 1\), got 2.0"),
+                            (dict(dead_code_restart=-1), r"^dead_code_restart must be an integer >= 0")):
+        with pytest.raises(ValueError, match=message):
+            VectorQuantizer(**{"n_group": 1, "n_code": 4, "dim": 4, **kwargs})
+    with pytest.raises(ValueError, match=r"^k must be a floating \[B, G, T, D\] = \[B, 1, T, 4\] tensor, got "
+                                         r"\(2, 1, 5, 3\) torch.float32$"):
+        VectorQuantizer(1, 4, 4)(torch.randn(2, 1, 5, 3))
+    q = torch.randn(1, 1, 4, 2)
+    with pytest.raises(ValueError, match=r"^block_len must be a positive integer, got 0"):
+        vq_attention_naive(q, q, q, torch.zeros(1, 1, 4, 0), block_len=0)
+    with pytest.raises(ValueError, match=r"^bias must be \[B, H, T, 2L\] = \[1, 1, 4, 4\]"):
+        vq_attention_naive(q, q, q, torch.zeros(1, 1, 4, 3), block_len=2)
+    with pytest.raises(ValueError, match=r"^chunk_len must be a positive integer, got 0"):
+        flash_attention_naive(q, q, q, torch.zeros(1, 1, 4, 4), block_len=2, chunk_len=0)
+    with pytest.raises(ValueError, match=r"^mask must be a bool tensor \[B, T\] = \[1, 4\]"):
+        vq_bidir_attention_naive(q, q, q, block_len=2, mask=torch.ones(4, dtype=torch.bool))

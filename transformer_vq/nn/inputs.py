@@ -29,12 +29,21 @@ def check_token_ids(ids: torch.Tensor, n_ids: int, name: str = "input_ids", *, s
                          f"check the tokenizer or set vocab_size to cover it")
 
 
-def check_mask(mask: torch.Tensor | None, shape: torch.Size, name: str = "mask", of: str = "input_ids") -> None:
+def check_features(x: torch.Tensor, width: int, name: str = "x") -> None:
+    """Raise ``ValueError`` unless ``x`` is a floating ``[B, T, width]`` tensor with ``B, T >= 1`` (a layer's
+    input: a wrong width would surface as a matmul's shape error inside it)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != width or not x.dtype.is_floating_point \
+            or 0 in x.shape:
+        got = f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name} must be a floating [batch, length, {width}] tensor with batch, length >= 1, got {got}")
+
+
+def check_mask(mask: torch.Tensor | None, shape: tuple[int, ...], name: str = "mask", of: str = "input_ids") -> None:
     """Raise ``ValueError`` unless ``mask`` is ``None`` or a bool tensor of ``shape`` (that of ``of``): a float mask
     would be read as weights, a ``[T]`` one broadcast over rows it was not meant for."""
     if mask is None:
         return
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != shape:
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != tuple(shape):
         got = f"{mask.dtype} {list(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise ValueError(f"{name} must be a bool tensor of the shape of {of} {list(shape)}, got {got}")
 

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from transformer_vq.nn.inputs import check_mask
 from transformer_vq.nn.outputs import module_output
+from transformer_vq.ops.protocol import check_positive_int
 from transformer_vq.nn.token_mean import token_mean
 
 
@@ -55,6 +57,14 @@ class VectorQuantizer(nn.Module):
     def __init__(self, n_group: int, n_code: int, dim: int, *, ema_rate: float = 0.99,
                  dead_code_restart: int = 0, init_scale: float = 1.0):
         super().__init__()
+        for name, value in (("n_group", n_group), ("n_code", n_code), ("dim", dim)):
+            check_positive_int(value, name)
+        if not isinstance(dead_code_restart, int) or isinstance(dead_code_restart, bool) or dead_code_restart < 0:
+            raise ValueError(f"dead_code_restart must be an integer >= 0 (0 = never), got {dead_code_restart!r}")
+        if not 0.0 < ema_rate < 1.0:  # at 1 the codebook never moves; above it, the EMA diverges (as the configs)
+            raise ValueError(f"ema_rate must be in (0, 1), got {ema_rate!r}")
+        if not init_scale > 0.0:
+            raise ValueError(f"init_scale must be > 0, got {init_scale!r}")
         self.n_group, self.n_code, self.dim = n_group, n_code, dim
         self.ema_rate = ema_rate
         self.dead_code_restart = dead_code_restart
@@ -78,7 +88,12 @@ class VectorQuantizer(nn.Module):
     def forward(self, k: torch.Tensor, mask: torch.Tensor | None = None) -> QuantizerOutput:
         """Quantize ``k`` of shape ``[B, G, T, D]``; ``mask`` ``[B, T]`` (True = real token) excludes
         padded positions from the commitment loss and from the codebook statistics."""
+        if not isinstance(k, torch.Tensor) or k.dim() != 4 or k.shape[1] != self.n_group or k.shape[3] != self.dim \
+                or not k.dtype.is_floating_point:
+            got = f"{tuple(k.shape)} {k.dtype}" if isinstance(k, torch.Tensor) else type(k).__name__
+            raise ValueError(f"k must be a floating [B, G, T, D] = [B, {self.n_group}, T, {self.dim}] tensor, got {got}")
         B, G, T, D = k.shape
+        check_mask(mask, (B, T), "mask", of="k's [B, T]")
         codebook = self.codebook.detach()
         with torch.no_grad():
             z = self.shortcodes(k)

@@ -100,6 +100,19 @@ def check_bias(q: torch.Tensor, bias: torch.Tensor, block_len: int, window_block
     check_like(q, {"bias": bias})
 
 
+def check_reference_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+                         block_len: int, *, key_name: str = "k", query_name: str = "q", window_blocks: int = 2,
+                         mask: torch.Tensor | None = None, doc_start: torch.Tensor | None = None) -> None:
+    """The checks of a dense reference (``*_naive``): what its operator checks of the tensors it shares with it
+    (a reference is what a user compares against; a wrong shape must not become a broadcast, nor ``block_len=0``
+    a division by zero). ``bias`` ``None``: the operator takes none."""
+    check_qkv(q, k, v, block_len, key_name, query_name)
+    if bias is not None:
+        check_bias(q, bias, block_len, window_blocks)
+    check_mask(q, mask)
+    check_documents(q, doc_start)
+
+
 def check_mask(q: torch.Tensor, mask: torch.Tensor | None) -> None:
     """Raise ``ValueError`` unless ``mask`` (non-causal operators: True at real tokens) is ``None`` or a bool
     ``[B, T]`` tensor on ``q``'s device (one row per sequence: a ``[1, T]`` mask would broadcast silently)."""

@@ -16,6 +16,7 @@ import torch
 
 from transformer_vq.ops.documents import segment_ids
 from transformer_vq.ops.full.naive import causal_mask, per_head, same_document
+from transformer_vq.ops.protocol import check_positive_int, check_reference_call
 from transformer_vq.ops.window import window_bias_dense
 
 
@@ -24,8 +25,10 @@ def flash_quad_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                doc_start: torch.Tensor | None = None) -> torch.Tensor:
     """FLASH-Quad (``n = norm_len``, default ``block_len``), the whole ``T x T`` matrix at once; ``doc_start [B, T]``:
     each query sums over its own packed document."""
+    check_reference_call(q, k, v, bias, block_len, doc_start=doc_start)
     n_head = q.shape[1]
     norm_len = block_len if norm_len is None else norm_len
+    check_positive_int(norm_len, "norm_len")
     scores = q @ per_head(k, n_head).transpose(-1, -2) / norm_len + window_bias_dense(bias, block_len)
     visible = causal_mask(q.shape[2], q.device)
     if doc_start is not None:
@@ -37,6 +40,8 @@ def flash_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bia
                           chunk_len: int, doc_start: torch.Tensor | None = None) -> torch.Tensor:
     """FLASH, query by query: squared ReLU inside the chunk + mean of ``k v^T`` over the keys of earlier chunks;
     ``doc_start [B, T]``: both over the keys of the query's own packed document."""
+    check_reference_call(q, k, v, bias, block_len, doc_start=doc_start)
+    check_positive_int(chunk_len, "chunk_len")
     batch, n_head, length = q.shape[:3]
     kh, vh, beta = per_head(k, n_head), per_head(v, n_head), window_bias_dense(bias, block_len)
     if doc_start is None:

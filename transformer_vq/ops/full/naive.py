@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from transformer_vq.ops.documents import segment_ids
+from transformer_vq.ops.protocol import check_reference_call
 from transformer_vq.ops.window import window_bias_dense
 
 
@@ -49,6 +50,7 @@ def full_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias
     ``older_bias``: ``[H]``, added to the score of every key older than the query's two-block window (head ``h``
     adds ``older_bias[h]``): the VQ operator's ``cache_bias`` in the dense formula.
     """
+    check_reference_call(q, k, v, bias, block_len, doc_start=doc_start)
     weights = attention_weights(q, k, bias, block_len=block_len, window_only=window_only, doc_start=doc_start,
                                 older_bias=older_bias)
     return weights @ per_head(v, q.shape[1])

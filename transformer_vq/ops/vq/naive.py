@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from transformer_vq.ops.documents import segment_ids
 from transformer_vq.ops.full.naive import full_attention_naive, per_head
+from transformer_vq.ops.protocol import check_reference_call
 from transformer_vq.ops.vq.state import VQAttentionState
 
 
@@ -32,6 +33,7 @@ def vq_attention_naive(q: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor, bi
     only (the operator without its cache). ``doc_start [B, T]``: the sum runs over the query's own packed document.
     ``cache_bias [H]``: ``+ cache_bias[h]`` on the score of every key older than the window, ``p < (t // L - 1) L``.
     """
+    check_reference_call(q, k_hat, v, bias, block_len, key_name="k_hat", doc_start=doc_start)
     if cache_bias is not None and not compressive_cache:
         raise ValueError("cache_bias applies to the keys older than the window: with compressive_cache=False "
                          "there are none; pass cache_bias=None")

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from transformer_vq.ops.documents import segment_ids
 from transformer_vq.ops.full.naive import per_head
+from transformer_vq.ops.protocol import check_reference_call
 
 
 def vq_bidir_attention_naive(q: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
@@ -26,6 +27,8 @@ def vq_bidir_attention_naive(q: torch.Tensor, k_hat: torch.Tensor, v: torch.Tens
     """``[B, H, T, Dv]`` from ``q [B, H, T, Dk]``, ``k_hat [B, G, T, Dk]``, ``v [B, G, T, Dv]``, ``bias`` ``None``
     or ``[B, H, T, 3L]``, ``mask [B, T]`` (``None``: all real); ``scoring`` ``"softmax"`` or ``"relu2"``;
     ``doc_start [B, T]`` (``None``: one document per row)."""
+    check_reference_call(q, k_hat, v, bias, block_len, key_name="k_hat", window_blocks=3, mask=mask,
+                         doc_start=doc_start)
     scores = q @ per_head(k_hat, q.shape[1]).transpose(-1, -2)  # (B, H, T, T)
     return dense_attention(scores, v, bias, block_len=block_len, mask=mask, scoring=scoring, doc_start=doc_start)
 

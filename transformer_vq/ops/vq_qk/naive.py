@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from transformer_vq.ops.full.naive import full_attention_naive, per_head
+from transformer_vq.ops.protocol import check_reference_call
 
 
 def vq_qk_attention_naive(q_hat: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *,
@@ -21,6 +22,7 @@ def vq_qk_attention_naive(q_hat: torch.Tensor, k_hat: torch.Tensor, v: torch.Ten
     Shapes: ``q_hat [B, H, T, Dk]``, ``k_hat [B, G, T, Dk]``, ``v [B, G, T, Dv]``, ``bias [B, H, T, 2L]``; returns
     ``[B, H, T, Dv]``. ``doc_start [B, T]``: the sum runs over the query's own packed document.
     """
+    check_reference_call(q_hat, k_hat, v, bias, block_len, key_name="k_hat", query_name="q_hat", doc_start=doc_start)
     return full_attention_naive(q_hat, k_hat, v, bias, block_len=block_len, doc_start=doc_start)
 
 
@@ -31,6 +33,7 @@ def vq_qk_attention_noncausal_naive(q_hat: torch.Tensor, k_hat: torch.Tensor, v:
     Shapes: ``q_hat [B, H, T, Dk]``, ``k_hat [B, G, T, Dk]``, ``v [B, G, T, Dv]``, ``mask [B, T]`` bool (True: real);
     returns ``[B, H, T, Dv]``.
     """
+    check_reference_call(q_hat, k_hat, v, None, None, key_name="k_hat", query_name="q_hat", mask=mask)
     n_head = q_hat.shape[1]
     scores = q_hat @ per_head(k_hat, n_head).transpose(-1, -2)  # (B, H, T, T)
     if mask is None:
