@@ -35,7 +35,8 @@ def check_features(x: torch.Tensor, width: int, name: str = "x") -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != width or not x.dtype.is_floating_point \
             or 0 in x.shape:
         got = f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"{name} must be a floating [batch, length, {width}] tensor with batch, length >= 1, got {got}")
+        raise ValueError(f"{name} must be a floating [batch, length, {width}] tensor with batch, length >= 1, "
+                         f"got {got}")
 
 
 def check_mask(mask: torch.Tensor | None, shape: tuple[int, ...], name: str = "mask", of: str = "input_ids") -> None:

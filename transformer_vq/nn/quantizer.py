@@ -91,7 +91,8 @@ class VectorQuantizer(nn.Module):
         if not isinstance(k, torch.Tensor) or k.dim() != 4 or k.shape[1] != self.n_group or k.shape[3] != self.dim \
                 or not k.dtype.is_floating_point:
             got = f"{tuple(k.shape)} {k.dtype}" if isinstance(k, torch.Tensor) else type(k).__name__
-            raise ValueError(f"k must be a floating [B, G, T, D] = [B, {self.n_group}, T, {self.dim}] tensor, got {got}")
+            raise ValueError(f"k must be a floating [B, G, T, D] = [B, {self.n_group}, T, {self.dim}] tensor, "
+                             f"got {got}")
         B, G, T, D = k.shape
         check_mask(mask, (B, T), "mask", of="k's [B, T]")
         codebook = self.codebook.detach()
