@@ -101,7 +101,8 @@ def test_full_disk_saves_nothing_unresumable(capsys, corpus, tmp_path, monkeypat
     (["--resume", "{tmp}/empty"], NO_CKPT.format(path="{tmp}/empty")),
 ], ids=["data-path-missing", "data-path-fifo", "data-unknown", "data-option-malformed", "data-option-unknown",
         "data-option-empty-value", "fractions-null", "fractions-word", "fractions-one-number", "fractions-nan",
-        "config-missing", "config-directory", "config-binary", "config-txt-suffix", "resume-path-missing", "resume-empty-dir"])
+        "config-missing", "config-directory", "config-binary", "config-txt-suffix", "resume-path-missing",
+        "resume-empty-dir"])
 def test_train_paths(capsys, corpus, tmp_path, flags, message):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -216,9 +217,9 @@ def test_damaged_checkpoint(capsys, finished_run, command, damage):
         (step / name).write_text(json.dumps({"model": 3}))
     argv = {"eval": ["eval", "--ckpt", str(finished_run)], "sample": ["sample", "--ckpt", str(finished_run)],
             "resume": ["train", "--resume", "--run-dir", str(finished_run), "--steps", "4"]}[command]
-    assert error_line(capsys, argv) == (f"error: no complete checkpoint in {finished_run / 'checkpoints'}: every one failed "
-                         f"verification (see warnings above); start a new run with another --run-dir or without "
-                         f"--resume")
+    assert error_line(capsys, argv) == (f"error: no complete checkpoint in {finished_run / 'checkpoints'}: every one "
+                         f"failed verification (see warnings above); start a new run with another --run-dir or "
+                         f"without --resume")
 
 
 def test_damaged_checkpoint_warning_names_the_file(capsys, finished_run):
@@ -254,3 +255,17 @@ def test_tokenizer_paths(capsys, tmp_path, layout, message):
     line = error_line(capsys, ["tokenizer", "--data-path", str(root)])
     assert line == (f"error: {message.format(root=root)} PG-19 is at https://github.com/google-deepmind/pg19 "
                     f"(gs://deepmind-gutenberg)")
+
+
+def test_yaml_merge_keys_are_yaml_and_not_a_key_given_twice(tmp_path):
+    """``<<: *anchor`` merges a mapping, its keys overridden by the mapping's own, as YAML defines (the duplicate-key
+    check refused every merge as "not valid YAML"); a key given twice beside a merge is still refused."""
+    from transformer_vq.config import ConfigError
+    from transformer_vq.config.load import read_file
+
+    path = tmp_path / "run.yaml"
+    path.write_text("model: &tiny {d_model: 32, n_layers: 1}\ntrain: {steps: 3, <<: {steps: 9, seed: 2}}\n")
+    assert read_file(path)["train"] == {"steps": 3, "seed": 2}
+    path.write_text("model: &m {d_model: 32}\ntrain: {steps: 3, steps: 4, <<: {seed: 2}}\n")
+    with pytest.raises(ConfigError, match="key 'steps' is given twice"):
+        read_file(path)

@@ -138,13 +138,16 @@ CONFIG_FORMATS = {".yaml": "YAML", ".yml": "YAML", ".json": "JSON", ".toml": "TO
 
 def _unique_key_loader():
     """YAML's safe loader, refusing a key given twice in one mapping (YAML itself keeps the last one silently: a
-    second ``model:`` section would replace the first)."""
+    second ``model:`` section would replace the first). Merge keys (``<<: *base``) are YAML's own: the keys they
+    bring in are overridden by the mapping's, as YAML defines, and not counted as given twice."""
     import yaml
 
     class UniqueKeyLoader(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):
             seen = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
                 key = self.construct_object(key_node, deep=deep)
                 if key in seen:
                     raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
