@@ -98,7 +98,11 @@ def test_a_pyproject_newer_than_the_installed_metadata_is_named(tmp_path, monkey
     warning = next(line for line in err.splitlines() if "pip recorded" in line)
     recorded, asked = warning.split(f"{tmp_path / 'pyproject.toml'} now asks ")
     assert f"torch {installed};" in recorded and "torch >=99;" in asked
-    assert warning.endswith(f"`pip install -e .` in {tmp_path} refreshes them")
+    assert warning.startswith("warning: the ranges above") and \
+        warning.endswith(f"`pip install -e .` in {tmp_path} refreshes them")
+    # the table cannot be trusted: --strict fails (it passed: only flagged rows counted)
+    assert main(["doctor", "--strict"]) == 1
+    assert any(line.startswith("error: the ranges above") for line in capsys.readouterr().err.splitlines())
 
 
 def test_a_pyproject_that_matches_the_metadata_gives_no_warning(tmp_path, monkeypatch):

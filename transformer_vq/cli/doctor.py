@@ -71,7 +71,9 @@ def add_parser(subparsers):
     parser = subparsers.add_parser("doctor", help="print the installed versions against the tested ranges",
                                    description=__doc__)
     parser.add_argument("--strict", action="store_true",
-                        help="exit with status 1 when a version is out of its range or a required package is missing")
+                        help="exit with status 1 when a version is out of its range, a required package is missing, or "
+                             "the ranges cannot be trusted (transformer-vq not installed, or its pyproject.toml "
+                             "changed since)")
     return parser
 
 
@@ -166,7 +168,7 @@ def stale_ranges_warning(package: Path | None) -> str | None:
     changed = sorted(name for name in installed.keys() | wanted.keys() if installed.get(name) != wanted.get(name))
     if not changed:
         return None
-    return (f"warning: the ranges above are those pip recorded when {DIST} {installed_version(DIST)} was installed "
+    return (f"the ranges above are those pip recorded when {DIST} {installed_version(DIST)} was installed "
             f"({_listed(installed, changed)}), but {package.parent / 'pyproject.toml'} now asks "
             f"{_listed(wanted, changed)}: `pip install -e .` in {package.parent} refreshes them")
 
@@ -202,14 +204,15 @@ def run(args) -> int:
     print(f"platform         {platform.platform()} ({platform.machine()})")
     package = imported_package()
     print(f"imported         transformer_vq from {package or 'nowhere (not importable)'}")
-    stale = stale_ranges_warning(package)
-    if stale is not None:
-        print(stale, file=sys.stderr)
+    level = "error" if args.strict else "warning"
+    # each is a reason the table above cannot be trusted: --strict fails on any
+    problems = [stale_ranges_warning(package)]
     if rows[0].version is None:
-        print(f"warning: {DIST} is not installed (pip install -e .), so its tested ranges are unknown",
-              file=sys.stderr)
+        problems.append(f"{DIST} is not installed (pip install -e .), so its tested ranges are unknown")
     flagged = [row for row in rows if row.flagged]
     if flagged:
-        what = "; ".join(f"{row.name} {row.version or 'missing'} (tested: {row.range})" for row in flagged)
-        print(f"{'error' if args.strict else 'warning'}: outside the tested ranges: {what}", file=sys.stderr)
-    return 1 if flagged and args.strict else 0
+        problems.append("outside the tested ranges: " + "; ".join(
+            f"{row.name} {row.version or 'missing'} (tested: {row.range})" for row in flagged))
+    for problem in filter(None, problems):
+        print(f"{level}: {problem}", file=sys.stderr)
+    return 1 if args.strict and any(problems) else 0
