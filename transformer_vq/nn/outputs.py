@@ -24,5 +24,9 @@ def module_output(cls):
     def unflatten(values, context):
         return cls(**dict(zip(context, values)))
 
-    pytree.register_pytree_node(cls, flatten, unflatten, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
+    def flatten_with_keys(output):  # tree_flatten_with_path and torch.export name each field by its attribute
+        return [(pytree.GetAttrKey(name), getattr(output, name)) for name in names], names
+
+    pytree.register_pytree_node(cls, flatten, unflatten, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+                                flatten_with_keys_fn=flatten_with_keys)
     return cls

@@ -41,6 +41,10 @@ def test_every_output_dataclass_is_a_pytree_node():
     assert len(outputs) >= 5, outputs  # GAU, LongVQ layer, model, classifier, ragged outputs
     missing = sorted(cls.__qualname__ for cls in outputs if cls not in pytree.SUPPORTED_NODES)
     assert not missing, f"output dataclasses torch's tree_flatten cannot see into: {missing}"
+    # keyed too: tree_flatten_with_path (torch.export's) names each leaf by its field; it raised once registered
+    out = TransformerVQ(preset("tiny"))(torch.zeros(1, 3, dtype=torch.long))
+    paths = [pytree.keystr(path) for path, _ in pytree.tree_flatten_with_path(out)[0]]
+    assert paths == [".logits", ".state", ".commit_loss", ".ce_loss", ".loss"]
 
 
 def models():
