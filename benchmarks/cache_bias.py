@@ -47,7 +47,8 @@ def collect(baseline_path: str, runs: list[list[str]], notes: dict) -> dict:
     cells += [{"kind": "full", "seed": seed, "bits_per_byte": bpb, "source": Path(baseline_path).name}
               for seed, bpb in enumerate(baseline["full"])]
     cells += biased
-    return {"benchmark": "cache-bias", "S": S, "cells": cells, "notes": notes, "machine": machine_info(measure_peak=False)}
+    return {"benchmark": "cache-bias", "S": S, "cells": cells, "notes": notes,
+            "machine": machine_info(measure_peak=False)}
 
 
 def groups(result: dict) -> dict[str, list[dict]]:

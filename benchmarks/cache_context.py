@@ -27,7 +27,8 @@ def table(results: dict) -> list[str]:
         for row in rows:
             by_history = ", ".join(f"{b['blocks'][0]}-{b['blocks'][1]}: {b['bpb']:.3f}" for b in row["by_history"])
             carry = row["carry_tokens"] or "whole stream"
-            lines.append(f"| {run} | { {True: 'on', False: 'off', None: '-'}[row['cache']]} | {carry} | {row['bpb']:.4f} | {by_history} |")
+            lines.append(f"| {run} | { {True: 'on', False: 'off', None: '-'}[row['cache']]} | {carry} "
+                         f"| {row['bpb']:.4f} | {by_history} |")
     return lines
 
 

@@ -104,8 +104,8 @@ def markdown(data: str, table: dict[str, dict], train_flags: list[str]) -> str:
         seeds = ", ".join(f"{a:.2%}" for a in row["accuracies"])
         times = ", ".join(f"{s:.0f} s" for s in row.get("seconds", [row["train_seconds"]]))
         loads = ", ".join(f"{x:.2f}" for x in row.get("others_load", [])) or "-"
-        lines.append(f"| {arch} | {row['parameters_millions']}M | {seeds} | **{row['mean']:.2%}** | {row['spread']:.2%} | "
-                     f"{times} | {row['train_seconds']:.0f} s | {loads} |")
+        lines.append(f"| {arch} | {row['parameters_millions']}M | {seeds} | **{row['mean']:.2%}** | "
+                     f"{row['spread']:.2%} | {times} | {row['train_seconds']:.0f} s | {loads} |")
     return "\n".join(lines) + "\n"
 
 
@@ -163,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     table = summarize(results)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"machine": machine_info(measure_peak=False), "data": args.data, "train_flags": train_flags, "summary": table,
-              "cells": results}
+    record = {"machine": machine_info(measure_peak=False), "data": args.data, "train_flags": train_flags,
+              "summary": table, "cells": results}
     out.with_suffix(".json").write_text(json.dumps(record, indent=1))
     out.with_suffix(".md").write_text(markdown(args.data, table, train_flags) + "\nValidation accuracy by step "
                                       "(training seconds, steps only):\n\n" + curve_markdown(results))

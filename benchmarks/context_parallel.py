@@ -138,7 +138,8 @@ def train_steps(rank, ranks, length, args):
         (out.loss / ranks).backward()
         times.append(time.perf_counter() - start)
         model.zero_grad(set_to_none=True)
-    return {"step_s": statistics.median(times), "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {"step_s": statistics.median(times),
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def available_mib() -> float:

@@ -109,8 +109,8 @@ def rows_of(run: dict, variants: list[dict], length: int, log) -> list[dict]:
 def table(result: dict) -> str:
     """The markdown report."""
     first = result["variants"][0]["label"]
-    lines = [f"### Whole layer by variant (D_m 768, D_k 128, D_v 1536, S 512, L 512, fp32, batch 1, eval mode; median of "
-             f"{result['repeats']}, interleaved call by call)", "",
+    lines = [f"### Whole layer by variant (D_m 768, D_k 128, D_v 1536, S 512, L 512, fp32, batch 1, eval mode; "
+             f"median of {result['repeats']}, interleaved call by call)", "",
              f"| T | mode | variant | revision | allocator | seconds | speedup vs {first} | peak RSS (GiB) "
              f"| rise (GiB) | memory vs {first} | others' load (mean / max) |",
              "|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|"]

@@ -56,7 +56,8 @@ def main() -> None:
     unit.load_state_dict(torch.load(args.state, weights_only=True))
 
     def prepare(length: int) -> dict:
-        return layer_calls(unit, torch.randn(args.batch, length, cfg.d_model, generator=torch.Generator().manual_seed(0)))
+        return layer_calls(unit, torch.randn(args.batch, length, cfg.d_model,
+                                             generator=torch.Generator().manual_seed(0)))
 
     serve(prepare, {"side": "ours-torch", "torch": torch.__version__, "numpy": numpy.__version__,
                     "python": platform.python_version(), "torch_threads": torch.get_num_threads()}, count=count_flops)

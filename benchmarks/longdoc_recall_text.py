@@ -159,7 +159,8 @@ def markdown(result: dict) -> list[str]:
     lines += _parts_lines(s)
     lines += ["", "Bits per answer byte by distance from pair to query (test episodes, mean over seeds; accuracy in "
                   "brackets), and the gaps:", "",
-              "| distance (blocks) | queries per seed | `vq` | `vq-window-only` | `full` | window-only − VQ | VQ − full |",
+              "| distance (blocks) | queries per seed | `vq` | `vq-window-only` | `full` "
+              "| window-only − VQ | VQ − full |",
               "|---|---:|---:|---:|---:|---:|---:|"]
     for index, gap in enumerate(s["gaps"]):
         cols = []
@@ -168,8 +169,8 @@ def markdown(result: dict) -> list[str]:
             row = rows[index] if index < len(rows) else None
             cols.append("-" if row is None else f"{_fmt(row['answer_bpb'], '.3f')} [{_fmt(row['accuracy'], '.0%')}]")
         queries = s["cells"]["vq"]["buckets"][index]["queries_per_seed"]
-        lines.append(f"| {gap['bucket']} | {queries} | {' | '.join(cols)} | {_fmt(gap['window_only_minus_vq'], '+.3f')} "
-                     f"| {_fmt(gap['vq_minus_full'], '+.3f')} |")
+        lines.append(f"| {gap['bucket']} | {queries} | {' | '.join(cols)} "
+                     f"| {_fmt(gap['window_only_minus_vq'], '+.3f')} | {_fmt(gap['vq_minus_full'], '+.3f')} |")
     return lines
 
 
@@ -236,7 +237,8 @@ def main(argv=None) -> int:
         parser.error("give an ablate report, or --runs with --trained-by")
     ablate = from_runs(args.runs, args.trained_by) if args.runs else json.loads(Path(args.ablate).read_text())
     result = {"benchmark": "longdoc-recall-text", "name": args.name,
-              "command": "python " + shlex.join(["benchmarks/longdoc_recall_text.py", *(sys.argv[1:] if argv is None else argv)]),
+              "command": "python " + shlex.join(["benchmarks/longdoc_recall_text.py",
+                                                 *(sys.argv[1:] if argv is None else argv)]),
               "ablate": {k: ablate[k] for k in ("command", "settings", "machine", "load_average_end", "summary")},
               "others_load": load_summary(args.others_load), "summary": summarize(ablate)}
     out = write_result(result, "\n".join(markdown(result)) + "\n", args.out, args.name)

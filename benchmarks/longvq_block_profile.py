@@ -1,7 +1,8 @@
 """Where one LongVQ block's time and bytes go, op by op, beside one full-attention block (issue 22, item 3).
 
 For each length ``T`` and block kind (``longvq``: :class:`~transformer_vq.models.longvq.layer.LongVQBlock` as an
-encoder; ``transformer``: the SDPA baseline, :class:`~transformer_vq.models.baselines.classifiers.TransformerEncoderLayer`)
+encoder; ``transformer``: the SDPA baseline,
+:class:`~transformer_vq.models.baselines.classifiers.TransformerEncoderLayer`)
 it runs ``torch.profiler`` over the forward pass (eval, no gradients) and over the forward + backward pass (train,
 gradients of the weights and the input, the commitment loss included), after warm-up calls, at the widths of
 ``tvq bench longvq`` (default: its ``lra-text`` preset). Each table lists the ops by self CPU time with their self

@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> dict:
                   "saved": saved_for_backward(unit, x), "per_op": per_op(unit, x, args.top)}
     result.update(machine=machine, others_load=load.summary(),
                   command="python benchmarks/memory_profile.py " + " ".join(argv or []))
-    write_result(result, table(result), args.out, args.name or f"memory-profile-{length // 1024}k-{machine['date_utc'][:10]}")
+    write_result(result, table(result), args.out,
+                 args.name or f"memory-profile-{length // 1024}k-{machine['date_utc'][:10]}")
     return result
 
 

@@ -127,8 +127,8 @@ def main() -> None:
           f"profiled, matmul ops {result['matmul_s']:.3f} s ({100 * result['matmul_share']:.0f}%), running at "
           f"{result['matmul_gflops_inside_matmul_ops']:.0f} GFLOP/s vs {result['matmul_gflops_machine']:.0f} for a "
           f"2048^3 matmul; load {result['load_average']}")
-    print(f"unprofiled: {result['wall_s_unprofiled']:.3f} s = {result['gflops_unprofiled']:.0f} GFLOP/s; the operator's "
-          f"matmuls alone at its shapes {result['vq_matmuls_gflops']:.0f} GFLOP/s")
+    print(f"unprofiled: {result['wall_s_unprofiled']:.3f} s = {result['gflops_unprofiled']:.0f} GFLOP/s; the "
+          f"operator's matmuls alone at its shapes {result['vq_matmuls_gflops']:.0f} GFLOP/s")
     for row in result["top_ops"]:
         print(f"  {row['op']:<28} {row['self_s']:.3f} s  {100 * row['share']:.1f}%")
     print("per kernel (op, input shapes):")

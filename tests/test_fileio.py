@@ -102,5 +102,6 @@ def test_save_png_writes_exactly_the_path_it_returns(tmp_path):
     assert (tmp_path / "plain").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(IsADirectoryError) as caught:
         fileio.save_png(fig, tmp_path, dpi=20)
-    assert (caught.value.filename, caught.value.strerror) == (str(tmp_path), "a directory where a PNG file was expected")
+    assert ((caught.value.filename, caught.value.strerror)
+            == (str(tmp_path), "a directory where a PNG file was expected"))
     plt.close(fig)

@@ -33,7 +33,8 @@ def _ablate():
 
 def test_ratios_and_gaps_by_distance():
     s = _script().summarize(_ablate())
-    assert s["answer_bytes_per_episode"] == 78 and s["guess_minus_perfect_bpb"] == pytest.approx(78 * math.log2(10) / 1024)
+    assert s["answer_bytes_per_episode"] == 78
+    assert s["guess_minus_perfect_bpb"] == pytest.approx(78 * math.log2(10) / 1024)
     assert s["cells"]["vq"]["val_bpb"] == pytest.approx(2.1)
     assert s["ratios"]["window_only_vs_vq"] == pytest.approx(2.2 / 2.1 - 1)
     assert s["ratios"]["vq_vs_full"] == pytest.approx(2.1 / 2.0 - 1)

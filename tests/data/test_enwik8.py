@@ -10,7 +10,8 @@ from transformer_vq.data import DataError, load_corpus
 from transformer_vq.data import enwik8
 
 # 2,000 bytes of XML-ish text starting like the real file
-CONTENT = (b'<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.3/">\n' + b"<page><title>A</title></page>\n" * 70)[:2000]
+CONTENT = (b'<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.3/">\n'
+           + b"<page><title>A</title></page>\n" * 70)[:2000]
 DIGESTS = {"md5": hashlib.md5(CONTENT).hexdigest(), "sha1": hashlib.sha1(CONTENT).hexdigest()}
 OPTIONS = dict(expected_size=len(CONTENT), expected_digests=DIGESTS)
 
@@ -58,7 +59,8 @@ def test_download_from_url(tmp_path, cache_dir):
 
 
 def test_offline_download_says_what_to_do():
-    with pytest.raises(DataError, match=r"could not download http://127.0.0.1:9/enwik8.zip \(.*\)\. Check your network\. "
+    with pytest.raises(DataError, match=r"could not download http://127.0.0.1:9/enwik8.zip \(.*\)\. "
+                                        r"Check your network\. "
                                         r"Or download http://mattmahoney.net/dc/enwik8.zip and pass --data-path"):
         load_corpus("enwik8", url="http://127.0.0.1:9/enwik8.zip", **OPTIONS)
 
@@ -72,14 +74,16 @@ def test_real_checks_reject_the_stand_in(tmp_path, cache_dir):
 
 def test_wrong_checksum(tmp_path, cache_dir):
     zip_path = make_zip(tmp_path / "enwik8.zip", content=CONTENT[:-1] + b"!")
-    with pytest.raises(DataError, match=rf"checksum mismatch for .*: md5 \w+, expected {DIGESTS['md5']} \(the published enwik8 value\)"):
+    with pytest.raises(DataError, match=rf"checksum mismatch for .*: md5 \w+, expected {DIGESTS['md5']} "
+                                        r"\(the published enwik8 value\)"):
         load_corpus("enwik8", data_path=zip_path, **OPTIONS)
     assert not (cache_dir / "enwik8" / "enwik8").exists()
 
 
 def test_published_checksums_are_the_real_ones():
     assert enwik8.SIZE == 100_000_000
-    assert enwik8.DIGESTS == {"md5": "a1fa5ffddb56f4953e226637dabbb36a", "sha1": "57b8363b814821dc9d47aa4d41f58733519076b2"}
+    assert enwik8.DIGESTS == {"md5": "a1fa5ffddb56f4953e226637dabbb36a",
+                              "sha1": "57b8363b814821dc9d47aa4d41f58733519076b2"}
 
 
 def test_malformed_inputs(tmp_path):

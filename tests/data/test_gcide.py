@@ -74,8 +74,10 @@ def test_apt_download_then_cache(tmp_path, cache_dir):
 
 
 def test_apt_failures_say_what_to_do():
-    failing = (sys.executable, "-c", "import sys; print('E: Unable to locate package dict-gcide', file=sys.stderr); sys.exit(100)")
-    with pytest.raises(DataError, match=r"failed \(E: Unable to locate package dict-gcide\)\. Check your network and run "
+    failing = (sys.executable, "-c",
+               "import sys; print('E: Unable to locate package dict-gcide', file=sys.stderr); sys.exit(100)")
+    with pytest.raises(DataError, match=r"failed \(E: Unable to locate package dict-gcide\)\. "
+                                        r"Check your network and run "
                                         r"`apt-get update` \(as root\) first\. Or download dict-gcide_\*\.deb by hand"):
         load_corpus("gcide", apt_command=failing)
     with pytest.raises(DataError, match=r"no-such-apt-get is not available on this machine.*pass --data-path FILE.deb"):
@@ -96,7 +98,8 @@ def test_dict_file_and_directory(tmp_path):
 
 def test_known_release_checksum_is_enforced(tmp_path):
     deb = make_deb(tmp_path / "dict-gcide_0.48.5+nmu2_all.deb")  # the real name, not the real bytes
-    with pytest.raises(DataError, match=r"checksum mismatch for .*dict-gcide_0.48.5\+nmu2_all.deb: sha256 \w+, expected 7b0af5cf"):
+    with pytest.raises(DataError, match=r"checksum mismatch for .*dict-gcide_0.48.5\+nmu2_all.deb: "
+                                        r"sha256 \w+, expected 7b0af5cf"):
         load_corpus("gcide", data_path=deb)
 
 

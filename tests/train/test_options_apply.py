@@ -126,7 +126,8 @@ def model_verdicts(task: str, arch_name: str, mode: dict, build, model_cls) -> d
 
 
 @pytest.mark.parametrize("arch, mode", [(a, m) for a, modes in LM_MODES.items() for m in modes],
-                         ids=lambda x: x if isinstance(x, str) else "-".join(f"{k}={v}" for k, v in x.items()) or "base")
+                         ids=lambda x: (x if isinstance(x, str)
+                                        else "-".join(f"{k}={v}" for k, v in x.items()) or "base"))
 def test_every_model_option_of_tvq_train_is_consumed_or_refused(arch, mode):
     model_cls = find_arch("lm", arch).config
     verdicts = model_verdicts("lm", arch, mode, lm_build, model_cls)
@@ -134,7 +135,8 @@ def test_every_model_option_of_tvq_train_is_consumed_or_refused(arch, mode):
 
 
 @pytest.mark.parametrize("arch, mode", [(a, m) for a, modes in CLASSIFY_MODES.items() for m in modes],
-                         ids=lambda x: x if isinstance(x, str) else "-".join(f"{k}={v}" for k, v in x.items()) or "base")
+                         ids=lambda x: (x if isinstance(x, str)
+                                        else "-".join(f"{k}={v}" for k, v in x.items()) or "base"))
 def test_every_model_option_of_tvq_classify_train_is_consumed_or_refused(arch, mode):
     verdicts = model_verdicts("classify", arch, mode, classify_build, LongVQConfig)
     assert [name for name, v in verdicts.items() if v == "IGNORED"] == []

@@ -74,7 +74,8 @@ def torchrun(args: list[str], nproc: int = 2, timeout: float = 300,
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            family = [*descendants(proc.pid), proc.pid]  # the workers first: torchrun starts them in sessions of their own
+            # the workers first: torchrun starts them in sessions of their own
+            family = [*descendants(proc.pid), proc.pid]
             signal_all(family, signal.SIGABRT)  # each prints its threads' stacks, then dies
             try:
                 stdout, stderr = proc.communicate(timeout=30)

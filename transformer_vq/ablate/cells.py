@@ -29,7 +29,8 @@ def cell_config(cfg: AblateConfig, matrix: Matrix, cell: str, seed: int, work_di
     train = {
         "run_dir": str(work_dir / "runs" / cell_id(cell, seed)), "seed": seed,
         "data": cfg.data, "data_path": cfg.data_path, "data_options": cfg.data_options, "steps": cfg.steps,
-        "seq_len": cfg.seq_len, "update_len": cfg.update_len, "batch_size": cfg.batch_size, "eval_every": cfg.resolved_eval_every,
+        "seq_len": cfg.seq_len, "update_len": cfg.update_len, "batch_size": cfg.batch_size,
+        "eval_every": cfg.resolved_eval_every,
         "eval_tokens": cfg.eval_tokens, "ckpt_every": cfg.ckpt_every, "keep_ckpts": 1, "threads": cfg.threads,
         "device": cfg.device, "sample_tokens": 0, "log_every": max(1, cfg.steps // 20),
     }

@@ -61,7 +61,8 @@ def _cell(row: dict | None) -> str:
     return f"{row['mean']:.1%} [{row['low']:.0%}-{row['high']:.0%}]"
 
 
-def plot_recall(models: dict[str, list[dict]], path: str | Path, title: str = "Recall accuracy against distance") -> Path:
+def plot_recall(models: dict[str, list[dict]], path: str | Path,
+                title: str = "Recall accuracy against distance") -> Path:
     """Write a PNG: accuracy (mean over seeds, the seeds' range shaded) against distance bucket, one line per model,
     chance as a dashed line. Returns ``path``."""
     import matplotlib

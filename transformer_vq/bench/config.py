@@ -287,9 +287,9 @@ class LongVQBenchConfig(BenchConfig):
     """Sizes of ``tvq bench longvq``: one LongVQ block against one full-attention block of the same widths."""
 
     model: LongVQConfig = option(factory=lambda: LONGVQ_BENCH_PRESETS["lra-text"],
-                                 help="The block's widths (default: lra-text, Mega's LRA Text widths with codebook 512, "
-                                      "one encoder block); the transformer block takes d_model, d_qk (head width) and "
-                                      "d_ffn from it.")
+                                 help="The block's widths (default: lra-text, Mega's LRA Text widths with codebook "
+                                      "512, one encoder block); the transformer block takes d_model, d_qk (head "
+                                      "width) and d_ffn from it.")
     lengths: tuple[int, ...] = option((4096, 8192, 16384), "Sequence lengths T.", **LENGTHS)
     layers: tuple[str, ...] = option(LONGVQ_LAYERS, "Blocks: longvq (softmax), longvq-relu2, transformer (full "
                                                     "softmax attention, fused kernel), transformer-dense (the same "

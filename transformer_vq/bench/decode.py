@@ -3,7 +3,8 @@
 For each model one prompt is read up to each context length C in turn (in pieces of ``prompt_chunk`` tokens with the
 state carried, which gives the same state as one call), keeping the state reached at each C; then new tokens are
 generated exactly as ``TransformerVQ.generate`` does (one ``model(token, state)`` call and one ``sample_next_token``
-per token), one token from each context per round; the median time of one such step is the per-token latency. The state's size (``state.nbytes()``) is reported with it: constant for VQ, ``O(C)`` for the
+per token), one token from each context per round; the median time of one such step is the per-token latency. The
+state's size (``state.nbytes()``) is reported with it: constant for VQ, ``O(C)`` for the
 key/value cache of ``full``. So is the peak memory of generating one token from each context
 (:mod:`transformer_vq.bench.memory`): the process's peak RSS over that context's tokens and the most one token's step
 raised it (constant per token for VQ), and the RSS after its first and after its last token (``token_rss_first_bytes``,

@@ -121,8 +121,8 @@ def table(result: dict) -> str:
         lines.append(f"{row['case']:<32} {row['step_s']:>10.4f} {row['tokens_per_s']:>12,.0f} {row['relative']:>12.3f}"
                      f" {peak:>10} {others:>18}")
     lines.append("step s: median over the rounds; peak MiB: two steps of the case alone in a fresh process (the "
-                 "resident set above the imports on the CPU, the peak allocation on a GPU); others: runnable threads of other "
-                 "processes while the case ran (the CPU may be shared)")
+                 "resident set above the imports on the CPU, the peak allocation on a GPU); others: runnable "
+                 "threads of other processes while the case ran (the CPU may be shared)")
     return "\n".join(lines)
 
 

@@ -1,7 +1,8 @@
 """Present a benchmark result: a table (markdown, printed on screen and saved), the JSON file and PNG plots.
 
-The result dicts come from ``run_op_bench``, ``run_train_bench``, ``run_decode_bench`` and ``run_longvq_bench``; every figure in the tables and
-plots is read from them, so a saved JSON file, loaded again, regenerates the table and the plot (``write_report``).
+The result dicts come from ``run_op_bench``, ``run_train_bench``, ``run_decode_bench`` and ``run_longvq_bench``;
+every figure in the tables and plots is read from them, so a saved JSON file, loaded again, regenerates the table
+and the plot (``write_report``).
 """
 
 from __future__ import annotations
@@ -138,7 +139,8 @@ def op_table(result: dict) -> str:
                      f"| {gflops_text(row['matmul_gflops'])} | {row.get('load_average_1min', '-')} |")
     paired = [p for p in result.get("paired", []) if "method" in p]
     if paired:
-        lines += ["", "Paired forward times (all methods on the same inputs in one process, interleaved round by round; "
+        lines += ["",
+                  "Paired forward times (all methods on the same inputs in one process, interleaved round by round; "
                   "speedup = median of the per-round ratios; % of matmul: of a square fp32 product of side up to 2048, "
                   "% of its own matmuls: of the VQ operator's forward matmuls alone at their shapes, both measured "
                   "every round, GFLOP/s after 'of'):", "",
@@ -147,14 +149,14 @@ def op_table(result: dict) -> str:
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for p in paired:
             sp = [ratio_text(p["speedup"][b]) if b in p["speedup"] else "-" for b in ("sdpa", "full", "sdpa-bidir")]
-            peak = (f"{100 * p['fraction_of_peak']:.0f}% of {gflops_text(p['matmul_gflops'])}" if "fraction_of_peak" in p
-                    else "-")
+            peak = (f"{100 * p['fraction_of_peak']:.0f}% of {gflops_text(p['matmul_gflops'])}"
+                    if "fraction_of_peak" in p else "-")
             comp = f"{p['compile_speedup']:.2f}x" if "compile_speedup" in p else "-"
             own = (f"{100 * p['fraction_of_vq_matmuls']:.0f}% of {gflops_text(p['vq_matmuls_gflops'])}"
                    if "fraction_of_vq_matmuls" in p else "-")
-            lines.append(f"| {p['method']} | {p['T']} | {_seconds(p['forward_s'])} | {peak} | {own} | {sp[0]} | {sp[1]} "
-                         f"| {sp[2]} | {comp} | {memory_text(p)} | {p.get('load_average_1min', '-')} "
-                         f"| {_others(p.get('others_load'))} |")
+            lines.append(f"| {p['method']} | {p['T']} | {_seconds(p['forward_s'])} | {peak} | {own} | {sp[0]} "
+                         f"| {sp[1]} | {sp[2]} | {comp} | {memory_text(p)} "
+                         f"| {p.get('load_average_1min', '-')} | {_others(p.get('others_load'))} |")
     return "\n".join(lines + [""] + machine_lines(result))
 
 
@@ -183,7 +185,8 @@ def train_table(result: dict) -> str:
     for fit in result.get("scaling", []):
         lines += ["", f"Scaling of {fit['model']} (peak memory against T by least squares; others' load: runnable "
                       "threads of other processes during the cell's steps, mean / max):", "",
-                  "| T | tokens/s | peak GiB | rise GiB | peak - fit GiB | others' load |", "|---:|---:|---:|---:|---:|---:|"]
+                  "| T | tokens/s | peak GiB | rise GiB | peak - fit GiB | others' load |",
+                  "|---:|---:|---:|---:|---:|---:|"]
         per_k, at_zero = fit["gib_per_1k_tokens"], fit["intercept_gib"]
         for r in result["rows"]:
             if r["model"] != fit["model"] or r.get("status") != "ok":
@@ -191,10 +194,12 @@ def train_table(result: dict) -> str:
             peak = peak_gib(r)
             rise = r.get("peak_rss_rise_bytes")
             lines.append(f"| {r['T']} | {r['tokens_per_s']:,.0f} | {peak:.2f} | "
-                         f"{'-' if rise is None else f'{rise / 2**30:.2f}'} | {peak - at_zero - per_k * r['T'] / 1024:+.2f} "
+                         f"{'-' if rise is None else f'{rise / 2**30:.2f}'} | "
+                         f"{peak - at_zero - per_k * r['T'] / 1024:+.2f} "
                          f"| {_others(r.get('others_load'))} |")
         lines += ["", f"{per_k:.4f} GiB per 1k tokens (1,024) + {at_zero:.2f} GiB, largest residual "
-                      f"{fit['max_residual_gib']:.2f} GiB; tokens/s fastest / slowest {fit['tokens_per_s_max_over_min']:.2f}"]
+                      f"{fit['max_residual_gib']:.2f} GiB; tokens/s fastest / slowest "
+                      f"{fit['tokens_per_s_max_over_min']:.2f}"]
     return "\n".join(lines + [""] + machine_lines(result))
 
 

@@ -77,7 +77,8 @@ def train_cell(model: str, length: int, config: dict, repeats: int, warmup: int)
     ids = _tokens(cfg, length)
     with OthersLoad() as load, PeakMemory(cfg.device) as peak:
         seconds, samples = median_seconds(lambda: step(ids), repeats=repeats, warmup=warmup, device=cfg.device)
-    return {"status": "ok", "step_s": seconds, "step_samples": samples, "tokens_per_s": cfg.batch_size * length / seconds,
+    return {"status": "ok", "step_s": seconds, "step_samples": samples,
+            "tokens_per_s": cfg.batch_size * length / seconds,
             "parameters": n_params, **peak.figures(), "others_load": load.summary()}
 
 

@@ -99,4 +99,5 @@ def run(args) -> int:
     print()
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return batch_status(failed_cells(result), len(result["rows"]), what="cells",
-                        retry="see docs/benchmarks.md for each failure; a cell skipped over --budget-s is not a failure")
+                        retry="see docs/benchmarks.md for each failure; a cell skipped over --budget-s is not a "
+                              "failure")

@@ -45,6 +45,6 @@ def run(args) -> int:
     if cfg.out is None:
         print(f"next: tvq train --data pg19 --data-path {cfg.data_path} --preset pg19")
     else:
-        print(f"use it from Python: load_corpus('pg19', data_path={cfg.data_path!r}, tokenizer={str(tokenizer.path)!r}); "
-              f"`tvq train` finds only the default location (omit --out)")
+        print(f"use it from Python: load_corpus('pg19', data_path={cfg.data_path!r}, "
+              f"tokenizer={str(tokenizer.path)!r}); `tvq train` finds only the default location (omit --out)")
     return 0

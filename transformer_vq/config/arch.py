@@ -69,9 +69,11 @@ ARCHS: tuple[Arch, ...] = (
                           "pack": "packs documents for Transformer-VQ's operators; a LongVQ model's SSM would carry "
                                   "one document into the next (leave it off)"}),
     Arch("classify", "longvq", "a LongVQ classifier", LongVQConfig,
-         "transformer_vq.models.longvq.model:LongVQClassifier", CLASSIFY_PRESETS, frozenset({"classify eval", "codebook"})),
+         "transformer_vq.models.longvq.model:LongVQClassifier", CLASSIFY_PRESETS,
+         frozenset({"classify eval", "codebook"})),
     Arch("classify", "transformer", "a full-attention Transformer classifier (baseline)", LongVQConfig,
-         "transformer_vq.models.baselines.classifiers:TransformerClassifier", CLASSIFY_PRESETS, frozenset({"classify eval"}),
+         "transformer_vq.models.baselines.classifiers:TransformerClassifier", CLASSIFY_PRESETS,
+         frozenset({"classify eval"}),
          refused_options={**dict.fromkeys(("n_code", "ema_rate", "commit_coef", "dead_code_restart"),
                                           "it has no codebook (softmax attention over unquantized keys)"),
                           "d_v": "its heads split d_model (it has no separate value width)",

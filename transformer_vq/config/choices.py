@@ -24,8 +24,8 @@ CLASSIFY_DATASETS = ("listops", "fashion-mnist", "digits", "cifar10", "pathfinde
 """The sequence-classification datasets (transformer_vq.data.classify; docs/datasets.md)."""
 OP_METHODS = ("vq-serial", "vq-matmul", "vq-assoc", "vq-triton", "vq-qk", "sdpa", "full", "flash", "flash_quad",
               "vq-bidir", "vq-qk-bidir", "sdpa-bidir")
-"""Methods of ``tvq bench op``: the VQ operator by reduction, its fused Triton kernels, with quantized queries, PyTorch's SDPA (no bias), the
-baselines, and the non-causal forms (transformer_vq.bench.op_methods)."""
+"""Methods of ``tvq bench op``: the VQ operator by reduction, its fused Triton kernels, with quantized queries,
+PyTorch's SDPA (no bias), the baselines, and the non-causal forms (transformer_vq.bench.op_methods)."""
 EXPORT_FORMATS = ("hf", "safetensors")
 """What ``tvq export`` writes: a Hugging Face ``transformers`` directory, or one model.safetensors + config.json."""
 IMAGE_CORPORA = ("imagenet64",)

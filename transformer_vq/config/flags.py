@@ -98,7 +98,8 @@ def add_flags(parser, cls, *, defaults: str | None = None, skip: tuple[str, ...]
         elif kind.base is dict:
             parser.add_argument(flag_of(field), action="append", metavar="KEY=VALUE", **common)
         elif kind.many:
-            parser.add_argument(flag_of(field), nargs="+", type=_converter(field, dataclasses.replace(kind, many=False)),
+            parser.add_argument(flag_of(field), nargs="+",
+                                type=_converter(field, dataclasses.replace(kind, many=False)),
                                 metavar=_metavar(field, kind), **common)
         else:
             parser.add_argument(flag_of(field), type=_converter(field, kind), metavar=_metavar(field, kind), **common)

@@ -64,7 +64,8 @@ def extract_member(zip_path: Path, out: Path, *, max_bytes: int | None) -> Path:
                         )
                     sink.write(chunk)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError) as exc:
-        raise DataError(f"cannot read {zip_path} as a zip archive ({exc}); it is corrupt or not {ZIP_NAME}: {GET_IT}") from exc
+        raise DataError(f"cannot read {zip_path} as a zip archive ({exc}); it is corrupt or not {ZIP_NAME}: "
+                        f"{GET_IT}") from exc
     return out
 
 
@@ -144,7 +145,8 @@ def load_enwik8(
         except DataError:
             out.unlink()  # never leave an unverified file where the next load would find it
             raise
-        manifest = fileio.write_manifest(out, source=str(zip_path), **{a: d for a, d in digests.items() if a != "sha256"})
+        manifest = fileio.write_manifest(out, source=str(zip_path),
+                                         **{a: d for a, d in digests.items() if a != "sha256"})
     digests = {a: manifest[a] for a in ("md5", "sha1", "sha256") if a in manifest}
     return _corpus(out, fractions, digests, manifest["source"])
 

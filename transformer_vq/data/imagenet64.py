@@ -87,7 +87,8 @@ def find_release_files(root: Path) -> tuple[list[Path], Path]:
         raise DataError(f"no train_data_batch_* files under {root}; {GET_IT}")
     missing = [k for k in range(1, max(batches) + 1) if k not in batches]
     if missing:
-        raise DataError(f"training batches {', '.join(f'train_data_batch_{k}' for k in missing)} are missing under {root}; {GET_IT}")
+        raise DataError(f"training batches {', '.join(f'train_data_batch_{k}' for k in missing)} are missing under "
+                        f"{root}; {GET_IT}")
     if val is None:
         raise DataError(f"no val_data(.npz) under {root}: the official validation set is the test split; {GET_IT}")
     return [batches[k] for k in sorted(batches)], val
@@ -119,13 +120,15 @@ class _npz_data:
         try:
             self.zip = zipfile.ZipFile(self.path)
             if "data.npy" not in self.zip.namelist():
-                raise DataError(f"{self.path} has no 'data' array (keys: {', '.join(n.removesuffix('.npy') for n in self.zip.namelist())}); {GET_IT}")
+                raise DataError(f"{self.path} has no 'data' array (keys: "
+                                f"{', '.join(n.removesuffix('.npy') for n in self.zip.namelist())}); {GET_IT}")
             self.handle = self.zip.open("data.npy")
             version = np.lib.format.read_magic(self.handle)
             reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             shape, fortran_order, dtype = reader(self.handle)
         except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
-            raise DataError(f"cannot read {self.path} as an .npz file ({exc}); it is corrupt: download it again") from exc
+            raise DataError(f"cannot read {self.path} as an .npz file ({exc}); "
+                            "it is corrupt: download it again") from exc
         if fortran_order:
             raise DataError(f"{self.path}: 'data' is stored in Fortran order, unlike the release; {GET_IT}")
         _check_shape(self.path, shape, dtype)
@@ -164,7 +167,8 @@ def iter_planar_chunks(path: Path, chunk: int = CHUNK_IMAGES) -> Iterator[np.nda
             n = min(chunk, remaining)
             raw = handle.read(n * IMAGE_TOKENS)
             if len(raw) != n * IMAGE_TOKENS:
-                raise DataError(f"{path} is truncated ({remaining - len(raw) // IMAGE_TOKENS} images missing); download it again")
+                raise DataError(f"{path} is truncated ({remaining - len(raw) // IMAGE_TOKENS} images missing); "
+                                "download it again")
             yield np.frombuffer(raw, dtype=np.uint8).reshape(n, IMAGE_TOKENS)
             remaining -= n
 
@@ -176,7 +180,8 @@ def convert(train_files: list[Path], val_file: Path, directory: Path, validation
     ``directory/images.json`` last, which marks the conversion complete.
     """
     counts = {"train": 0, "validation": 0, "test": 0}
-    with fileio.atomic_writer(directory / "train.bin") as train, fileio.atomic_writer(directory / "validation.bin") as val:
+    with (fileio.atomic_writer(directory / "train.bin") as train,
+          fileio.atomic_writer(directory / "validation.bin") as val):
         index = 0  # global index of the next training image
         for path in train_files:
             for rows in iter_planar_chunks(path):
@@ -244,7 +249,8 @@ def load_imagenet64(
     if data_path is None:
         raise DataError(f"--data imagenet64 needs the dataset: pass --data-path DIR; {GET_IT}")
     if validation_every < 2:
-        raise DataError(f"validation_every={validation_every} would hold out every training image; use at least 2 (default {VALIDATION_EVERY})")
+        raise DataError(f"validation_every={validation_every} would hold out every training image; use at least 2 "
+                        f"(default {VALIDATION_EVERY})")
     root = Path(data_path).expanduser()
     train_files, val_file = find_release_files(root)
     if expected_train_batches is not None and len(train_files) != expected_train_batches:
@@ -274,7 +280,8 @@ def load_imagenet64(
             "image_shape": [SIDE, SIDE, CHANNELS],
             "tokens_per_image": IMAGE_TOKENS,
             "token_order": "row, column, channel (RGB)",
-            "validation": f"every {validation_every}th training image (index % {validation_every} == {validation_every - 1})",
+            "validation": f"every {validation_every}th training image "
+                          f"(index % {validation_every} == {validation_every - 1})",
             "test": "official validation set (val_data)",
             "absolute_positions": True,
             "tokenization": "bytes",

@@ -41,13 +41,16 @@ def split_files(root: str | os.PathLike, split: str) -> list[Path]:
     """The ``.txt`` books of one split of the PG-19 tree at ``root``, sorted by file name."""
     root = Path(root).expanduser()
     if not root.is_dir():
-        raise DataError(f"PG-19 root {root} is not a directory; pass --data-path with the directory holding train/, validation/ and test/. {GET_IT}")
+        raise DataError(f"PG-19 root {root} is not a directory; pass --data-path with the directory holding train/, "
+                        f"validation/ and test/. {GET_IT}")
     directory = root / split
     if not directory.is_dir():
-        raise DataError(f"PG-19 root {root} has no {split}/ directory (expected train/, validation/ and test/ of .txt books). {GET_IT}")
+        raise DataError(f"PG-19 root {root} has no {split}/ directory (expected train/, validation/ and test/ of "
+                        f".txt books). {GET_IT}")
     files = sorted(p for p in directory.glob("*.txt") if p.is_file())
     if not files:
-        raise DataError(f"{directory} contains no .txt books; PG-19 splits are directories of one .txt file per book. {GET_IT}")
+        raise DataError(f"{directory} contains no .txt books; PG-19 splits are directories of one .txt file per "
+                        f"book. {GET_IT}")
     return files
 
 
@@ -169,9 +172,11 @@ def load_pg19(
             the 32,000-piece one, or the only one trained for this tree.
     """
     if data_path is None:
-        raise DataError(f"--data pg19 needs the dataset: pass --data-path PG19_ROOT (with train/, validation/, test/). {GET_IT}")
+        raise DataError(f"--data pg19 needs the dataset: pass --data-path PG19_ROOT (with train/, validation/, "
+                        f"test/). {GET_IT}")
     files = {split: split_files(data_path, split) for split in SPLITS}
-    tokenizer_path = Path(tokenizer).expanduser() if tokenizer is not None else find_tokenizer(data_path, vocab_size, cache_dir)
+    tokenizer_path = (Path(tokenizer).expanduser() if tokenizer is not None
+                      else find_tokenizer(data_path, vocab_size, cache_dir))
     sp = ExactTokenizer.load(tokenizer_path)
 
     splits, documents, split_bytes, split_words = {}, {}, {}, {}

@@ -206,7 +206,8 @@ def episode_parts(spec: RecallSpec, episode: Episode) -> np.ndarray:
     return parts
 
 
-def recall_split(spec: RecallSpec, seed: int, split: str, n_episodes: int, text: np.ndarray | None = None) -> np.ndarray:
+def recall_split(spec: RecallSpec, seed: int, split: str, n_episodes: int,
+                 text: np.ndarray | None = None) -> np.ndarray:
     """Episodes ``0 .. n_episodes - 1`` of ``split`` back to back: ``[n_episodes * seq_len]`` uint8. ``text``: the
     cleaned text of ``split`` (:func:`clean_text`), for the text filler only."""
     def filler(index):

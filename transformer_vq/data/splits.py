@@ -61,7 +61,8 @@ def split_bounds(
     return bounds
 
 
-def documents_per_split(doc_starts: Sequence[int] | np.ndarray, bounds: dict[str, tuple[int, int]]) -> dict[str, np.ndarray]:
+def documents_per_split(doc_starts: Sequence[int] | np.ndarray,
+                        bounds: dict[str, tuple[int, int]]) -> dict[str, np.ndarray]:
     """Split-relative document start offsets, given document starts in the whole stream.
 
     Each split's array begins with 0 (the split's first token starts a document, or continues

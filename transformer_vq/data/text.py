@@ -102,7 +102,8 @@ def load_text(
     files = list_text_files(path, glob)
     if not files:
         what = f"files matching {glob!r}" if glob else "non-hidden files"
-        raise DataError(f"directory {path} contains no {what}; put text files in it or pass a text file with --data-path")
+        raise DataError(f"directory {path} contains no {what}; put text files in it or pass a text file with "
+                        "--data-path")
     # Key the cached concatenation by what was concatenated, so any change gives a fresh copy.
     out = cache.dataset_dir("text", cache_dir) / f"{cache.fingerprint(files, root=str(path.resolve()))}.bin"
     manifest = fileio.verified_manifest(out)

@@ -82,7 +82,8 @@ class ExactTokenizer:
         try:
             return cls(path.read_bytes(), path)
         except OSError as exc:
-            raise DataError(f"cannot read tokenizer {path} ({exc.strerror or exc}); check the path or retrain it with `tvq tokenizer`") from exc
+            raise DataError(f"cannot read tokenizer {path} ({exc.strerror or exc}); check the path or retrain it "
+                            "with `tvq tokenizer`") from exc
         except RuntimeError as exc:  # sentencepiece's error for a file that is not a model
             raise DataError(f"{path} is not a SentencePiece model ({exc}); retrain it with `tvq tokenizer`") from exc
 
@@ -104,7 +105,8 @@ class ExactTokenizer:
         try:
             encoded = self.sp.encode(flat, num_threads=num_threads) if flat else []
         except (UnicodeEncodeError, TypeError) as exc:
-            raise DataError(f"text cannot be tokenized ({exc}): it must be valid Unicode without lone surrogates") from exc
+            raise DataError(f"text cannot be tokenized ({exc}): it must be valid Unicode without lone "
+                            "surrogates") from exc
         out, k = [], 0
         for parts in pieces:
             ids = []
@@ -160,7 +162,8 @@ def train_tokenizer(
         )
     except RuntimeError as exc:
         raise DataError(f"SentencePiece training failed ({exc}). Use a larger --vocab-size (it must cover the 256 "
-                        f"byte pieces plus every distinct character), and check the training text is not empty") from exc
+                        f"byte pieces plus every distinct character), and check the training text is not "
+                        "empty") from exc
     out = Path(out)
     fileio.atomic_write_bytes(out, model.getvalue())
     tokenizer = ExactTokenizer(model.getvalue(), out)

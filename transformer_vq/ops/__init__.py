@@ -3,7 +3,8 @@
 One package per operator, each with its kernel(s), its state and a ``naive`` reference that is slow and obviously
 right: :mod:`~transformer_vq.ops.vq` (the linear-time operator), :mod:`~transformer_vq.ops.full` (softmax, quadratic),
 :mod:`~transformer_vq.ops.flash` (FLASH-Quad and FLASH), :mod:`~transformer_vq.ops.vq_bidir` (non-causal VQ
-attention, which returns no state), :mod:`~transformer_vq.ops.vq_qk` (queries quantized too, causal and non-causal). Every kernel is called the same way
+attention, which returns no state), :mod:`~transformer_vq.ops.vq_qk` (queries quantized too, causal and non-causal).
+Every kernel is called the same way
 (:class:`~transformer_vq.ops.protocol.AttentionKernel`) and returns a state satisfying
 :class:`~transformer_vq.ops.protocol.AttentionState` (``None`` for the non-causal one); ``KERNELS`` maps each
 ``attn_type`` to its kernel. Beside the attention operators, :mod:`~transformer_vq.ops.ema` holds LongVQ's state

@@ -47,8 +47,8 @@ from transformer_vq.models.tvq.compile import compile_units
 from transformer_vq.train.checkpoint.resume import (checkpoint_to_resume, refuse_changed_fields,
                                                    refuse_fresh_over_checkpoints, refuse_steps_below)
 from transformer_vq.train.checkpoint.rundir import writing
-from transformer_vq.train.checkpoint.store import (CHECKPOINTS_DIR, Checkpoint, save_checkpoint, save_sharded_checkpoint,
-                                                  step_name)
+from transformer_vq.train.checkpoint.store import (CHECKPOINTS_DIR, Checkpoint, save_checkpoint,
+                                                  save_sharded_checkpoint, step_name)
 from transformer_vq.train.finite import nonfinite_names
 from transformer_vq.train.guard import nonfinite_weights_error, skip_reason, too_many_skipped_error
 from transformer_vq.train.metrics import MetricsLogger, finite_or_none

@@ -120,7 +120,8 @@ def test_timescale_initialization_spreads_the_memories_up_to_the_timescale():
     long = DampedEMA(64, 16, bidirectional=True, timescale=1024.0)
     tau = 1 / torch.sigmoid(long.alpha.detach().double())
     assert tau.min() >= 1.5 - 1e-9 and tau.max() <= 1024 + 1e-6
-    log_tau = (tau.log() - torch.log(torch.tensor(1.5))) / (torch.log(torch.tensor(1024.0)) - torch.log(torch.tensor(1.5)))
+    log_tau = ((tau.log() - torch.log(torch.tensor(1.5)))
+               / (torch.log(torch.tensor(1024.0)) - torch.log(torch.tensor(1.5))))
     quartiles = torch.quantile(log_tau.flatten(), torch.tensor([0.25, 0.5, 0.75], dtype=torch.double))
     torch.testing.assert_close(quartiles, torch.tensor([0.25, 0.5, 0.75], dtype=torch.double), rtol=0, atol=0.03)
     torch.manual_seed(0)

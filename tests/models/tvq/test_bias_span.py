@@ -67,7 +67,8 @@ def test_bias_gradients_are_the_formulas(bias_span, causal):
     L, T = 3, 11
     unit = unit_of(block_len=L, bias_span=bias_span, causal=causal)
     span = L if bias_span == "block" else 2 * L - 1
-    cotangent = torch.randn(T, (2 if causal else 3) * L, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    cotangent = torch.randn(T, (2 if causal else 3) * L, dtype=torch.float64,
+                            generator=torch.Generator().manual_seed(2))
     grads = []
     for compute in (lambda q: unit._window_bias(q, 5)[0, 0], lambda q: reference_bias(unit, q[0, 0], 5, span)):
         unit.zero_grad(set_to_none=True)

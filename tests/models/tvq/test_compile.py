@@ -1,4 +1,5 @@
-"""torch.compile (``tvq train --torch-compile``): the compiled operator and units equal eager, and recompiles stay bounded.
+"""torch.compile (``tvq train --torch-compile``): the compiled operator and units equal eager, and recompiles stay
+bounded.
 
 Compiling with inductor costs one to two minutes per graph on a shared 2-core CPU with a cold cache (seconds with a
 warm one), so the default suite traces without generating code: the operator through ``aot_eager`` (the forward and

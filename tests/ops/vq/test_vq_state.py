@@ -81,7 +81,8 @@ def test_no_grad_segments_equal_one_call(monkeypatch, reduction, documents, rows
     with torch.no_grad():
         got, state = vq_attention(q, k_hat, v, bias, **options)
     per_segment, blocks = max(1, rows // (B * H * L)), T // L  # the last T % L queries: attend_within_block
-    assert calls == [per_segment * L] * (blocks // per_segment) + [blocks % per_segment * L] * (blocks % per_segment > 0)
+    assert calls == ([per_segment * L] * (blocks // per_segment)
+                     + [blocks % per_segment * L] * (blocks % per_segment > 0))
     torch.testing.assert_close(got, want.detach(), rtol=1e-12, atol=1e-12)
     assert_same_state(state, want_state.detach(), 1e-12)
 

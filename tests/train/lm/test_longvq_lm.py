@@ -125,8 +125,9 @@ def test_a_transformer_vq_model_cannot_resume_a_longvq_checkpoint(longvq_run, co
     assert main(argv) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"error: checkpoint {run_dir / 'checkpoints' / 'step_00000006'} holds another kind of model than this run "
-        f"builds (its fields d_ffn, d_qk, dropout, ema_dim, ema_timescale, n_classes, norm, scoring are not this model's). Use the "
-        f"architecture of the checkpoint (its config.json), or start a new run with another --run-dir")
+        f"builds (its fields d_ffn, d_qk, dropout, ema_dim, ema_timescale, n_classes, norm, scoring are not this "
+        f"model's). Use the architecture of the checkpoint (its config.json), or start a new run with another "
+        f"--run-dir")
 
 
 def test_export_refuses_a_longvq_run(longvq_run, tmp_path, capsys):

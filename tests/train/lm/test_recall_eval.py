@@ -104,7 +104,8 @@ def test_recall_table():
     assert recall_table(result) == "\n".join([
         "recall accuracy by distance (blocks of L = 32; 3 episodes of test; chance 10.0%)", "",
         "| distance (blocks) | queries | accuracy |", "|---|---:|---:|",
-        "| 0-2 | 1 | 100.0% |", "| 2-4 | 2 | 100.0% |", "| 4-8 | 0 | - |", "| 8-16 | 1 | 0.0% |", "| all | 4 | 75.0% |"])
+        "| 0-2 | 1 | 100.0% |", "| 2-4 | 2 | 100.0% |", "| 4-8 | 0 | - |", "| 8-16 | 1 | 0.0% |",
+        "| all | 4 | 75.0% |"])
 
 
 def _tiny_recall_config(run_dir: Path, **model) -> RunConfig:

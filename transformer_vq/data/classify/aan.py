@@ -67,8 +67,9 @@ def load_aan(data_path: str | os.PathLike | None = None, *, cache_dir: str | os.
     """AAN pairs as one byte sequence each (2 classes: not linked, linked)."""
     files = find_release_files(data_path, RELEASE_FILES, what="aan", get_it=GET_IT)
     options = {"max_doc_len": max_doc_len, "format": 1}
-    splits = cached_splits("aan", files.values(), options, lambda scratch: {s: read_tsv(files[s], max_doc_len, scratch / s)
-                                                        for s in SPLITS}, cache_dir)
+    splits = cached_splits("aan", files.values(), options,
+                           lambda scratch: {s: read_tsv(files[s], max_doc_len, scratch / s) for s in SPLITS},
+                           cache_dir)
     return ClassificationData("aan", splits, vocab_size=SEPARATOR_ID + 1, n_classes=2, max_len=2 * max_doc_len + 1,
                               class_names=("not linked", "linked"),
                               metadata={"source": str(Path(data_path)), "tokenization": "bytes",

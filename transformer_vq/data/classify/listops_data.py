@@ -73,8 +73,8 @@ def load_listops(data_path: str | os.PathLike | None = None, *, cache_dir: str |
     """
     if data_path is not None:
         files = find_release_files(data_path, RELEASE_FILES, what="ListOps", get_it=GET_IT)
-        splits = cached_splits("listops", files.values(), {"format": 1}, lambda scratch: {s: read_tsv(files[s], scratch / s) for s in SPLITS},
-                               cache_dir)
+        splits = cached_splits("listops", files.values(), {"format": 1},
+                               lambda scratch: {s: read_tsv(files[s], scratch / s) for s in SPLITS}, cache_dir)
         max_len = max(int(e.lengths.max()) for e in splits.values())
         metadata = {"source": str(Path(data_path)), "generated": False}
     else:

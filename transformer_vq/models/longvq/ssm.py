@@ -108,8 +108,9 @@ class DampedEMA(nn.Module):
         """``(SSM(x) [B, T, D], state)``; a causal call continues ``state`` (``None``: the start of the sequences).
 
         A causal call of one token takes the recurrence (decoding); longer calls the FFT convolution. ``naive``
-        takes the recurrence at every length instead (tests and the dense reference of the model). The SSM runs in float32 at
-        least, outside autocast: the powers ``q^t`` of a long sequence and the carried state need the precision.
+        takes the recurrence at every length instead (tests and the dense reference of the model). The SSM runs in
+        float32 at least, outside autocast: the powers ``q^t`` of a long sequence and the carried state need the
+        precision.
         """
         if self.bidirectional and state is not None:
             raise ValueError("a bidirectional SSM reads whole sequences and carries no state: pass state=None")

@@ -90,7 +90,8 @@ class RowStates:
         self.groups = tuple((tuple(rows), state) for rows, state in groups)
         seen = [row for rows, _ in self.groups for row in rows]
         if len(seen) != len(set(seen)) or any(not 0 <= row < batch for row in seen):
-            raise ValueError(f"each of the {batch} rows belongs to at most one group, got {[g[0] for g in self.groups]}")
+            raise ValueError(f"each of the {batch} rows belongs to at most one group, "
+                             f"got {[g[0] for g in self.groups]}")
         self._where = {row: (i, j) for i, (rows, _) in enumerate(self.groups) for j, row in enumerate(rows)}
 
     @classmethod

@@ -236,7 +236,8 @@ def _linear_means(k_grid, v_grid, state: FlashState, used: int, docs: ChunkDocum
     state_count = state.kv_count if state.kv_count is not None else torch.full(
         (B,), float(state.n_chunks * C), dtype=k_grid.dtype, device=k_grid.device)
     lower = lower.to(k_grid.dtype)
-    inclusive = torch.einsum("bni,bgi...->bgn...", lower, kv) + carried[:, None, :, None, None] * state.kv_sum[:, :, None]
+    inclusive = (torch.einsum("bni,bgi...->bgn...", lower, kv)
+                 + carried[:, None, :, None, None] * state.kv_sum[:, :, None])
     inclusive_count = (lower @ count[..., None]).squeeze(-1) + carried * state_count[:, None]
     before = torch.cat([state.kv_sum[:, :, None], inclusive[:, :, :-1]], dim=2)
     before_count = torch.cat([state_count[:, None], inclusive_count[:, :-1]], dim=1)  # [B, N]

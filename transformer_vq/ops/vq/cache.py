@@ -83,8 +83,8 @@ def log_counts(count: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 # Each prefix function takes the initial summary ``(B, G, S)``, ``(B, G, S, Dv)``, the per-block summaries
-# ``(B, G, N, S)``, ``(B, G, N, S, Dv)`` and ``keep`` (``None``, or ``(B, N)`` bool, False where a document begins in the
-# block: the summary before it is dropped, a segmented scan), and returns the N + 1 prefixes ``(B, G, N + 1, S)``,
+# ``(B, G, N, S)``, ``(B, G, N, S, Dv)`` and ``keep`` (``None``, or ``(B, N)`` bool, False where a document begins in
+# the block: the summary before it is dropped, a segmented scan), and returns the N + 1 prefixes ``(B, G, N + 1, S)``,
 # ``(B, G, N + 1, S, Dv)``: index 0 is the initial summary, index n + 1 the merge through block n.
 
 

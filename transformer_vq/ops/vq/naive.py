@@ -66,7 +66,8 @@ def vq_attention_blockwise(q: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor
         for t in range(n * L, min((n + 1) * L, length)):
             own = segment == segment[:, :, t:t + 1]  # (B, 1, T): keys of the query's document
             count, mean = _plain_summary(codes[:, :, :first], values[:, :, :first], n_code, own[:, :, :first])
-            s_cache = (codewords @ q[:, :, t, :, None]).squeeze(-1) + count.log() + older_bias  # (B, H, S); log 0 = -inf
+            # (B, H, S); log 0 = -inf
+            s_cache = (codewords @ q[:, :, t, :, None]).squeeze(-1) + count.log() + older_bias
             s_window = (keys[:, :, first:t + 1] @ q[:, :, t, :, None]).squeeze(-1)  # (B, H, t + 1 - first)
             s_window = s_window + bias[:, :, t, first - window:t + 1 - window]
             s_window = s_window.masked_fill(~own[:, :, first:t + 1], float("-inf"))

@@ -228,7 +228,8 @@ _MANIFEST_PROBLEMS = {
     "no_manifest": "{path} is not a complete checkpoint (no manifest.json); it may have been interrupted while saving",
     "bad_manifest": "{path}/manifest.json is corrupted (not valid JSON)",
     "missing": "checkpoint {path} is missing {name}",
-    "checksum": "checkpoint {path} is corrupted: {name} does not match its checksum (truncated or modified after saving)",
+    "checksum": "checkpoint {path} is corrupted: {name} does not match its checksum (truncated or modified after "
+                "saving)",
 }
 
 

@@ -60,7 +60,8 @@ def recording_older_mass():
 
 
 def check_measurable(cfg) -> None:
-    """Raise ``ValueError`` unless ``cfg`` is a causal model whose units attend by softmax over a window and its past."""
+    """Raise ``ValueError`` unless ``cfg`` is a causal model whose units attend by softmax over a window and its
+    past."""
     attn_type = getattr(cfg, "attn_type", None)
     if attn_type not in ATTN_TYPES or not getattr(cfg, "causal", False):
         raise ValueError(f"the history's mass is measured for causal Transformer-VQ models of attn_type "

@@ -107,7 +107,8 @@ def bits_by_part(parts, bits) -> dict:
     return result
 
 
-def answer_predictions(model: torch.nn.Module, rows: torch.Tensor, window_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def answer_predictions(model: torch.nn.Module, rows: torch.Tensor,
+                       window_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, T]`` most likely byte at every position of ``rows`` ``[B, T]`` (position 0 gets -1), and ``[B, T]`` bits
     spent on the byte actually there (``-log2 p``; position 0 gets NaN), predicted from the bytes before it with the
     state carried from window to window, starting fresh."""
@@ -182,8 +183,8 @@ def _parts_table(result: dict) -> list[str]:
     """Where the episodes' bits per byte go, by kind of byte (when measured)."""
     if not result.get("parts"):
         return []
-    lines = ["", f"bits by kind of byte (the shares add up to {result['bpb']:.4f} bits per byte over every byte but each "
-             "episode's first)", "",
+    lines = ["", f"bits by kind of byte (the shares add up to {result['bpb']:.4f} bits per byte over every byte but "
+             "each episode's first)", "",
              "| part | bytes | bits/byte | share of bits per byte |", "|---|---:|---:|---:|"]
     for name, row in result["parts"].items():
         mean = "-" if row["bits_per_byte"] is None else f"{row['bits_per_byte']:.3f}"
