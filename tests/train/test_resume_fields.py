@@ -26,7 +26,7 @@ def two_steps(corpus_file, tmp_path_factory):
 
 
 @pytest.mark.parametrize("field, value, saved", [("optimizer", "adafactor", "'adamw'"),
-                                                 ("update_len", "32", "16")])
+                                                 ("update_len", "32", "16"), ("batch_size", "2", "4")])
 def test_fields_a_resumed_run_keeps_are_refused_before_anything_is_written(corpus_file, two_steps, field, value,
                                                                             saved):
     config = (two_steps / "config.json").read_text()
@@ -128,3 +128,15 @@ def test_a_resume_on_another_corpus_is_refused_and_a_moved_one_is_the_same(corpu
         train(tiny_config(corpus_file, run_dir, "steps=4", f"data_path={other}"), resume="auto")
     assert (run_dir / "config.json").read_text() == config
     assert train(tiny_config(corpus_file, run_dir, "steps=4", f"data_path={moved}"), resume="auto").exit_code == 0
+
+
+def test_a_mid_batch_checkpoint_resumed_in_another_precision_drops_its_carry(corpus_file, tmp_path, capsys):
+    """The state carried into the rest of a batch holds tensors of the precision it was computed in: resumed under
+    another ``--precision`` it is dropped with a warning, as under another split of the batch (it crashed the first
+    step, naming the operator's dtypes and not the resume)."""
+    run_dir = tmp_path / "run"
+    assert train(tiny_config(corpus_file, run_dir, "steps=1", "precision=bfloat16")).exit_code == 0  # window 1 of 2
+    capsys.readouterr()
+    assert train(tiny_config(corpus_file, run_dir, "steps=2", "precision=float32"), resume="auto").exit_code == 0
+    assert ("the checkpoint falls mid-batch and its carried states were computed in bfloat16; this run computes in "
+            "float32: the rest of this batch starts without context") in capsys.readouterr().out

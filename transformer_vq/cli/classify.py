@@ -97,12 +97,12 @@ def run(args) -> int:
 def _train(args) -> int:
     from transformer_vq.cli.errors import check_device
     from transformer_vq.cli.train import run_training
-    from transformer_vq.train.checkpoint import BEST_DIR, check_resume_steps
+    from transformer_vq.train.checkpoint import BEST_DIR, check_resume
     from transformer_vq.train.classify import classify_train
 
     cfg, data = build_config(args)
     check_device(cfg.train.device)
-    check_resume_steps(cfg.train.resolved_run_dir(), args.resume, cfg.train.steps)
+    check_resume(cfg.train.resolved_run_dir(), args.resume, cfg.train)
     result, status = run_training(lambda: classify_train(cfg, resume=args.resume, data=data), "tvq classify train")
     if status is not None:
         return status

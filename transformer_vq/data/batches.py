@@ -162,8 +162,9 @@ def packed_documents(corpus: Corpus, split: str) -> np.ndarray:
     if documents is None or len(documents) < 2:
         held = "none" if documents is None or len(documents) == 0 else "one document only"
         raise DataError(f"--pack needs a corpus whose documents are known, and {corpus.name!r} records {held} for "
-                        f"its {split} split; use --data shakespeare, pg19, or text with a directory (one document per "
-                        "file) or --data-option lines=true (one per line), or leave --pack off")
+                        f"its {split} split; use --data shakespeare or pg19, --data text with a directory of several "
+                        "files (one document each) or a file read with --data-option lines=true (one per line), or "
+                        "leave --pack off")
     return documents
 
 

@@ -70,7 +70,9 @@ def corpus_fingerprint(corpus: Corpus) -> dict:
     """What identifies a corpus's tokens, small enough to save in every checkpoint: its name, each split's length and
     a SHA-256 of evenly spaced pieces of each split. A resumed run compares it with its checkpoint's, so that it
     continues on the corpus it was trained on: a corpus moved to another path is the same, another file (or the same
-    one re-tokenized) is not. Sampled, so an edit between the pieces of a file of the same length can pass."""
+    one re-tokenized) is not. Sampled, so an edit between the pieces of a file of the same length can pass. Beside
+    it, a SHA-256 of every split's document starts (``None`` where the corpus records none): the same bytes cut into
+    other documents pack into other sequences (``--pack``)."""
     import hashlib
 
     digest, lengths = hashlib.sha256(), {}
@@ -80,4 +82,10 @@ def corpus_fingerprint(corpus: Corpus) -> dict:
         starts = np.linspace(0, max(len(tokens) - PIECE_TOKENS, 0), num=SAMPLED_PIECES, dtype=np.int64)
         for start in np.unique(starts):
             digest.update(np.ascontiguousarray(tokens[start:start + PIECE_TOKENS], dtype=np.int64).tobytes())
-    return {"name": corpus.name, "tokens": lengths, "sample_sha256": digest.hexdigest()}
+    documents = None
+    if corpus.documents:
+        documents = hashlib.sha256()
+        for name in sorted(corpus.documents):
+            documents.update(name.encode() + np.ascontiguousarray(corpus.documents[name], dtype=np.int64).tobytes())
+    return {"name": corpus.name, "tokens": lengths, "sample_sha256": digest.hexdigest(),
+            "documents_sha256": None if documents is None else documents.hexdigest()}

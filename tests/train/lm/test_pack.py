@@ -82,9 +82,9 @@ def test_a_text_lines_file_packs_one_document_per_line(corpus_file, tmp_path):
 def test_pack_refuses_a_corpus_without_documents_and_models_that_cannot(corpus_file, tmp_path):
     corpus = Corpus(name="enwik8", splits={"train": np.zeros(8, dtype=np.uint8)}, vocab_size=256)
     with pytest.raises(DataError, match="^--pack needs a corpus whose documents are known, and 'enwik8' records none "
-                                        "for its train split; use --data shakespeare, pg19, or text with a directory "
-                                        r"\(one document per file\) or --data-option lines=true \(one per line\), or "
-                                        "leave --pack off$"):
+                                        "for its train split; use --data shakespeare or pg19, --data text with a "
+                                        r"directory of several files \(one document each\) or a file read with "
+                                        r"--data-option lines=true \(one per line\), or leave --pack off$"):
         packed_documents(corpus, "train")
     # a single text file is one document: packing it would change nothing, and said nothing
     with pytest.raises(DataError, match="^--pack needs a corpus whose documents are known, and 'text' records one "
@@ -109,6 +109,40 @@ def test_a_resume_keeps_the_runs_packing(plays, tmp_path, first, then):
     config = (run_dir / "config.json").read_text()
     keep = "--pack" if first == "true" else "--no-pack"
     with pytest.raises(ConfigError, match=rf"^--pack: the run in .* was trained with pack {first.title()} and this "
-                                          rf"run asks for {then.title()}; it decides which tokens .* \(or give {keep}\)"):
+                                          rf"run asks for {then.title()}; it decides which tokens .* "
+                                          rf"\(or give {keep}\)"):
         train(tiny_config(plays, run_dir, "steps=2", f"pack={then}"), resume="auto")
     assert (run_dir / "config.json").read_text() == config
+
+
+def test_a_packed_run_resumed_on_its_tokens_cut_into_other_documents_is_refused(plays, tmp_path):
+    """The corpus fingerprint holds the document starts: the same bytes in other files pack into other sequences,
+    which a packed run refuses to continue (it resumed without a word); an unpacked run reads only the tokens."""
+    text = b"".join(path.read_bytes() for path in sorted(plays.iterdir()))
+    merged = tmp_path / "merged"
+    merged.mkdir()
+    half = len(text) // 2
+    (merged / "a.txt").write_bytes(text[:half])
+    (merged / "b.txt").write_bytes(text[half:])
+    for pack in ("true", "false"):
+        run_dir = tmp_path / f"run-{pack}"
+        assert train(tiny_config(plays, run_dir, "steps=1", f"pack={pack}")).exit_code == 0
+        resumed = tiny_config(merged, run_dir, "steps=2", f"pack={pack}")
+        if pack == "true":
+            with pytest.raises(ConfigError, match=r"^--data-path: the run in .* packs documents \(--pack\), and this "
+                                                  r"run reads its corpus cut into other documents"):
+                train(resumed, resume="auto")
+        else:
+            assert train(resumed, resume="auto").exit_code == 0
+
+
+def test_a_changed_data_option_of_a_packed_run_is_refused_as_data_not_as_packing(corpus_file, tmp_path):
+    """A kept field is refused from the checkpoint's config before the corpus is read: a packed run of a lines file
+    resumed with ``lines=false`` got the --pack corpus error, advising the very option the run had."""
+    def config(steps, lines):
+        cfg = tiny_config(corpus_file, tmp_path / "run", f"steps={steps}", "pack=true")
+        return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, data_options={"lines": lines}))
+
+    assert train(config(1, True)).exit_code == 0
+    with pytest.raises(ConfigError, match=r"^--data-option: the run in .* was trained with data_options "):
+        train(config(2, False), resume="auto")

@@ -7,7 +7,7 @@ directory's lock and its errors; ``errors.py`` the leaf they share. The package 
 """
 
 from transformer_vq.train.checkpoint.errors import CheckpointError
-from transformer_vq.train.checkpoint.resume import check_resume_steps
+from transformer_vq.train.checkpoint.resume import check_resume
 from transformer_vq.train.checkpoint.rundir import RunDirError
 from transformer_vq.train.checkpoint.store import (BEST_DIR, CHECKPOINTS_DIR, STEP_DIR, Checkpoint, check_architecture,
                                                    find_checkpoint, latest_checkpoint, list_checkpoints,
@@ -16,6 +16,6 @@ from transformer_vq.train.checkpoint.store import (BEST_DIR, CHECKPOINTS_DIR, ST
 
 __all__ = [
     "BEST_DIR", "CHECKPOINTS_DIR", "STEP_DIR", "Checkpoint", "CheckpointError", "RunDirError", "check_architecture",
-    "check_resume_steps", "find_checkpoint", "latest_checkpoint", "list_checkpoints", "read_checkpoint", "run_dir_of",
+    "check_resume", "find_checkpoint", "latest_checkpoint", "list_checkpoints", "read_checkpoint", "run_dir_of",
     "save_checkpoint", "save_sharded_checkpoint", "step_name",
 ]

@@ -53,12 +53,14 @@ def checkpoint_to_resume(ckpt_root: Path, resume: str, log) -> Checkpoint | None
     return ckpt
 
 
-def check_resume_steps(run_dir: Path, resume: str | None, steps: int) -> None:
-    """Refuse (:class:`ConfigError`) to resume a run that is already past ``steps``. A run at exactly ``steps``
-    is accepted: its end (final validation, sample) runs again, which finishes a run killed after its last save.
+def check_resume(run_dir: Path, resume: str | None, train) -> None:
+    """Refuse (:class:`ConfigError`) a resume that cannot go on, before any corpus, model or checkpoint is loaded:
+    a run already past ``train.steps`` (a run at exactly ``steps`` is accepted: its end, final validation and
+    sample, runs again, which finishes a run killed after its last save), or one asked to change a field it keeps
+    (:func:`refuse_changed_fields`, read from the checkpoint's config.json).
 
-    Read from the layout alone, before any checkpoint is loaded: ``resume`` is ``"auto"`` (run directory
-    ``run_dir``), a run directory or one checkpoint directory."""
+    Read from the layout: ``resume`` is ``"auto"`` (run directory ``run_dir``), a run directory or one checkpoint
+    directory."""
     if resume is None:
         return
     path = Path(run_dir) if resume == "auto" else Path(resume)
@@ -68,7 +70,14 @@ def check_resume_steps(run_dir: Path, resume: str | None, steps: int) -> None:
     # the newest complete checkpoint is the one `latest` names (a newer, damaged one would not be resumed from)
     pointer = found[-1].parent / "latest"
     named = STEP_DIR.match(pointer.read_text(errors="replace").strip()) if pointer.is_file() else None
-    refuse_steps_below(path, int((named or STEP_DIR.match(found[-1].name)).group(1)), steps)
+    chosen = found[-1].parent / named.group(0) if named else found[-1]
+    refuse_steps_below(path, int((named or STEP_DIR.match(found[-1].name)).group(1)), train.steps)
+    try:
+        saved = json.loads((chosen / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # unreadable: the resume itself reports the checkpoint (and falls back to an earlier one)
+    if isinstance(saved, dict) and isinstance(saved.get("train"), dict):
+        refuse_changed_fields(saved["train"], train, chosen)
 
 
 def refuse_steps_below(path: Path, step: int, steps: int) -> None:
@@ -79,6 +88,7 @@ def refuse_steps_below(path: Path, step: int, steps: int) -> None:
 
 
 KEPT_ON_RESUME = {
+    "batch_size": "the saved data position counts batches of this size: another would read other sequences from it",
     "optimizer": "the checkpoint holds that optimizer's state (its moments), which another optimizer cannot take",
     "update_len": "a step is one window of update_len tokens, and a checkpoint taken inside a batch continues at its "
                   "window with the state carried into it",
@@ -95,8 +105,8 @@ def refuse_changed_fields(saved_train: dict, train, path) -> None:
     sequence length; the resumed run would read another dataset, or the same one in another order, from the saved
     position) or one of :data:`KEPT_ON_RESUME`. Checked before anything of the checkpoint is loaded or written."""
     for field in dataclasses.fields(train):
-        reason = (f"{field.name} defines the run's data, which a resumed run keeps" if field.metadata.get("defines_data")
-                  else KEPT_ON_RESUME.get(field.name))
+        reason = (f"{field.name} defines the run's data, which a resumed run keeps"
+                  if field.metadata.get("defines_data") else KEPT_ON_RESUME.get(field.name))
         if reason is None or field.name not in saved_train:
             continue
         saved, now = saved_train[field.name], json.loads(json.dumps(getattr(train, field.name)))  # as saved

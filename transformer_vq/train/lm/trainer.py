@@ -26,6 +26,7 @@ from transformer_vq.config import ConfigError, RunConfig
 from transformer_vq.data.batches import check_decodable, check_vocab, corpus_batches, packed_documents
 from transformer_vq.data.corpus import corpus_fingerprint
 from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte, corpus_tokens_per_word
+from transformer_vq.train.checkpoint.resume import check_resume
 from transformer_vq.train.checkpoint.rundir import hold_run_dir
 from transformer_vq.train.device import training_device
 from transformer_vq.train.lm.build import build_model, check_corpus_options, load_corpus_for, save_run_tokenizer
@@ -65,6 +66,7 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
     layer's ``DataError`` with a message for the user.
     """
     check_corpus_options(cfg.train)
+    check_resume(cfg.train.resolved_run_dir(), resume, cfg.train)  # before the corpus and the model are read
     device = training_device(cfg.train)
     dist_info = setup_distributed(device.type, cfg.train.parallel, cfg.train.context_parallel)
     if device.type == "cuda":
@@ -98,7 +100,9 @@ class LMTrainer(Trainer):
         self.corpus_identity = {**corpus_fingerprint(self.corpus), "data_path": tc.data_path}
         for split in ("train", "validation"):
             check_vocab(self.corpus.split(split), cfg.model.vocab_size, split)
-        check_decodable(self.corpus, cfg.model.vocab_size)
+        # an encoder never samples: its larger vocabulary is unused ids, as a causal one's would be
+        if cfg.model.causal:
+            check_decodable(self.corpus, cfg.model.vocab_size)
         self.batches = corpus_batches(self.corpus, "train", batch_size=tc.batch_size, seq_len=tc.seq_len,
                                       seed=tc.seed, rank=dist_info.data_rank, world_size=dist_info.data_world,
                                       documents=packed_documents(self.corpus, "train") if tc.pack else None)
@@ -162,29 +166,40 @@ class LMTrainer(Trainer):
         carries = self.dist.all_gather_object(to_plain(self.carry) if self._mid_batch() else None)
         # mid-batch: where the current batch starts (the carried states are saved beside it)
         return {"data": self.batch_pos if self._mid_batch() else self.batches.state_dict(), "carry": carries,
-                "corpus": self.corpus_identity}
+                "corpus": self.corpus_identity, "precision": self.tc.precision}
 
     def load_checkpoint_state(self, state: dict, skip: frozenset) -> None:
         if "data" not in skip and "corpus" in state:  # absent from checkpoints of before it was saved
-            check_same_corpus(state["corpus"], self.corpus_identity, self.run_dir)
+            check_same_corpus(state["corpus"], self.corpus_identity, self.run_dir, packed=self.tc.pack)
         if "data" not in skip:
             self.batches.load_state_dict(state["data"])
         if not self._mid_batch():
             return
         self.batch_pos = self.batches.state_dict()
         self._load_batch()
-        carries, rows = state["carry"], self.batch.shape[0]
+        carries = state["carry"]
         if "data" in skip:
             self.carry = None
-        elif len(carries) == self.dist.world_size and plain_rows(carries[self.dist.rank]) in (rows, None):
-            self.carry = from_plain(carries[self.dist.rank], self.device)
-        else:
-            # each worker's state covers its own rows of the batch, which change with the worker count and with
-            # context parallelism (a rank then carries the rows of its whole group)
-            self.log(f"warning: the checkpoint falls mid-batch and its carried states were saved by {len(carries)} "
-                     f"workers of {plain_rows(carries[0])} rows each; this run has {self.dist.world_size} of {rows}: "
-                     f"the rest of this batch starts without context")
-            self.carry = None
+            return
+        # the precision is absent from checkpoints of before it was saved: those resume as they were written
+        mismatch = self._carry_mismatch(carries, state.get("precision", self.tc.precision))
+        if mismatch:
+            self.log(f"warning: the checkpoint falls mid-batch and {mismatch}: the rest of this batch starts without "
+                     f"context")
+        self.carry = None if mismatch else from_plain(carries[self.dist.rank], self.device)
+
+    def _carry_mismatch(self, carries: list, precision: str) -> str | None:
+        """Why the carried states saved mid-batch cannot continue in this run (None: they can). Each worker's state
+        covers its own rows of the batch, which change with the worker count and with context parallelism (a rank
+        then carries the rows of its whole group), and holds tensors of the precision it was computed in."""
+        rows = self.batch.shape[0]
+        if len(carries) != self.dist.world_size or plain_rows(carries[self.dist.rank]) not in (rows, None):
+            saved = len(carries)
+            return (f"its carried states were saved by {saved} worker{'s' if saved != 1 else ''} of "
+                    f"{plain_rows(carries[0])} rows each; this run has {self.dist.world_size} of {rows}")
+        if precision != self.tc.precision:
+            return f"its carried states were computed in {precision}; this run computes in {self.tc.precision}"
+        return None
 
     # ---- start, validation and the end -----------------------------------------------------------
 
@@ -221,12 +236,19 @@ class LMTrainer(Trainer):
                               f"{prompt}{self.sample}")
 
 
-def check_same_corpus(saved: dict, here: dict, run_dir) -> None:
+def check_same_corpus(saved: dict, here: dict, run_dir, packed: bool = False) -> None:
     """Refuse to resume on another corpus than the checkpoint's (``saved`` and ``here``: a
     :func:`corpus_fingerprint` and its ``data_path``): the data position, the validation split and every later figure
-    would belong to another text."""
+    would belong to another text. A run that packs documents (``packed``) keeps their boundaries too (checked where
+    the checkpoint recorded them)."""
     identity = ("name", "tokens", "sample_sha256")
-    if all(saved.get(key) == here[key] for key in identity):
+    same = all(saved.get(key) == here[key] for key in identity)
+    if same and packed and "documents_sha256" in saved and saved["documents_sha256"] != here["documents_sha256"]:
+        raise ConfigError(f"--data-path: the run in {run_dir} packs documents (--pack), and this run reads its "
+                          f"corpus cut into other documents (the same tokens, other files or lines): its sequences "
+                          f"would be packed otherwise from the saved position; resume with the corpus as it was, "
+                          f"or start a new run (--run-dir)")
+    if same:
         return
 
     def described(identity: dict) -> str:
