@@ -24,7 +24,7 @@ from transformer_vq.hf.cache import TransformerVQCache
 from transformer_vq.hf.configuration import MODEL_FIELDS, TransformerVQHFConfig
 from transformer_vq.models.tvq.gau import GatedAttentionUnit
 from transformer_vq.models.tvq.model import TransformerVQ
-from transformer_vq.models.tvq.ragged import RowStates, plan_segments, run_segments
+from transformer_vq.models.tvq.ragged import IGNORE_INDEX, RowStates, plan_segments, run_segments
 
 # The remote code every saved directory carries (transformer_vq/hf/remote_code.py under the name transformers
 # expects) and the auto classes config.json's auto_map sends to its classes: trust_remote_code=True loads the
@@ -158,6 +158,17 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
             raise ValueError(NEW_TOKENS_ALONE)
         return super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
 
+    def generate(self, *args, **kwargs):
+        """``GenerationMixin.generate``, refusing assisted decoding first with its reason (transformers' own check
+        says the model has no cache, which it has)."""
+        config = kwargs.get("generation_config")
+        asked = [name for name in ASSISTED if kwargs.get(name) is not None or getattr(config, name, None) is not None]
+        if asked:
+            raise ValueError(f"assisted decoding ({', '.join(asked)}) is not supported: it rolls the cache back over "
+                             f"the tokens it rejects, and a Transformer-VQ cache summarizes the keys older than its "
+                             f"window per code, from which no token can be taken out")
+        return super().generate(*args, **kwargs)
+
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # generate must not make a key/value cache: forward makes its own TransformerVQCache
@@ -219,9 +230,13 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
             use_cache: return the cache (default ``config.use_cache``).
             logits_to_keep: an int ``k > 0`` returns the logits of the last ``k`` columns only (``generate`` asks
                 for 1); a 1-D tensor the logits of those columns; 0 every column.
+            return_dict: ``False`` (or ``config.return_dict`` false): the tuple of the output's fields that are set,
+                as transformers' own models return it.
             kwargs: ``cache_position``, the columns of these tokens (transformers before 5.24 pass it; not a
                 named parameter, because 5.24 warns about remote-code models whose forward names it): must start at
-                the cache's length. The false/None flags transformers passes are accepted; anything else is refused.
+                the cache's length. The false/None flags transformers passes are accepted (set, each is refused with
+                its reason), and what ``generate`` hands on for its own use (its tokenizer, for ``stop_strings``) is
+                passed by; anything else is refused.
 
         Raises ``ValueError`` when the inputs say this call continues a sequence (an attention mask longer than
         ``input_ids``, ``cache_position`` or ``position_ids`` past 0) and no cache of that length arrived: the model
@@ -231,26 +246,19 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
         cache = resolve_cache(cache, past_key_values, kwargs)
         cache_position = kwargs.pop("cache_position", None)
         refuse_unsupported(input_ids, kwargs)
-        B, T = input_ids.shape
-        columns = 0 if cache is None else cache.get_seq_length()
-        check_continuation(columns, T, attention_mask, cache_position)
-        if cache is not None and cache.is_initialized and cache.batch_size != B:
-            raise ValueError(f"the cache holds {cache.batch_size} rows, input_ids {B}")
-        rows = cache.rows if cache is not None and cache.rows is not None else RowStates(B)
-        if position_ids is not None:
-            position_ids = position_ids.expand(B, T) if position_ids.shape == (1, T) else position_ids
-            if position_ids.shape != (B, T):
-                raise ValueError(f"position_ids must be [batch, length] = [{B}, {T}], got {list(position_ids.shape)}")
-        mask = None if attention_mask is None else attention_mask[:, -T:]
-        segments = plan_segments(rows.offsets(), T, mask=mask, positions=position_ids)
+        check_labels(labels, input_ids, self.model.cfg.vocab_size)
+        rows, columns, segments = plan_call(cache, input_ids, attention_mask, position_ids, cache_position)
         out = run_segments(self.model, input_ids, segments, rows, labels=labels)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         new_cache = None
         if use_cache:
             new_cache = cache if cache is not None else TransformerVQCache(len(self.model.units))
-            new_cache.set_rows(out.states, columns + T)
-        return CausalLMOutputWithPast(loss=out.loss, logits=kept_logits(out.logits, logits_to_keep),
-                                      **{CACHE_FIELD: new_cache})
+            new_cache.set_rows(out.states, columns + input_ids.shape[1])
+        output = CausalLMOutputWithPast(loss=out.loss, logits=kept_logits(out.logits, logits_to_keep),
+                                        **{CACHE_FIELD: new_cache})
+        # return_dict False (the argument, else the config's): the tuple of the fields that are set, as transformers'
+        # own models return it
+        return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
 
 
 def resolve_cache(cache, past_key_values, kwargs: dict) -> TransformerVQCache | None:
@@ -275,9 +283,21 @@ def resolve_cache(cache, past_key_values, kwargs: dict) -> TransformerVQCache | 
 NEW_TOKENS_ALONE = ("input_ids holds no token that the cache has not consumed: to continue with generate, pass the "
                     "whole sequence (past and new tokens, e.g. out.sequences) with the cache, not the new tokens alone")
 
-# Keywords transformers may pass that change nothing here when false or None; anything else unknown is refused.
-HARMLESS_WHEN_OFF = ("output_attentions", "output_hidden_states", "inputs_embeds", "token_type_ids",
-                     "head_mask", "is_first_iteration")
+# generate's options of assisted (speculative) decoding, which needs a cache that drops tokens.
+ASSISTED = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")
+
+# Keywords transformers may pass that change nothing here when false or None, each refused (with why) when set.
+REFUSED_WHEN_SET = {
+    "output_attentions": "the linear-time attention never forms the weights",
+    "output_hidden_states": "use model.model.features(input_ids) for the residual stream",
+    "inputs_embeds": "the model reads token ids",
+    "token_type_ids": "the model has no token types",
+    "head_mask": "the model has no per-head masks (its attention is single-head per group, and the linear-time path "
+                 "never forms the weights a mask would scale)",
+}
+# Keywords generate passes through to forward whatever their value, for its own use (the stopping criteria's
+# tokenizer, stop_strings; the step counter): they say nothing about what forward computes.
+PASSED_THROUGH = ("is_first_iteration", "tokenizer", "assistant_tokenizer")
 
 
 def refuse_unsupported(input_ids, kwargs: dict) -> None:
@@ -285,17 +305,33 @@ def refuse_unsupported(input_ids, kwargs: dict) -> None:
     linear-time path, and the model reads token ids only."""
     if input_ids is None:
         raise ValueError("input_ids are required: the model reads token ids (inputs_embeds are not supported)")
-    asked = {name: value for name, value in kwargs.items() if value is not None and value is not False}
-    if asked.get("output_attentions"):
-        raise ValueError("output_attentions is not supported: the linear-time attention never forms the weights")
-    if asked.get("output_hidden_states"):
-        raise ValueError("output_hidden_states is not supported: use model.model.features(input_ids) for the "
-                         "residual stream")
-    if "inputs_embeds" in asked:
-        raise ValueError("inputs_embeds is not supported: the model reads token ids")
-    unknown = sorted(set(asked) - set(HARMLESS_WHEN_OFF))
-    if unknown:
-        raise TypeError(f"TransformerVQForCausalLM.forward does not take {unknown}")
+    asked = {name: value for name, value in kwargs.items()
+             if name not in PASSED_THROUGH and value is not None and value is not False}
+    for name, why in REFUSED_WHEN_SET.items():
+        if name in asked:
+            raise ValueError(f"{name} is not supported: {why}")
+    if asked:
+        raise TypeError(f"TransformerVQForCausalLM.forward does not take {sorted(asked)}")
+
+
+def plan_call(cache: TransformerVQCache | None, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+              position_ids: torch.Tensor | None, cache_position: torch.Tensor | None):
+    """``(row states, columns the cache consumed, segments)`` of a forward call: its columns, rows and positions
+    checked against the cache, then cut into the segments each row's real tokens run as
+    (:func:`~transformer_vq.models.tvq.ragged.plan_segments`)."""
+    B, T = input_ids.shape
+    columns = 0 if cache is None else cache.get_seq_length()
+    check_continuation(columns, T, attention_mask, cache_position)
+    if cache is not None and cache.is_initialized and cache.batch_size != B:
+        raise ValueError(f"the cache holds {cache.batch_size} rows, input_ids {B}")
+    rows = cache.rows if cache is not None and cache.rows is not None else RowStates(B)
+    if position_ids is not None:
+        position_ids = position_ids.expand(B, T) if position_ids.shape == (1, T) else position_ids
+        if position_ids.shape != (B, T):
+            raise ValueError(f"position_ids must be [batch, length] = [{B}, {T}], got {list(position_ids.shape)}")
+    check_restarts(attention_mask, position_ids, T, rows.offsets())
+    mask = None if attention_mask is None else attention_mask[:, -T:]
+    return rows, columns, plan_segments(rows.offsets(), T, mask=mask, positions=position_ids)
 
 
 def check_continuation(columns: int, length: int, attention_mask: torch.Tensor | None,
@@ -321,6 +357,40 @@ def check_continuation(columns: int, length: int, attention_mask: torch.Tensor |
                          f"state of them arrived: pass the TransformerVQCache the previous call returned (as "
                          f"`cache` or `past_key_values`)")
     raise ValueError(f"{source} says {past} columns came before this call, but the cache has consumed {columns}")
+
+
+def check_restarts(attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None, length: int,
+                   offsets: list[int]) -> None:
+    """Refuse a row that says both "continue" and "start anew": its state holds earlier tokens and its attention mask
+    marks earlier columns real, yet its first token of this call is at position 0 (a new sequence, which would be
+    read from an empty state while the cache and the mask said it continues)."""
+    if position_ids is None or attention_mask is None or attention_mask.shape[1] <= length or not any(offsets):
+        return
+    now = attention_mask[:, -length:].bool()
+    first = now.to(torch.int8).argmax(dim=1, keepdim=True)  # each row's first real column of this call
+    restarts = now.any(dim=1) & (position_ids.gather(1, first).squeeze(1) == 0)
+    continues = attention_mask[:, :-length].bool().any(dim=1) & torch.tensor([o > 0 for o in offsets],
+                                                                             device=attention_mask.device)
+    bad = (restarts & continues).nonzero()
+    if len(bad):
+        row = int(bad[0])
+        raise ValueError(f"row {row}: position_ids restart at 0, but its attention_mask marks earlier columns real and "
+                         f"the cache holds {offsets[row]} tokens of it; to start a new sequence, call without the "
+                         f"cache (or mask the earlier columns out), to continue it, count its positions on from "
+                         f"{offsets[row]}")
+
+
+def check_labels(labels: torch.Tensor | None, input_ids: torch.Tensor, vocab_size: int) -> None:
+    """Refuse ``labels`` that are not ``[B, T]`` int64 token ids or -100, named as the caller named them."""
+    if labels is None:
+        return
+    if not isinstance(labels, torch.Tensor) or labels.shape != input_ids.shape or labels.dtype != torch.long:
+        got = f"{list(labels.shape)} {labels.dtype}" if isinstance(labels, torch.Tensor) else type(labels).__name__
+        raise ValueError(f"labels must be an int64 tensor of the shape of input_ids {list(input_ids.shape)}, got {got}")
+    bad = labels[(labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab_size))]
+    if bad.numel():
+        raise ValueError(f"labels holds token id {int(bad[0])}, outside the vocabulary [0, {vocab_size}) "
+                         f"(and not {IGNORE_INDEX}, the label of a position without a target)")
 
 
 def kept_logits(logits: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:

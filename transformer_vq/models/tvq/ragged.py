@@ -225,8 +225,9 @@ def position_error(row: int, column: int, position: int, expected: int, *, conti
                 f"cache (state) the previous call returned, or position 0 to start a new sequence")
     if continues:
         return (f"{where}, but the state carried for this row has consumed {expected} tokens; pass the state of the "
-                f"same sequence, or position 0 to start a new one (transformers' generate counts right padding into "
-                f"the positions it passes: pad prompts on the left for generate)")
+                f"same sequence, or position 0 to start a new one (transformers' generate counts every column the "
+                f"attention mask marks real into the positions it passes: pad prompts on the left, and when "
+                f"continuing a padded batch pass its attention mask again, the prompts' followed by ones)")
     return (f"{where} follows a token at position {expected - 1}; positions must count up by one within a sequence "
             f"and restart at 0 where a new one begins")
 
