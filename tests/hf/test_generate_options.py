@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from hfutil import tiny_model  # noqa: E402
 from transformer_vq.hf import TransformerVQForCausalLM  # noqa: E402
+from transformer_vq.hf.modeling import CACHE_FIELD  # noqa: E402
 
 
 def hf_model():
@@ -64,8 +65,8 @@ def test_a_cache_with_positions_restarting_at_zero_is_refused():
     mask = torch.ones(2, 19, dtype=torch.long)
     with pytest.raises(ValueError, match=r"^row 0: position_ids restart at 0, but its attention_mask marks earlier "
                                          r"columns real and the cache holds 11 tokens of it"):
-        model(x[:, 11:], cache=first.cache, attention_mask=mask, position_ids=torch.arange(8).expand(2, 8))
-    again = model(x[:, 11:], cache=first.cache, attention_mask=mask, position_ids=torch.arange(11, 19).expand(2, 8))
+        model(x[:, 11:], past_key_values=first.past_key_values, attention_mask=mask, position_ids=torch.arange(8).expand(2, 8))
+    again = model(x[:, 11:], past_key_values=first.past_key_values, attention_mask=mask, position_ids=torch.arange(11, 19).expand(2, 8))
     torch.testing.assert_close(again.logits, model(x).logits[:, 11:], rtol=0, atol=1e-12)
 
 
@@ -76,8 +77,8 @@ def test_a_padded_batch_continues_with_its_mask():
     out = model.generate(x, attention_mask=mask, max_new_tokens=5, do_sample=False, return_dict_in_generate=True,
                          pad_token_id=0)
     whole = torch.cat([mask, torch.ones_like(out.sequences[:, 11:])], dim=1)
-    more = model.generate(out.sequences, attention_mask=whole, cache=out.cache, max_new_tokens=4, do_sample=False,
-                          pad_token_id=0)
+    more = model.generate(out.sequences, attention_mask=whole, **{CACHE_FIELD: out.past_key_values}, max_new_tokens=4,
+                          do_sample=False, pad_token_id=0)
     at_once = model.generate(x, attention_mask=mask, max_new_tokens=9, do_sample=False, pad_token_id=0)
     assert torch.equal(more, at_once)
 
