@@ -73,7 +73,7 @@ def build_config(args):
     from transformer_vq.config import ClassifyTrainConfig, LongVQConfig, classify_config
     from transformer_vq.config.fields import build
     from transformer_vq.config.flags import given
-    from transformer_vq.train.checkpoint.resume import resumed_base
+    from transformer_vq.train.checkpoint.resume import check_resume, resumed_base
     from transformer_vq.train.classify.build import load_classify_data
 
     model, train = given(args, LongVQConfig), given(args, ClassifyTrainConfig)
@@ -84,6 +84,9 @@ def build_config(args):
     if "data_options" in train:  # on top of the resumed run's
         train["data_options"] = {**(base.train.data_options if base else {}), **train["data_options"]}
     train_cfg = build(ClassifyTrainConfig, {**(base.train.to_dict() if base else {}), **train}, "train")
+    # a resume that cannot go on (another --data, fewer --steps) is refused before the dataset is made (ListOps'
+    # generator takes minutes)
+    check_resume(train_cfg.resolved_run_dir(), args.resume, train_cfg)
     data = load_classify_data(train_cfg)
     cfg = classify_config(n_classes=data.n_classes, vocab_size=data.vocab_size, preset=args.preset, model=model,
                           train=train, base=base)
@@ -97,12 +100,11 @@ def run(args) -> int:
 def _train(args) -> int:
     from transformer_vq.cli.errors import check_device
     from transformer_vq.cli.train import run_training
-    from transformer_vq.train.checkpoint import BEST_DIR, check_resume
+    from transformer_vq.train.checkpoint import BEST_DIR
     from transformer_vq.train.classify import classify_train
 
     cfg, data = build_config(args)
     check_device(cfg.train.device)
-    check_resume(cfg.train.resolved_run_dir(), args.resume, cfg.train)
     result, status = run_training(lambda: classify_train(cfg, resume=args.resume, data=data), "tvq classify train")
     if status is not None:
         return status

@@ -127,6 +127,21 @@ def test_resume_with_another_arch(capsys, trained, tmp_path):
                               f"with another --run-dir\n")
 
 
+def test_resume_with_another_dataset_is_refused_before_it_is_made(capsys, trained, monkeypatch):
+    """The kept fields are checked from the checkpoint's config before the dataset is loaded (ListOps' generator
+    ran for minutes before the refusal)."""
+    import transformer_vq.train.classify.build as build
+
+    def never(*args, **kwargs):
+        raise AssertionError("the dataset was loaded before the refusal")
+
+    monkeypatch.setattr(build, "load_classify_data", never)
+    code, _, err = run_cli(capsys, ["classify", "train", "--resume", "auto", "--run-dir", str(trained), "--data",
+                                    "listops", "--steps", "6"])
+    assert code == 2 and err.startswith(f"error: --data: the run in {trained}/checkpoints/step_00000004 was trained "
+                                        f"with data 'digits' and this run asks for 'listops'")
+
+
 def test_fresh_run_over_checkpoints_and_eval_of_nothing(capsys, trained, tmp_path):
     code, _, err = run_cli(capsys, tiny(trained))
     assert (code, err) == (2, f"error: run directory {trained} already holds checkpoints; continue that run with "
@@ -142,3 +157,11 @@ def test_eval_threads_are_applied(capsys, trained, monkeypatch):
     monkeypatch.setattr(torch, "set_num_threads", asked.append)
     code, _, _ = run_cli(capsys, ["classify", "eval", "--ckpt", str(trained), "--threads", "1", "--device", "cpu"])
     assert code == 0 and asked == [1]
+
+
+def test_a_plot_named_other_than_png_is_refused(capsys, trained, tmp_path):
+    """The figure is PNG: a .jpg name held PNG bytes, silently; refused before the evaluation runs."""
+    code, _, err = run_cli(capsys, ["classify", "eval", "--ckpt", str(trained), "--plot", str(tmp_path / "cm.jpg")])
+    assert (code, err) == (2, f"error: --plot: figures are written as PNG, and '{tmp_path / 'cm.jpg'}' names a .jpg "
+                              f"file: name it .png (or a directory)\n")
+    assert not (tmp_path / "cm.jpg").exists()

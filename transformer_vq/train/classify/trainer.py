@@ -23,6 +23,7 @@ import torch
 from transformer_vq.config import ClassifyConfig, ConfigError
 from transformer_vq.data.classify import ClassBatches
 from transformer_vq.train.checkpoint.errors import CheckpointError
+from transformer_vq.train.checkpoint.resume import check_resume
 from transformer_vq.train.checkpoint.rundir import hold_run_dir, writing
 from transformer_vq.train.checkpoint.store import BEST_DIR, Checkpoint, save_checkpoint
 from transformer_vq.train.classify.build import (build_classifier, check_data_fits, check_data_named,
@@ -58,6 +59,7 @@ def classify_train(cfg: ClassifyConfig, *, resume: str | None = None, data=None,
     """
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("tvq classify trains in one process; run it without torchrun")
+    check_resume(cfg.train.resolved_run_dir(), resume, cfg.train)  # before the dataset (when not given) is made
     if data is not None:  # before the run directory is touched
         check_data_named(cfg.train, data)
     device = training_device(cfg.train)
