@@ -104,4 +104,7 @@ def test_save_png_writes_exactly_the_path_it_returns(tmp_path):
         fileio.save_png(fig, tmp_path, dpi=20)
     assert ((caught.value.filename, caught.value.strerror)
             == (str(tmp_path), "a directory where a PNG file was expected"))
+    with pytest.raises(ValueError, match=r"names a \.jpg file: name it \.png"):  # PNG bytes under a .jpg name
+        fileio.save_png(fig, tmp_path / "cm.jpg", dpi=20)
+    assert not (tmp_path / "cm.jpg").exists()
     plt.close(fig)

@@ -94,6 +94,11 @@ def save_png(fig, path: str | os.PathLike, *, dpi: int, default_name: str | None
     """Write the matplotlib figure ``fig`` as a PNG at ``path`` (atomically) and return the path written, which is
     the one to print: exactly ``path`` (matplotlib alone would append ``.png`` to a name without a suffix, so the
     file would not be where a message said), or ``default_name`` inside ``path`` when ``path`` is a directory."""
+    from transformer_vq.config.fields import png_path_problem
+
+    problem = png_path_problem(path)
+    if problem:
+        raise ValueError(problem)
     path = Path(path)
     if path.is_dir():
         if default_name is None:

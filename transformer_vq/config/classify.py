@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer_vq.config.choices import CLASSIFY_DATASETS, DEVICES, OPTIMIZERS, PRECISIONS, SPLITS
-from transformer_vq.config.fields import ConfigError, build, check, option
+from transformer_vq.config.fields import ConfigError, build, check, option, png_path_problem
 from transformer_vq.config.arch import (ARCHS, CLASSIFY_ARCHS, DEFAULT_PRESET, find_arch, refuse_given, run_arch,
                                         run_context)
 from transformer_vq.config.longvq import CLASSIFY_PRESETS, LongVQConfig
@@ -191,3 +191,7 @@ class ClassifyEvalConfig:
                                     "run directory).")
     device: str = option("auto", "'auto' (cuda when available), 'cpu' or 'cuda'.", choices=DEVICES)
     threads: int = threads_option()
+
+    def __post_init__(self):
+        problem = None if self.plot is None else png_path_problem(self.plot)
+        check(self, [("plot", problem)] if problem else [])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import re
 import typing
 
@@ -234,6 +235,15 @@ def coerce(field: dataclasses.Field, kind: Kind, value):
     if kind.base is float and _is_int(value) and abs(value) <= MAX_INT:
         return float(value)
     return value
+
+
+def png_path_problem(path) -> str | None:
+    """Why a figure cannot be written at ``path`` (None when it can): the library writes PNG, so a name with another
+    suffix (``cm.jpg``) would hold PNG bytes under a name that says otherwise. No suffix, or a directory, is fine."""
+    suffix = os.path.splitext(str(path))[1]
+    if suffix and suffix.lower() != ".png" and not os.path.isdir(path):
+        return f"figures are written as PNG, and {str(path)!r} names a {suffix} file: name it .png (or a directory)"
+    return None
 
 
 def unknown_message(keys, what, known) -> str:
