@@ -89,6 +89,22 @@ def test_markdown_table_by_hand(tmp_path):
                   "settings": cfg.to_dict(), "command": "tvq ablate", "machine": _machine(), "cells": records})
     assert "| S4 | n_code=4 | 2 | 2.1000 +- 0.1414 | 2.0000 .. 2.2000 | 1.0500 | 11 |" in text
     assert "- machine: cpu, 2 logical CPUs" in text and "matmul" not in text  # an ablation measures no matmul rate
+    # one seed measures no spread: '-' and None, not a zero (it was reported as +- 0.0000)
+    one = summarize_cells(TINY, [r for r in records if r["seed"] == 0])
+    assert one[0]["std_bpb"] is None
+    text = table({"matrix": {"name": "tiny", "description": "d", "base": [], "reference": "S8"}, "summary": one,
+                  "settings": cfg.to_dict(), "command": "tvq ablate", "machine": _machine(), "cells": records})
+    assert "| S4 | n_code=4 | 1 | 2.0000 +- - | 2.0000 .. 2.0000 |" in text
+
+
+def test_codebook_figures_go_to_the_run_not_into_a_checkpoint():
+    """``tvq codebook --ckpt RUN/best`` wrote its figures and a TensorBoard log inside RUN/best/step_N."""
+    from pathlib import Path
+
+    from transformer_vq.ablate.codebook import run_dir_of
+
+    assert run_dir_of("r/best/step_00000004") == run_dir_of("r/checkpoints/step_00000004") == Path("r")
+    assert run_dir_of("r") == Path("r")
 
 
 def test_a_cell_finished_by_another_matrix_is_reused_not_retrained(finished, tmp_path):

@@ -99,7 +99,8 @@ def training_curve(run_dir: str | Path) -> dict:
 
 
 def run_dir_of(checkpoint: str | Path) -> Path:
-    """The run directory a checkpoint directory belongs to (``RUN/checkpoints/step_N`` -> ``RUN``)."""
+    """The run directory a checkpoint directory belongs to (``RUN/checkpoints/step_N`` or a classification run's
+    ``RUN/best/step_N`` -> ``RUN``): figures go there, never into a checkpoint."""
     path = Path(checkpoint)
-    return path.parent.parent if path.parent.name == "checkpoints" else path
+    return path.parent.parent if path.parent.name in ("checkpoints", "best") else path
 

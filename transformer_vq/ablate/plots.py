@@ -71,7 +71,7 @@ def plot_final(result: dict, path: Path) -> None:
     rows = [r for r in result["summary"] if r["mean_bpb"] is not None]
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(rows) + 2), 4.5))
     x = range(len(rows))
-    ax.bar(x, [r["mean_bpb"] for r in rows], yerr=[r["std_bpb"] for r in rows], capsize=5, alpha=0.6)
+    ax.bar(x, [r["mean_bpb"] for r in rows], yerr=[r["std_bpb"] or 0.0 for r in rows], capsize=5, alpha=0.6)
     for i, r in enumerate(rows):
         ax.scatter([i] * len(r["final_bpb"]), r["final_bpb"], color="black", s=10, zorder=3)
     ax.set_xticks(list(x), [r["cell"] for r in rows])

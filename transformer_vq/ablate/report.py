@@ -45,7 +45,8 @@ def summarize_cells(matrix: Matrix, records: list[dict]) -> list[dict]:
         row = {"cell": cell, "overrides": list(matrix.cells[cell]), "seeds": [r["seed"] for r in done],
                "failed": [f"seed {r['seed']}: {r.get('error', r['status'])}" for r in failed],
                "final_bpb": finals, "mean_bpb": statistics.fmean(finals) if finals else None,
-               "std_bpb": statistics.stdev(finals) if len(finals) > 1 else 0.0 if finals else None,
+               # one seed measures no spread: None (shown '-'), not a zero nobody measured
+               "std_bpb": statistics.stdev(finals) if len(finals) > 1 else None,
                "train_seconds": statistics.fmean(r["train_seconds"] for r in done) if done else None}
         if done and "codebook_perplexity" in done[0]:
             row["codebook_perplexity"] = statistics.fmean(_tail_mean(r["codebook_perplexity"]) for r in done)
@@ -84,8 +85,9 @@ def table(result: dict) -> str:
             continue
         cb = f" {r['codebook_perplexity']:.1f} | {r['codebook_unused']:.1%} |" if "codebook_perplexity" in r else \
             (" - | - |" if codebooks else "")
+        spread = "-" if r["std_bpb"] is None else f"{r['std_bpb']:.4f}"
         lines.append(f"| {r['cell']} | {' '.join(r['overrides'])} | {len(r['seeds'])} | {r['mean_bpb']:.4f} +- "
-                     f"{r['std_bpb']:.4f} | {min(r['final_bpb']):.4f} .. {max(r['final_bpb']):.4f} | "
+                     f"{spread} | {min(r['final_bpb']):.4f} .. {max(r['final_bpb']):.4f} | "
                      f"{_ratio(r['ratio'])} | {r['train_seconds']:.3g} |{cb}")
     failures = [f"- {r['cell']} {text}" for r in rows for text in r["failed"]]
     reused = [f"- {r['cell']} seed {r['seed']}: {r['reused_from']}" for r in result["cells"] if "reused_from" in r]
