@@ -65,8 +65,10 @@ def test_a_cache_with_positions_restarting_at_zero_is_refused():
     mask = torch.ones(2, 19, dtype=torch.long)
     with pytest.raises(ValueError, match=r"^row 0: position_ids restart at 0, but its attention_mask marks earlier "
                                          r"columns real and the cache holds 11 tokens of it"):
-        model(x[:, 11:], past_key_values=first.past_key_values, attention_mask=mask, position_ids=torch.arange(8).expand(2, 8))
-    again = model(x[:, 11:], past_key_values=first.past_key_values, attention_mask=mask, position_ids=torch.arange(11, 19).expand(2, 8))
+        model(x[:, 11:], past_key_values=first.past_key_values, attention_mask=mask,
+              position_ids=torch.arange(8).expand(2, 8))
+    again = model(x[:, 11:], past_key_values=first.past_key_values, attention_mask=mask,
+                  position_ids=torch.arange(11, 19).expand(2, 8))
     torch.testing.assert_close(again.logits, model(x).logits[:, 11:], rtol=0, atol=1e-12)
 
 
