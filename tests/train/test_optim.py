@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from transformer_vq import TransformerVQ, preset
-from transformer_vq.train import TrainConfig
-from transformer_vq.train.optim import build_optimizer, build_scheduler, lr_factor, param_groups
+from trainutil import tiny_config
+from transformer_vq.train import TrainConfig, train
+from transformer_vq.train.optim import build_optimizer, build_scheduler, lr_factor, param_groups, warmup_note
 
 
 def test_schedule_warms_up_linearly_then_decays_by_cosine_to_a_tenth():
@@ -62,3 +63,18 @@ def test_adafactor_trains(corpus_file, tmp_path):
     train(tiny_config(corpus_file, run_dir, "steps=8", "optimizer=adafactor", "lr=none"))
     losses = [r["loss"] for r in read_metrics(run_dir)]
     assert len(losses) == 8 and losses[-1] < losses[0]
+
+
+def test_a_run_that_ends_in_its_warmup_says_so():
+    assert warmup_note(warmup_steps=10, total_steps=11) is None
+    note = warmup_note(warmup_steps=50, total_steps=10)
+    assert "warmup_steps 50 >= steps 10" in note and "20% of its peak" in note  # step 9 of 50: 10/50
+    assert "100% of its peak" in warmup_note(warmup_steps=10, total_steps=10)
+
+
+def test_training_prints_the_warmup_warning_once_at_its_start(corpus_file, tmp_path, capsys):
+    assert train(tiny_config(corpus_file, tmp_path / "short", "steps=2")).exit_code == 0  # warmup_steps 5
+    out = capsys.readouterr().out
+    assert out.count("warning: warmup_steps 5 >= steps 2") == 1 and "40% of its peak" in out
+    assert train(tiny_config(corpus_file, tmp_path / "long", "steps=6")).exit_code == 0
+    assert "warmup_steps" not in capsys.readouterr().out

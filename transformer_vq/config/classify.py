@@ -50,7 +50,8 @@ class ClassifyTrainConfig:
     lr: float = option(2e-3, "Peak learning rate.", min=0.0, min_open=True)
     weight_decay: float = option(0.01, "Decoupled weight decay of parameters with more than one dimension.",
                                  min=0.0)
-    warmup_steps: int = option(50, "Linear warmup steps, then cosine decay.", min=0)
+    warmup_steps: int = option(50, "Linear warmup steps, then cosine decay (a run of no more steps ends in its "
+                                   "warmup, and its start says so).", min=0)
     final_lr_ratio: float = option(0.1, "The cosine schedule ends at this fraction of the peak learning rate.",
                                    min=0.0, max=1.0)
     grad_clip: float = option(0.1, "Global gradient-norm clip for adamw (LongVQ's Sec. 5: 0.1; 0 = off).",

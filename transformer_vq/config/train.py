@@ -79,7 +79,8 @@ class TrainConfig:
                                     "C.2), meant for its 190M-1.3B models.", min=0.0, min_open=True)
     weight_decay: float = option(0.0, "Decoupled weight decay, applied only to parameters with more than one "
                                       "dimension.", min=0.0)
-    warmup_steps: int = option(50, "Linear warmup steps, then cosine decay.", min=0)
+    warmup_steps: int = option(50, "Linear warmup steps, then cosine decay (a run of no more steps ends in its "
+                                   "warmup, and its start says so).", min=0)
     final_lr_ratio: float = option(0.1, "The cosine schedule ends at this fraction of the peak learning rate "
                                         "(the paper decays 10x).", min=0.0, max=1.0)
     grad_clip: float = option(0.1, "Global gradient-norm clip for adamw (0 = off); adafactor clips its updates "

@@ -50,6 +50,17 @@ def lr_factor(step: int, *, warmup_steps: int, total_steps: int, final_ratio: fl
     return final_ratio + (1.0 - final_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def warmup_note(*, warmup_steps: int, total_steps: int) -> str | None:
+    """A warning when the run ends inside its warmup (its learning rate never reaches the peak and never decays),
+    else None. Not refused: a short smoke run at the default warmup is a fair thing to ask for."""
+    if warmup_steps < total_steps:
+        return None
+    reached = lr_factor(total_steps - 1, warmup_steps=warmup_steps, total_steps=total_steps, final_ratio=1.0)
+    return (f"warning: warmup_steps {warmup_steps} >= steps {total_steps}: the run ends in its warmup, the learning "
+            f"rate rises to {reached:.0%} of its peak and never decays; pass --warmup-steps below --steps for the "
+            f"cosine schedule")
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
     """Warmup + cosine schedule; call ``scheduler.step()`` once per optimizer step (skipped ones too)."""
     return torch.optim.lr_scheduler.LambdaLR(

@@ -52,7 +52,7 @@ from transformer_vq.train.checkpoint.store import (CHECKPOINTS_DIR, Checkpoint, 
 from transformer_vq.train.finite import nonfinite_names
 from transformer_vq.train.guard import nonfinite_weights_error, skip_reason, too_many_skipped_error
 from transformer_vq.train.metrics import MetricsLogger, finite_or_none
-from transformer_vq.train.optim import build_optimizer, build_scheduler
+from transformer_vq.train.optim import build_optimizer, build_scheduler, warmup_note
 from transformer_vq.train.parallel.distributed import Distributed, data_parallel
 from transformer_vq.train.parallel.fsdp import nonfinite_shards, shard_model, to_float
 from transformer_vq.train.rng import rng_state, set_rng_state
@@ -183,6 +183,9 @@ class Trainer:
         n_params = sum(p.numel() for p in self.model.parameters())
         self.log(f"training a {n_params / 1e6:.{digits}f}M-parameter {model} on {data} for {self.tc.steps} steps of "
                  f"{step}; run directory {self.run_dir}", flush=True)
+        note = warmup_note(warmup_steps=self.tc.warmup_steps, total_steps=self.tc.steps)
+        if note is not None:
+            self.log(note, flush=True)
 
     def log_eval(self, result: dict) -> None:
         """Record a validation of the current step (main process)."""
