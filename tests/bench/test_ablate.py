@@ -199,6 +199,16 @@ def test_a_set_of_a_field_the_cells_set_is_refused_before_anything_is_written(tm
     assert not (tmp_path / "work").exists()
 
 
+def test_a_field_of_another_architecture_is_refused_without_advising_an_arch_flag(tmp_path):
+    """tvq ablate trains Transformer-VQ cells only: it has no --arch to advise (tvq train's refusal does)."""
+    with pytest.raises(ConfigError) as err:
+        run_ablation(tiny_settings(tmp_path, overrides=("n_classes=3",)), matrix=TINY, isolate=False,
+                     log=lambda *a: None)
+    assert str(err.value).endswith("model field(s) n_classes belong to arch 'longvq'; this command trains arch 'tvq' "
+                                   "only: leave them out")
+    assert not (tmp_path / "work").exists()
+
+
 def test_an_unknown_data_option_is_refused_before_anything_is_written(tmp_path):
     """The dataset's own option check runs before the first cell, as --set's does (not once per cell and seed)."""
     with pytest.raises(DataError, match=r"^dataset 'shakespeare' has no option 'bogus'; its options are: fractions"):

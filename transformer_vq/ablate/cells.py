@@ -36,7 +36,7 @@ def cell_config(cfg: AblateConfig, matrix: Matrix, cell: str, seed: int, work_di
     }
     try:  # the matrix-wide options apply to the cells they apply to (n_code to the VQ cells); a cell's own, to it
         return load_config(cfg.preset, overrides=matrix.cells[cell], shared=(*matrix.base, *cfg.overrides),
-                           values={"model": {}, "train": train})
+                           values={"model": {}, "train": train}, arch_flag=False)
     except ConfigError as err:
         raise ConfigError(f"matrix {matrix.name!r}, cell {cell!r}: {err}") from None
 

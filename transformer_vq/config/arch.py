@@ -171,15 +171,20 @@ def lm_preset(name: str, preset: str | None):
     return presets[preset]
 
 
-def foreign_fields(name: str, fields) -> str | None:
+def foreign_fields(name: str, fields, *, arch_flag: bool = True) -> str | None:
     """Why model fields ``fields`` cannot configure a ``name`` language model, when some belong to another
-    architecture only (None when every one is its own, or none is known at all: the builder names those)."""
+    architecture only (None when every one is its own, or none is known at all: the builder names those).
+    ``arch_flag``: whether the command can train the other architecture (``tvq train --arch``; ``tvq ablate``
+    cannot), which decides the advice."""
     own = {f.name for f in dataclasses.fields(find_arch("lm", name).config)}
     for other in ARCHS:
         theirs = sorted((set(fields) - own) & {f.name for f in dataclasses.fields(other.config)})
         if other.task == "lm" and other.name != name and theirs:
-            return (f"model field(s) {', '.join(theirs)} belong to arch {other.name!r}, and this run's arch is "
-                    f"{name!r}; give --arch {other.name} (arch: {other.name} in a config file) or leave them out")
+            found = f"model field(s) {', '.join(theirs)} belong to arch {other.name!r}"
+            if not arch_flag:
+                return f"{found}; this command trains arch {name!r} only: leave them out"
+            return (f"{found}, and this run's arch is {name!r}; give --arch {other.name} (arch: {other.name} in a "
+                    f"config file) or leave them out")
     return None
 
 

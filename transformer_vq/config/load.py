@@ -36,7 +36,8 @@ assert not _shared, f"model and train configs share field names {sorted(_shared)
 
 def load_config(preset: str | None = None, file: str | Path | None = None,
                 overrides: typing.Sequence[str] = (), base: RunConfig | None = None,
-                values: dict | None = None, arch: str | None = None, shared: typing.Sequence[str] = ()) -> RunConfig:
+                values: dict | None = None, arch: str | None = None, shared: typing.Sequence[str] = (),
+                arch_flag: bool = True) -> RunConfig:
     """Build a :class:`RunConfig`: model preset (default ``small``), then a YAML/TOML file, then ``key=value``
     ``overrides``, then typed ``values`` (``{"model": {...}, "train": {...}}``, e.g. parsed flags), each later
     source winning. ``arch`` (else the file's, else ``base``'s, else ``tvq``) picks the model config class and its
@@ -44,7 +45,8 @@ def load_config(preset: str | None = None, file: str | Path | None = None,
     instead of the defaults; a named preset replaces its model fields only. An option given where it does not
     apply is refused (:func:`~transformer_vq.config.arch.refuse_given`), except the ``shared`` overrides (applied
     before ``overrides``): the options of a sweep, meant for the runs they apply to (``tvq ablate``'s matrix-wide
-    ones).
+    ones). ``arch_flag`` False: the caller trains its one architecture (``tvq ablate``), so a field of another is
+    refused without advising ``--arch``.
     Raises :class:`ConfigError` naming the bad key or value."""
     merged = {"model": {}, "train": dict(base.train.to_dict()) if base else {}}
     given = {section: set() for section in SECTIONS}  # the fields the user gave, checked for where they apply
@@ -66,7 +68,7 @@ def load_config(preset: str | None = None, file: str | Path | None = None,
         raise ConfigError(f"--arch: the run being resumed trained a {base.arch!r} model, not {arch!r}; leave --arch "
                           f"out to continue it, or start a new run with another --run-dir")
     start = base.model if base is not None and name is None else lm_preset(arch, name)
-    foreign = foreign_fields(arch, merged["model"])
+    foreign = foreign_fields(arch, merged["model"], arch_flag=arch_flag)
     if foreign:
         raise ConfigError(foreign)
     model_cls = find_arch("lm", arch).config
