@@ -103,8 +103,14 @@ CLASSIFY_PRESETS: dict[str, LongVQConfig] = {
 """The presets of every classifier (``tvq classify train``; each arch reads the same fields)."""
 
 
-def longvq_preset(name: str, **overrides) -> LongVQConfig:
-    """The LongVQ preset ``name`` with ``overrides`` applied (e.g. ``longvq_preset("tiny", n_classes=10)``)."""
-    if name not in LONGVQ_PRESETS:
-        raise ConfigError(f"unknown LongVQ preset {name!r}; available: {', '.join(LONGVQ_PRESETS)}")
-    return LONGVQ_PRESETS[name].replace(**overrides)
+def longvq_preset(name: str, task: str = "lm", **overrides) -> LongVQConfig:
+    """The LongVQ preset ``name`` of ``task`` with ``overrides`` applied (e.g. ``longvq_preset("tiny",
+    n_classes=10)``): ``task`` "lm" reads the presets of ``tvq train --arch longvq``, "classify" those of ``tvq
+    classify train``. They share ``enwik8`` and ``tiny``; ``small`` differs: the language model's is d_model 256
+    (about 1.7M parameters), the classifier's d_model 64 (about 0.13M)."""
+    presets = {"lm": LONGVQ_LM_PRESETS, "classify": CLASSIFY_PRESETS}
+    if task not in presets:
+        raise ConfigError(f"task must be 'lm' or 'classify', got {task!r}")
+    if name not in presets[task]:
+        raise ConfigError(f"unknown LongVQ {task} preset {name!r}; available: {', '.join(presets[task])}")
+    return presets[task][name].replace(**overrides)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer_vq.config import ConfigError, LongVQConfig, longvq_preset
+from transformer_vq.config import CLASSIFY_PRESETS, ConfigError, LongVQConfig, longvq_preset
+from transformer_vq.config.longvq import LONGVQ_LM_PRESETS
 from transformer_vq.models.baselines.classifiers import (TransformerClassifier, TransformerVQEncoderClassifier,
                                                         dense_key_masked_attention, key_masked_attention)
 from transformer_vq.models.longvq.layer import LongVQLayer, SequenceNorm
@@ -308,8 +309,13 @@ def test_config_round_trips_and_presets():
     assert cfg.replace(n_layers=3).n_layers == 3 and cfg.n_layers == 2
     with pytest.raises(ConfigError, match="unknown model config key"):
         LongVQConfig.from_dict({"n_head": 2})
-    with pytest.raises(ConfigError, match="unknown LongVQ preset 'lra'; available: enwik8, tiny"):
+    with pytest.raises(ConfigError, match="unknown LongVQ lm preset 'lra'; available: enwik8, tiny, small"):
         longvq_preset("lra")
+    # `small` is a preset of each task, of a different size: the one of tvq train --arch longvq, of tvq classify train
+    assert longvq_preset("small") == LONGVQ_LM_PRESETS["small"] and LONGVQ_LM_PRESETS["small"].d_model == 256
+    assert longvq_preset("small", "classify", n_classes=3) == CLASSIFY_PRESETS["small"].replace(n_classes=3)
+    with pytest.raises(ConfigError, match="task must be 'lm' or 'classify', got 'lra'"):
+        longvq_preset("small", task="lra")
     enwik8 = longvq_preset("enwik8")  # Table 8
     assert (enwik8.d_model, enwik8.d_ffn, enwik8.d_qk, enwik8.d_v, enwik8.ema_dim, enwik8.n_layers,
             enwik8.n_code, enwik8.dropout) == (512, 1024, 128, 1024, 16, 12, 512, 0.1)
