@@ -85,7 +85,8 @@ def _common(seed_help: str, budget_s: float, isolate_help: str):
         precision=option("float32", "float32 or bfloat16.", choices=PRECISIONS),
         budget_s=option(budget_s, "Skip a cell whose estimated time exceeds this many seconds.", min=0.0,
                         min_open=True),
-        isolate=option(True, isolate_help),
+        isolate=option(True, f"{isolate_help} With --no-isolate the cells share this process: on a CPU a cell then "
+                             f"reuses the heap of the ones before, so no memory is reported ('-')."),
         mem_limit_gib=option(16.0, "Address-space limit of each cell's process, in GiB (0: none).", min=0.0),
         retain_host_memory=option(True, "On a CPU, keep freed memory for reuse in each cell's process, as tvq "
                                         "train does (--no-retain-host-memory: glibc's default, which maps and "
