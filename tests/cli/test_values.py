@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from cliutil import error_line, tiny_train
+from cliutil import error_line, run_cli, tiny_train
 
 from transformer_vq.config import TransformerVQConfig
 
@@ -150,3 +150,13 @@ def test_eval_and_sample_values(capsys, trained, argv, message):
 def test_bench_and_tokenizer_values(capsys, tmp_path, argv, message):
     assert error_line(capsys, argv) == f"error: {message}"
     assert list(tmp_path.iterdir()) == []  # no result files
+
+
+def test_under_torchrun_only_rank_0_prints_a_config_error(capsys, corpus, tmp_path, monkeypatch):
+    """A refused flag is refused by every worker alike: one line says it, not one per worker; every worker exits 2."""
+    argv = tiny_train(corpus, tmp_path / "run", "--seq-len", "30")
+    monkeypatch.setenv("RANK", "1")
+    code, err = run_cli(capsys, argv)
+    assert (code, err) == (2, "")
+    monkeypatch.setenv("RANK", "0")
+    assert error_line(capsys, argv).startswith("error: --seq-len: must be a multiple of update_len")

@@ -63,11 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as err:
         from transformer_vq.cli.errors import describe
+        from transformer_vq.config import ConfigError
 
         line = describe(err)
         if line is None:
             raise  # a bug: its traceback is what helps
-        print(f"error: {line}", file=sys.stderr)
+        # a config error comes from the command line, the same on every torchrun worker: rank 0 alone says it
+        if not (isinstance(err, ConfigError) and os.environ.get("RANK", "0") != "0"):
+            print(f"error: {line}", file=sys.stderr)
         return 2
 
 
