@@ -179,11 +179,9 @@ def sample_hint(cfg) -> str:
 def run(args) -> int:
     from transformer_vq.cli.errors import check_device
     from transformer_vq.train import train
-    from transformer_vq.train.checkpoint import check_resume
 
     cfg = build_config(args)
     check_device(cfg.train.device, cfg.model)
-    check_resume(cfg.train.resolved_run_dir(), args.resume, cfg.train)
     result, status = run_training(lambda: train(cfg, resume=args.resume), "tvq train")
     if status is not None:
         return status

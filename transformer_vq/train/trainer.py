@@ -274,6 +274,8 @@ class Trainer:
         ckpt = checkpoint_to_resume(self.ckpt_root, resume, self.log)
         if ckpt is None:
             return False
+        # check_resume read the newest checkpoint's config before anything loaded; this one may be older (the newer
+        # damaged), or named by a caller that built a Trainer itself: its own fields are the ones that must match
         refuse_steps_below(ckpt.path, ckpt.step, self.tc.steps)
         self.check_checkpoint(ckpt)
         refuse_changed_fields(ckpt.config.get("train", {}), self.tc, ckpt.path)
