@@ -144,5 +144,5 @@ def test_layers_and_references_refuse_bad_input_by_name():
         vq_attention_naive(q, q, q, torch.zeros(1, 1, 4, 3), block_len=2)
     with pytest.raises(ValueError, match=r"^chunk_len must be a positive integer, got 0"):
         flash_attention_naive(q, q, q, torch.zeros(1, 1, 4, 4), block_len=2, chunk_len=0)
-    with pytest.raises(ValueError, match=r"^mask must be a bool tensor \[B, T\] = \[1, 4\]"):
+    with pytest.raises(ValueError, match=r"^mask must be a bool tensor of the shape of the queries' \[B, T\] \[1, 4\]"):
         vq_bidir_attention_naive(q, q, q, block_len=2, mask=torch.ones(4, dtype=torch.bool))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 BLOCK_LEN = 4
+MASK_MUST = r"mask must be a bool tensor of the shape of the queries' \[B, T\]"  # every operator's mask refusal
 # (H, G): single-head GAU, multi-head, multi-query.
 HEADS = [(1, 1), (2, 2), (4, 1)]
 # Lengths shorter than a block, not a multiple of the block or the chunk, and a single token.

@@ -238,7 +238,8 @@ def test_compressive_cache_must_be_a_bool(attn_type, value):
     ([[True] * 9] * 2, "list"),
 ], ids=["one-row", "int64", "list"])
 def test_a_mask_is_checked_alike_by_every_noncausal_operator(attn_type, mask, got):
-    with pytest.raises(ValueError, match=rf"^mask must be a bool tensor \[B, T\] = \[2, 9\], got {got}$"):
+    with pytest.raises(ValueError, match=rf"^mask must be a bool tensor of the shape of the queries' \[B, T\] "
+                                         rf"\[2, 9\], got {got}$"):
         OPERATORS[attn_type]({**make(), "mask": mask})
 
 

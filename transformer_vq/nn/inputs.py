@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import torch
 
+from transformer_vq.ops.protocol import check_bool_mask  # the rule of every mask, the operators' too
+
+__all__ = ["causal_padding", "check_bool_mask", "check_features", "check_token_ids"]
+
 
 def check_token_ids(ids: torch.Tensor, n_ids: int, name: str = "input_ids", *, shape: torch.Size | None = None,
                     shape_name: str = "input_ids") -> None:
@@ -37,16 +41,6 @@ def check_features(x: torch.Tensor, width: int, name: str = "x") -> None:
         got = f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"{name} must be a floating [batch, length, {width}] tensor with batch, length >= 1, "
                          f"got {got}")
-
-
-def check_mask(mask: torch.Tensor | None, shape: tuple[int, ...], name: str = "mask", of: str = "input_ids") -> None:
-    """Raise ``ValueError`` unless ``mask`` is ``None`` or a bool tensor of ``shape`` (that of ``of``): a float mask
-    would be read as weights, a ``[T]`` one broadcast over rows it was not meant for."""
-    if mask is None:
-        return
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != tuple(shape):
-        got = f"{mask.dtype} {list(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise ValueError(f"{name} must be a bool tensor of the shape of {of} {list(shape)}, got {got}")
 
 
 def causal_padding(mask: torch.Tensor | None) -> bool:

@@ -113,15 +113,24 @@ def check_reference_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias
     check_documents(q, doc_start)
 
 
-def check_mask(q: torch.Tensor, mask: torch.Tensor | None) -> None:
-    """Raise ``ValueError`` unless ``mask`` (non-causal operators: True at real tokens) is ``None`` or a bool
-    ``[B, T]`` tensor on ``q``'s device (one row per sequence: a ``[1, T]`` mask would broadcast silently)."""
+def check_bool_mask(mask: torch.Tensor | None, shape: tuple[int, ...], name: str = "mask",
+                    of: str = "input_ids") -> None:
+    """Raise ``ValueError`` unless ``mask`` is ``None`` or a bool tensor of ``shape`` (that of ``of``): a float mask
+    would be read as weights, a ``[T]`` or ``[1, T]`` one broadcast over rows it was not meant for. The one rule of
+    every mask, the models' (:mod:`transformer_vq.nn.inputs`) and the operators'."""
     if mask is None:
         return
-    batch, _, length, _ = q.shape
-    if not isinstance(mask, torch.Tensor) or mask.shape != (batch, length) or mask.dtype != torch.bool:
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != tuple(shape):
         got = f"{mask.dtype} {list(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise ValueError(f"mask must be a bool tensor [B, T] = [{batch}, {length}], got {got}")
+        raise ValueError(f"{name} must be a bool tensor of the shape of {of} {list(shape)}, got {got}")
+
+
+def check_mask(q: torch.Tensor, mask: torch.Tensor | None) -> None:
+    """Raise ``ValueError`` unless ``mask`` (non-causal operators: True at real tokens) is ``None`` or a bool
+    ``[B, T]`` tensor of the queries' rows, on their device."""
+    if mask is None:
+        return
+    check_bool_mask(mask, (q.shape[0], q.shape[2]), "mask", of="the queries' [B, T]")
     check_devices(q, {"mask": mask})
 
 

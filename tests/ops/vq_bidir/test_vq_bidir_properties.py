@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from opsutil import host_reads_refused, make_vq_inputs
+from opsutil import MASK_MUST, host_reads_refused, make_vq_inputs
 from torch.utils.flop_counter import FlopCounterMode
 
 from transformer_vq.ops.vq_bidir import SCORINGS, vq_bidir_attention
@@ -119,8 +119,8 @@ def test_linear_scaling_of_work_and_memory(window, shift):
         (dict(bias_width=8), r"bias must be \[B, H, T, 3L\] = \[1, 2, 5, 12\], got \[1, 2, 5, 8\]"),
         (dict(z_dtype=torch.int32), "z must be int64 shortcodes"),
         (dict(codebook_groups=1), r"codebook must be \[G, S, Dk\] = \[2, S, 6\], got \[1, 3, 6\]"),
-        (dict(mask_length=4), r"mask must be a bool tensor \[B, T\] = \[1, 5\], got torch.bool \[1, 4\]"),
-        (dict(mask_dtype=torch.int64), r"mask must be a bool tensor \[B, T\] = \[1, 5\], got torch.int64 \[1, 5\]"),
+        (dict(mask_length=4), rf"{MASK_MUST} \[1, 5\], got torch.bool \[1, 4\]"),
+        (dict(mask_dtype=torch.int64), rf"{MASK_MUST} \[1, 5\], got torch.int64 \[1, 5\]"),
         (dict(code_scores_width=4), r"code_scores must be \[B, H, T, S\] = \[1, 2, 5, 3\], got \[1, 2, 5, 4\]"),
     ],
 )

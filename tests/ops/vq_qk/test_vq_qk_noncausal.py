@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
+from opsutil import MASK_MUST
 from qkutil import make_qk_inputs, qk_grid_id
 
 from transformer_vq.ops.vq_qk import vq_qk_attention_noncausal, vq_qk_attention_noncausal_naive
@@ -100,8 +101,8 @@ def test_work_per_token_is_independent_of_length():
 
 
 @pytest.mark.parametrize("defect, message", [
-    ("mask_shape", r"mask must be a bool tensor \[B, T\] = \[1, 9\], got torch.bool \[1, 8\]"),
-    ("mask_dtype", r"mask must be a bool tensor \[B, T\] = \[1, 9\], got torch.int64 \[1, 9\]"),
+    ("mask_shape", rf"{MASK_MUST} \[1, 9\], got torch.bool \[1, 8\]"),
+    ("mask_dtype", rf"{MASK_MUST} \[1, 9\], got torch.int64 \[1, 9\]"),
     ("keys", r"k_hat must be \[B, G, T, Dk\] = \[1, G, 9, 6\], got \[1, 1, 8, 6\]"),
     ("values", r"v must be \[B, G, T, Dv\] with B, G, T of k_hat \[1, 1, 9\], got \[1, 1, 8, 7\]"),
     ("queries", r"q_hat must hold at least one position \(T >= 1\)"),

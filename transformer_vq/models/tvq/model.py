@@ -13,7 +13,7 @@ from torch import nn
 from transformer_vq.config import TransformerVQConfig
 from transformer_vq.models.tvq.gau import GatedAttentionUnit, chunk_start
 from transformer_vq.nn.codebooks import Codebooks
-from transformer_vq.nn.inputs import causal_padding, check_mask, check_token_ids
+from transformer_vq.nn.inputs import causal_padding, check_bool_mask, check_token_ids
 from transformer_vq.nn.norm import rms_norm
 from transformer_vq.nn.outputs import module_output
 from transformer_vq.nn.position import sinusoids
@@ -163,8 +163,8 @@ class TransformerVQ(Codebooks, nn.Module):
         check_token_ids(input_ids, self.embed.num_embeddings, "input_ids")
         if targets is not None:
             check_token_ids(targets, self.cfg.vocab_size, "targets", shape=input_ids.shape)
-        check_mask(mask, input_ids.shape, "mask")
-        check_mask(loss_mask, input_ids.shape, "loss_mask")
+        check_bool_mask(mask, input_ids.shape, "mask")
+        check_bool_mask(loss_mask, input_ids.shape, "loss_mask")
         if state is not None and self.cfg.causal:  # an encoder's is refused by features(), which takes one too
             check_continued_state(state, len(self.units), type(self).__name__)
         return self.cfg.causal and causal_padding(mask)
