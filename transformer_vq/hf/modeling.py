@@ -25,6 +25,7 @@ from transformer_vq.hf.configuration import MODEL_FIELDS, TransformerVQHFConfig
 from transformer_vq.models.tvq.gau import GatedAttentionUnit
 from transformer_vq.models.tvq.model import TransformerVQ
 from transformer_vq.models.tvq.ragged import IGNORE_INDEX, RowStates, plan_segments, run_segments
+from transformer_vq.nn.inputs import check_token_ids
 
 # The remote code every saved directory carries (transformer_vq/hf/remote_code.py under the name transformers
 # expects) and the auto classes config.json's auto_map sends to its classes: trust_remote_code=True loads the
@@ -382,15 +383,8 @@ def check_restarts(attention_mask: torch.Tensor | None, position_ids: torch.Tens
 
 def check_labels(labels: torch.Tensor | None, input_ids: torch.Tensor, vocab_size: int) -> None:
     """Refuse ``labels`` that are not ``[B, T]`` int64 token ids or -100, named as the caller named them."""
-    if labels is None:
-        return
-    if not isinstance(labels, torch.Tensor) or labels.shape != input_ids.shape or labels.dtype != torch.long:
-        got = f"{list(labels.shape)} {labels.dtype}" if isinstance(labels, torch.Tensor) else type(labels).__name__
-        raise ValueError(f"labels must be an int64 tensor of the shape of input_ids {list(input_ids.shape)}, got {got}")
-    bad = labels[(labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab_size))]
-    if bad.numel():
-        raise ValueError(f"labels holds token id {int(bad[0])}, outside the vocabulary [0, {vocab_size}) "
-                         f"(and not {IGNORE_INDEX}, the label of a position without a target)")
+    if labels is not None:
+        check_token_ids(labels, vocab_size, "labels", shape=input_ids.shape, ignore=IGNORE_INDEX)
 
 
 def kept_logits(logits: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:

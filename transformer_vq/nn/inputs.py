@@ -17,20 +17,23 @@ __all__ = ["causal_padding", "check_bool_mask", "check_features", "check_token_i
 
 
 def check_token_ids(ids: torch.Tensor, n_ids: int, name: str = "input_ids", *, shape: torch.Size | None = None,
-                    shape_name: str = "input_ids") -> None:
+                    shape_name: str = "input_ids", ignore: int | None = None) -> None:
     """Raise ``ValueError`` unless ``ids`` is an int64 ``[B, T]`` tensor, ``B, T >= 1``, of ids in ``[0, n_ids)``
-    (of ``shape`` when given: targets, one per position of ``shape_name``). The range is read in one pass (on a GPU,
-    one device sync per call: the price of naming the bad id instead of the device's own index assertion)."""
+    (of ``shape`` when given: targets, one per position of ``shape_name``; ``ignore``: a value allowed besides, the
+    label of a position without a target). The range is read in one pass (on a GPU, one device sync per call: the
+    price of naming the bad id instead of the device's own index assertion)."""
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype != torch.long or 0 in ids.shape:
         got = f"{tuple(ids.shape)} {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise ValueError(f"{name} must be a [batch, length] int64 tensor with batch >= 1 and length >= 1, got {got}")
     if shape is not None and ids.shape != shape:
         raise ValueError(f"{name} must have the shape of {shape_name} {tuple(shape)} (one target per input "
                          f"position), got {tuple(ids.shape)}")
-    low, high = (int(x) for x in torch.aminmax(ids))
+    read = ids if ignore is None else ids.masked_fill(ids == ignore, 0)
+    low, high = (int(x) for x in torch.aminmax(read))
     if low < 0 or high >= n_ids:
-        raise ValueError(f"{name} holds token id {low if low < 0 else high}, outside the vocabulary [0, {n_ids}); "
-                         f"check the tokenizer or set vocab_size to cover it")
+        besides = "" if ignore is None else f" (and not {ignore}, the label of a position without a target)"
+        raise ValueError(f"{name} holds token id {low if low < 0 else high}, outside the vocabulary [0, {n_ids})"
+                         f"{besides}; check the tokenizer or set vocab_size to cover it")
 
 
 def check_features(x: torch.Tensor, width: int, name: str = "x") -> None:
