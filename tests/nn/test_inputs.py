@@ -93,17 +93,32 @@ def test_bad_ids_masks_and_lengths_are_refused_by_name(make):
     for bad, got in ((torch.ones(B, T - 1, dtype=torch.bool), r"torch.bool \[2, 11\]"),
                      (torch.ones(B, T), r"torch.float32 \[2, 12\]"), (torch.ones(T, dtype=torch.bool),
                                                                     r"torch.bool \[12\]")):
-        with pytest.raises(ValueError, match=rf"^loss_mask must be a bool tensor of the shape of {name} \[2, 12\], "
-                                             rf"got {got}$"):
+        with pytest.raises(ValueError, match=rf"^loss_mask must be a bool or integer \(0/1\) tensor of the shape of "
+                                             rf"{name} \[2, 12\], got {got}$"):
             model(x, targets=x, loss_mask=bad)
     with pytest.raises(ValueError, match=r"^max_new_tokens must be an integer >= 0, got 2.5$"):
         model.generate(x, 2.5)
 
 
-def test_tvq_refuses_a_bad_mask_by_name():
-    with pytest.raises(ValueError, match=r"^mask must be a bool tensor of the shape of input_ids \[2, 12\], got "
-                                         r"torch.float32 \[2, 12\]$"):
+def test_tvq_refuses_a_floating_mask_by_name():
+    """A floating mask could be weights, or an additive mask (0 at real tokens) that would read inverted."""
+    with pytest.raises(ValueError, match=r"^mask must be a bool or integer \(0/1\) tensor of the shape of input_ids "
+                                         r"\[2, 12\], got torch.float32 \[2, 12\]$"):
         tvq()(ids(), mask=torch.ones(B, T))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_an_integer_mask_is_the_bool_mask(dtype):
+    """0/1 masks as tokenizers return them: every model and layer gives the bool mask's outputs, bit for bit."""
+    x, mask = ids(), trailing_mask()
+    cfg = LongVQConfig(vocab_size=256, d_model=16, d_qk=8, d_v=16, n_layers=1, block_len=L, n_code=6, n_classes=3,
+                       causal=False)
+    for model in (tvq(), tvq(causal=False), LongVQClassifier(cfg), longvq_lm()):
+        model.eval()
+        call = (lambda m: model(x, targets=x, loss_mask=m)) if isinstance(model, LongVQLM) else \
+            (lambda m: model(x, mask=m))
+        want, got = call(mask), call(mask.to(dtype))
+        assert torch.equal(want.logits, got.logits) and (want.loss is None or torch.equal(want.loss, got.loss))
 
 
 def test_longvq_classifier_mask_padding_is_still_refused_before_real_tokens():
@@ -126,8 +141,8 @@ def test_layers_and_references_refuse_bad_input_by_name():
     unit = GatedAttentionUnit(preset("tiny"))
     with pytest.raises(ValueError, match=r"^x must be a floating \[batch, length, 32\] tensor .* got \(2, 5, 31\)"):
         unit(torch.randn(2, 5, 31))
-    with pytest.raises(ValueError, match=r"^mask must be a bool tensor of the shape of x's \[B, T\] \[2, 5\], got "
-                                         r"torch.bool \[5\]$"):
+    with pytest.raises(ValueError, match=r"^mask must be a bool or integer \(0/1\) tensor of the shape of x's \[B, T\] "
+                                         r"\[2, 5\], got torch.bool \[5\]$"):
         unit(torch.randn(2, 5, 32), mask=torch.ones(5, dtype=torch.bool))
     for kwargs, message in ((dict(n_code=0), r"^n_code must be a positive integer, got 0"),
                             (dict(ema_rate=2.0), r"^ema_rate must be in \(0, 1\), got 2.0"),

@@ -13,7 +13,11 @@ import torch
 
 from transformer_vq.ops.protocol import check_bool_mask  # the rule of every mask, the operators' too
 
-__all__ = ["causal_padding", "check_bool_mask", "check_features", "check_token_ids"]
+MASK_KINDS = "a bool or integer (0/1) tensor"
+"""What a model takes as a mask: bool, or an integer 0/1 mask as tokenizers return one (nonzero: a real token). A
+floating mask is refused: it could be weights, or an additive mask (0 at real tokens), which would read inverted."""
+
+__all__ = ["as_mask", "causal_padding", "check_features", "check_token_ids"]
 
 
 def check_token_ids(ids: torch.Tensor, n_ids: int, name: str = "input_ids", *, shape: torch.Size | None = None,
@@ -44,6 +48,18 @@ def check_features(x: torch.Tensor, width: int, name: str = "x") -> None:
         got = f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"{name} must be a floating [batch, length, {width}] tensor with batch, length >= 1, "
                          f"got {got}")
+
+
+def as_mask(mask: torch.Tensor | None, shape: tuple[int, ...], name: str = "mask",
+            of: str = "input_ids") -> torch.Tensor | None:
+    """``mask`` as the bool ``[B, T]`` tensor the layers take (``None`` stays ``None``); raises ``ValueError`` unless
+    it is :data:`MASK_KINDS` of ``shape`` (that of ``of``). An integer mask is compared with 0 once, on its device:
+    no host read."""
+    if isinstance(mask, torch.Tensor) and not (mask.dtype == torch.bool or mask.dtype.is_floating_point
+                                               or mask.dtype.is_complex):
+        mask = mask != 0
+    check_bool_mask(mask, shape, name, of, kinds=MASK_KINDS)
+    return mask
 
 
 def causal_padding(mask: torch.Tensor | None) -> bool:

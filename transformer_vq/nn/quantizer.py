@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from transformer_vq.nn.inputs import check_bool_mask
+from transformer_vq.nn.inputs import as_mask
 from transformer_vq.nn.outputs import module_output
 from transformer_vq.ops.protocol import check_positive_int
 from transformer_vq.nn.token_mean import token_mean
@@ -94,7 +94,7 @@ class VectorQuantizer(nn.Module):
             raise ValueError(f"k must be a floating [B, G, T, D] = [B, {self.n_group}, T, {self.dim}] tensor, "
                              f"got {got}")
         B, G, T, D = k.shape
-        check_bool_mask(mask, (B, T), "mask", of="k's [B, T]")
+        mask = as_mask(mask, (B, T), "mask", of="k's [B, T]")
         codebook = self.codebook.detach()
         with torch.no_grad():
             z = self.shortcodes(k)

@@ -114,15 +114,16 @@ def check_reference_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias
 
 
 def check_bool_mask(mask: torch.Tensor | None, shape: tuple[int, ...], name: str = "mask",
-                    of: str = "input_ids") -> None:
+                    of: str = "input_ids", *, kinds: str = "a bool tensor") -> None:
     """Raise ``ValueError`` unless ``mask`` is ``None`` or a bool tensor of ``shape`` (that of ``of``): a float mask
     would be read as weights, a ``[T]`` or ``[1, T]`` one broadcast over rows it was not meant for. The one rule of
-    every mask, the models' (:mod:`transformer_vq.nn.inputs`) and the operators'."""
+    every mask, the models' (:mod:`transformer_vq.nn.inputs`, which takes integer masks too: ``kinds`` names what
+    the caller takes) and the operators'."""
     if mask is None:
         return
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != tuple(shape):
         got = f"{mask.dtype} {list(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise ValueError(f"{name} must be a bool tensor of the shape of {of} {list(shape)}, got {got}")
+        raise ValueError(f"{name} must be {kinds} of the shape of {of} {list(shape)}, got {got}")
 
 
 def check_mask(q: torch.Tensor, mask: torch.Tensor | None) -> None:

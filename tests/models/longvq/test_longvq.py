@@ -325,8 +325,8 @@ def test_model_input_errors():
     model = classifier()
     with pytest.raises(ValueError, match=r"ids holds token id 256, outside the vocabulary \[0, 256\)"):
         model(torch.tensor([[256]]))
-    with pytest.raises(ValueError, match="mask must be a bool tensor of the shape of ids"):
-        model(torch.tensor([[1, 2]]), mask=torch.tensor([[1, 1]]))
+    with pytest.raises(ValueError, match=r"mask must be a bool or integer \(0/1\) tensor of the shape of ids"):
+        model(torch.tensor([[1, 2]]), mask=torch.tensor([[1.0, 1.0]]))
     causal = classifier(causal=True)
     with pytest.raises(ValueError, match="a causal model takes trailing padding only"):
         causal(torch.tensor([[1, 2]]), mask=torch.tensor([[False, True]]))

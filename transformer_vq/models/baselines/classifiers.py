@@ -21,7 +21,7 @@ from torch import nn
 from transformer_vq.config import LongVQConfig, TransformerVQConfig
 from transformer_vq.models.tvq.model import TransformerVQ
 from transformer_vq.nn.codebooks import Codebooks
-from transformer_vq.nn.inputs import check_bool_mask, check_token_ids
+from transformer_vq.nn.inputs import as_mask, check_token_ids
 from transformer_vq.nn.pooling import ClassifierOutput, PoolingHead
 from transformer_vq.nn.position import sinusoids
 from transformer_vq.ops.full.bidir import full_bidir_attention
@@ -91,7 +91,7 @@ class TransformerClassifier(Codebooks, nn.Module):
                 labels: torch.Tensor | None = None) -> ClassifierOutput:
         """Classify ``ids [B, T]``; ``mask [B, T]`` True for real tokens; ``labels [B]``."""
         check_token_ids(ids, self.cfg.vocab_size, "ids")
-        check_bool_mask(mask, ids.shape, "mask", of="ids")
+        mask = as_mask(mask, ids.shape, "mask", of="ids")
         positions = torch.arange(ids.shape[1], device=ids.device)
         x = self.embed(ids) + sinusoids(positions, self.cfg.d_model, dtype=self.embed.weight.dtype)  # (B, T, D)
         for layer in self.layers:
@@ -116,6 +116,6 @@ class TransformerVQEncoderClassifier(Codebooks, nn.Module):
                 attention: str = "linear") -> ClassifierOutput:
         """Classify ``ids [B, T]``; ``mask [B, T]`` True for real tokens; ``labels [B]``."""
         check_token_ids(ids, self.cfg.vocab_size, "ids")
-        check_bool_mask(mask, ids.shape, "mask", of="ids")
+        mask = as_mask(mask, ids.shape, "mask", of="ids")
         x, _, commit_loss = self.encoder.features(ids, mask=mask, attention=attention)  # (B, T, D)
         return self.head(x, mask, commit_loss, labels)

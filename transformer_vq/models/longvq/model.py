@@ -14,7 +14,7 @@ from transformer_vq.config import LongVQConfig
 from transformer_vq.models.longvq.layer import LongVQBlock
 from transformer_vq.models.tvq.model import ModelOutput, TransformerVQ
 from transformer_vq.nn.codebooks import Codebooks
-from transformer_vq.nn.inputs import causal_padding, check_bool_mask, check_token_ids
+from transformer_vq.nn.inputs import as_mask, causal_padding, check_token_ids
 from transformer_vq.nn.pooling import ClassifierOutput, PoolingHead
 from transformer_vq.nn.state import ModelState, check_continued_state
 from transformer_vq.nn.token_mean import token_mean
@@ -34,7 +34,7 @@ class LongVQBackbone(nn.Module):
         """``(x [B, T, D], state, commit_loss)`` for token ids ``[B, T]``; ``state``: ``None`` for an encoder, and
         after ``attention="quadratic"``."""
         check_token_ids(ids, self.cfg.vocab_size, "ids")
-        check_bool_mask(mask, ids.shape, "mask", of="ids")
+        mask = as_mask(mask, ids.shape, "mask", of="ids")
         if state is not None:
             check_continued_state(state, len(self.blocks), "LongVQ model")
         padded = self.cfg.causal and causal_padding(mask)
@@ -62,8 +62,8 @@ class LongVQClassifier(Codebooks, nn.Module):
     def forward(self, ids: torch.Tensor, *, mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 attention: str = "linear") -> ClassifierOutput:
         """Classify ``ids [B, T]``; ``mask [B, T]`` True for real tokens (``None``: all real); ``labels [B]``."""
-        x, _, commit_loss = self.backbone(ids, mask=mask, attention=attention)
-        return self.head(x, mask, commit_loss, labels)
+        x, _, commit_loss = self.backbone(ids, mask=mask, attention=attention)  # checks ids and mask
+        return self.head(x, as_mask(mask, ids.shape, "mask", of="ids"), commit_loss, labels)
 
 
 class LongVQLM(Codebooks, nn.Module):
@@ -88,7 +88,7 @@ class LongVQLM(Codebooks, nn.Module):
         cross-entropy averaged over the positions where ``loss_mask [B, T]`` is True (``None``: all)."""
         if targets is not None:  # before the forward: a bad target must not cost one
             check_token_ids(targets, self.cfg.vocab_size, "targets", shape=ids.shape, shape_name="ids")
-        check_bool_mask(loss_mask, ids.shape, "loss_mask", of="ids")
+        loss_mask = as_mask(loss_mask, ids.shape, "loss_mask", of="ids")
         x, new_state, commit_loss = self.backbone(ids, state=state, attention=attention)
         logits = self.head(x)
         result = ModelOutput(logits=logits, state=new_state, commit_loss=commit_loss)

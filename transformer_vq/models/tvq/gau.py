@@ -38,7 +38,7 @@ from torch import nn
 from transformer_vq.config import TransformerVQConfig
 from transformer_vq.nn.attend import attend, shifted_codebook
 from transformer_vq.nn.held import HeldValue
-from transformer_vq.nn.inputs import check_features, check_bool_mask
+from transformer_vq.nn.inputs import as_mask, check_features
 from transformer_vq.nn.norm import rms_norm
 from transformer_vq.nn.outputs import module_output
 from transformer_vq.nn.position import sinusoids
@@ -131,7 +131,7 @@ class GatedAttentionUnit(nn.Module):
         cfg = self.cfg
         check_features(x, cfg.d_model, "x")
         B, T, _ = x.shape
-        check_bool_mask(mask, (B, T), "mask", of="x's [B, T]")
+        mask = as_mask(mask, (B, T), "mask", of="x's [B, T]")
         H, G, Dk, Dvh = self.n_head, self.n_group, self.d_k, self.d_v_head
         scale = Dk ** -0.25
         offset = (0 if state is None else state.offset) + chunk_start(context_parallel, T)

@@ -13,7 +13,7 @@ from torch import nn
 from transformer_vq.config import TransformerVQConfig
 from transformer_vq.models.tvq.gau import GatedAttentionUnit, chunk_start
 from transformer_vq.nn.codebooks import Codebooks
-from transformer_vq.nn.inputs import causal_padding, check_bool_mask, check_token_ids
+from transformer_vq.nn.inputs import as_mask, causal_padding, check_token_ids
 from transformer_vq.nn.norm import rms_norm
 from transformer_vq.nn.outputs import module_output
 from transformer_vq.nn.position import sinusoids
@@ -106,7 +106,7 @@ class TransformerVQ(Codebooks, nn.Module):
                 over the flattened tokens. No token attends a token of another document; a row whose first position
                 is not 0 continues the document of ``state``.
         """
-        padded = self._check_call(input_ids, state, targets, mask, loss_mask)  # before the forward pass it would waste
+        mask, loss_mask, padded = self._check_call(input_ids, state, targets, mask, loss_mask)  # before any work
         B, T = input_ids.shape
         doc_start = document_starts(B, T, position_ids=position_ids, cu_seqlens=cu_seqlens, device=input_ids.device)
         positions = None if doc_start is None or self.abs_pos_scale is None else \
@@ -157,17 +157,17 @@ class TransformerVQ(Codebooks, nn.Module):
             x = rms_norm(x)
         return x, states, commit_loss
 
-    def _check_call(self, input_ids, state, targets, mask, loss_mask) -> bool:
-        """Refuse a bad call (:mod:`transformer_vq.nn.inputs`) before any work; whether ``mask`` holds padding
-        (a causal model's, trailing: the state it returns is not continued)."""
+    def _check_call(self, input_ids, state, targets, mask, loss_mask) -> tuple:
+        """Refuse a bad call (:mod:`transformer_vq.nn.inputs`) before any work; ``(mask, loss_mask, padded)``: the
+        masks as bool, and whether ``mask`` holds padding (a causal model's, trailing: the state it returns is not
+        continued)."""
         check_token_ids(input_ids, self.embed.num_embeddings, "input_ids")
         if targets is not None:
             check_token_ids(targets, self.cfg.vocab_size, "targets", shape=input_ids.shape)
-        check_bool_mask(mask, input_ids.shape, "mask")
-        check_bool_mask(loss_mask, input_ids.shape, "loss_mask")
+        mask, loss_mask = as_mask(mask, input_ids.shape, "mask"), as_mask(loss_mask, input_ids.shape, "loss_mask")
         if state is not None and self.cfg.causal:  # an encoder's is refused by features(), which takes one too
             check_continued_state(state, len(self.units), type(self).__name__)
-        return self.cfg.causal and causal_padding(mask)
+        return mask, loss_mask, self.cfg.causal and causal_padding(mask)
 
     # ------------------------------------------------------------------ sampling
 
