@@ -78,6 +78,21 @@ def test_resume_path_into_another_run_dir_forks_it(two_steps, tmp_path, monkeypa
     assert latest_checkpoint(two_steps / "checkpoints").step == 2
 
 
+def test_a_checkpoint_named_is_judged_as_itself_not_as_the_runs_latest(corpus_file, tmp_path, monkeypatch):
+    """Rewinding to an earlier checkpoint (before a divergence, say) and training it to a shorter horizon: the step
+    the resume starts from is the named checkpoint's, not the step ``latest`` names (once refused as "already at
+    step 3")."""
+    run_dir = tmp_path / "run"
+    assert train(tiny_config(corpus_file, run_dir, "steps=3", "ckpt_every=1")).exit_code == 0
+    monkeypatch.chdir(tmp_path)
+    first = run_dir / "checkpoints" / "step_00000001"
+    assert main(["train", "--resume", str(first), "--run-dir", str(tmp_path / "fork"), "--steps", "2"]) == 0
+    assert latest_checkpoint(tmp_path / "fork" / "checkpoints").step == 2
+    second = run_dir / "checkpoints" / "step_00000002"
+    with pytest.raises(ConfigError, match=r"step_00000002 is already at step 2 and --steps is 1"):
+        train(tiny_config(corpus_file, tmp_path / "fork1", "steps=1"), resume=str(second))
+
+
 def test_resume_auto_takes_the_run_dir_a_config_file_names(two_steps, corpus_file, tmp_path, monkeypatch):
     """The run directory named in ``--config`` is the one whose saved config a resume continues: not the default
     run directory's (whose settings, another lr here, were silently written into the resumed run)."""

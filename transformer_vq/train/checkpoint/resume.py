@@ -64,20 +64,27 @@ def check_resume(run_dir: Path, resume: str | None, train) -> None:
     if resume is None:
         return
     path = Path(run_dir) if resume == "auto" else Path(resume)
-    found = [path] if STEP_DIR.match(path.name) else list_checkpoints(path / CHECKPOINTS_DIR) or list_checkpoints(path)
-    if not found:
+    chosen = path if STEP_DIR.match(path.name) else _newest(path)  # a checkpoint named is the one resumed from
+    if chosen is None:
         return
-    # the newest complete checkpoint is the one `latest` names (a newer, damaged one would not be resumed from)
-    pointer = found[-1].parent / "latest"
-    named = STEP_DIR.match(pointer.read_text(errors="replace").strip()) if pointer.is_file() else None
-    chosen = found[-1].parent / named.group(0) if named else found[-1]
-    refuse_steps_below(path, int((named or STEP_DIR.match(found[-1].name)).group(1)), train.steps)
+    refuse_steps_below(path, int(STEP_DIR.match(chosen.name).group(1)), train.steps)
     try:
         saved = json.loads((chosen / "config.json").read_text())
     except (OSError, ValueError):
         return  # unreadable: the resume itself reports the checkpoint (and falls back to an earlier one)
     if isinstance(saved, dict) and isinstance(saved.get("train"), dict):
         refuse_changed_fields(saved["train"], train, chosen)
+
+
+def _newest(path: Path) -> Path | None:
+    """The checkpoint a resume of the run (or checkpoints) directory ``path`` starts from: the one ``latest`` names,
+    the newest complete one (a newer, damaged one is not resumed from); else the newest listed; None if none."""
+    found = list_checkpoints(path / CHECKPOINTS_DIR) or list_checkpoints(path)
+    if not found:
+        return None
+    pointer = found[-1].parent / "latest"
+    named = STEP_DIR.match(pointer.read_text(errors="replace").strip()) if pointer.is_file() else None
+    return found[-1].parent / named.group(0) if named else found[-1]
 
 
 def refuse_steps_below(path: Path, step: int, steps: int) -> None:
