@@ -100,6 +100,24 @@ def test_bad_ids_masks_and_lengths_are_refused_by_name(make):
         model.generate(x, 2.5)
 
 
+def test_numpy_and_zero_dim_torch_integers_are_integers():
+    """``generate(ids, np.int64(n))``, a quantizer's or operator's size from numpy: integers, as Python's are
+    (a bool or a float is still refused)."""
+    import numpy as np
+
+    from transformer_vq import VectorQuantizer, vq_attention_naive
+
+    model, x = tvq(), ids()
+    for n in (np.int64(2), torch.tensor(2), np.int32(2)):
+        assert model.generate(x, n, temperature=0.0).shape == (B, T + 2)
+    with pytest.raises(ValueError, match=r"^max_new_tokens must be an integer >= 0, got True$"):
+        model.generate(x, True)
+    assert VectorQuantizer(1, np.int64(4), 4, dead_code_restart=np.int64(3)).dead_code_restart == 3
+    q = torch.randn(1, 1, 4, 2, dtype=torch.float64)
+    assert vq_attention_naive(q, q, q, torch.zeros(1, 1, 4, 4, dtype=torch.float64), block_len=np.int64(2)).shape \
+        == (1, 1, 4, 2)
+
+
 def test_tvq_refuses_a_floating_mask_by_name():
     """A floating mask could be weights, or an additive mask (0 at real tokens) that would read inverted."""
     with pytest.raises(ValueError, match=r"^mask must be a bool or integer \(0/1\) tensor of the shape of input_ids "

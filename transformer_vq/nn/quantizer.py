@@ -21,7 +21,7 @@ from torch import nn
 
 from transformer_vq.nn.inputs import as_mask
 from transformer_vq.nn.outputs import module_output
-from transformer_vq.ops.protocol import check_positive_int
+from transformer_vq.ops.protocol import check_positive_int, is_integer
 from transformer_vq.nn.token_mean import token_mean
 
 
@@ -59,7 +59,7 @@ class VectorQuantizer(nn.Module):
         super().__init__()
         for name, value in (("n_group", n_group), ("n_code", n_code), ("dim", dim)):
             check_positive_int(value, name)
-        if not isinstance(dead_code_restart, int) or isinstance(dead_code_restart, bool) or dead_code_restart < 0:
+        if not is_integer(dead_code_restart) or dead_code_restart < 0:
             raise ValueError(f"dead_code_restart must be an integer >= 0 (0 = never), got {dead_code_restart!r}")
         if not 0.0 < ema_rate < 1.0:  # at 1 the codebook never moves; above it, the EMA diverges (as the configs)
             raise ValueError(f"ema_rate must be in (0, 1), got {ema_rate!r}")

@@ -13,6 +13,7 @@ whole contract.
 from __future__ import annotations
 
 import math
+import operator
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -207,9 +208,21 @@ def check_like(q: torch.Tensor, tensors: dict[str, torch.Tensor | None]) -> None
             check_dtypes(q, {name: tensor})
 
 
+def is_integer(value) -> bool:
+    """Whether ``value`` is an integer: a Python, numpy or 0-d torch integer (what ``operator.index`` takes), not
+    ``True`` or ``False`` (a flag passed by mistake) nor a float."""
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
 def check_positive_int(value, name: str) -> None:
     """Raise ``ValueError`` unless ``value`` is an integer ``>= 1`` (a lengths' check; ``True`` is not one)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_integer(value) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 

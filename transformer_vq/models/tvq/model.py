@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -22,6 +23,7 @@ from transformer_vq.nn.sampling import check_sampling, sample_next_token
 from transformer_vq.nn.state import ModelState, check_continued_state
 from transformer_vq.nn.token_mean import token_mean
 from transformer_vq.ops.documents import document_positions, document_starts
+from transformer_vq.ops.protocol import is_integer
 
 
 @module_output
@@ -180,8 +182,9 @@ class TransformerVQ(Codebooks, nn.Module):
         The prompt is read once; each new token then costs one linear-time step with the carried state,
         whatever the context length. The model is in eval mode while sampling.
         """
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+        if not is_integer(max_new_tokens) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        max_new_tokens = operator.index(max_new_tokens)
         if not self.cfg.causal:
             raise ValueError("sampling needs a causal model; this one is an encoder (causal=False)")
         check_sampling(temperature, top_k, top_p)  # before the prompt is read
