@@ -44,7 +44,7 @@ def test_a_causal_model_refuses_padding_before_real_tokens(attn_type):
     mask = ~trailing_mask((0, 3))  # left padding: row 1's first 3 positions
     mask[0] = True
     with pytest.raises(ValueError, match=r"^a causal model takes trailing padding only, and mask has a real token "
-                                         r"after a padding token: .*transformer_vq.models.tvq.ragged"):
+                                         r"after a padding token: .*pad rows of different lengths on the right"):
         tvq(attn_type)(ids(), mask=mask)
 
 
@@ -98,6 +98,22 @@ def test_bad_ids_masks_and_lengths_are_refused_by_name(make):
             model(x, targets=x, loss_mask=bad)
     with pytest.raises(ValueError, match=r"^max_new_tokens must be an integer >= 0, got 2.5$"):
         model.generate(x, 2.5)
+
+
+def test_refusals_of_what_hugging_face_users_write_say_the_native_way():
+    """-100 in native targets (Hugging Face's "no target") names loss_mask; left padding names right padding and
+    the Hugging Face model, which runs left-padded prompts."""
+    model, x = tvq(), ids()
+    targets = x.clone()
+    targets[:, :3] = -100
+    with pytest.raises(ValueError, match=r"^targets holds token id -100, outside the vocabulary \[0, 256\); -100 marks "
+                                         r"a position without a target in Hugging Face's labels; here give any id "
+                                         r"there and loss_mask False$"):
+        model(x, targets=targets)
+    left = trailing_mask().flip(-1)
+    with pytest.raises(ValueError, match=r"pad rows of different lengths on the right, or, to generate from "
+                                         r"left-padded prompts, use the Hugging Face model \(docs/huggingface.md\)"):
+        model(x, mask=left)
 
 
 def test_numpy_and_zero_dim_torch_integers_are_integers():

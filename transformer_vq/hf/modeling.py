@@ -24,8 +24,8 @@ from transformer_vq.hf.cache import TransformerVQCache
 from transformer_vq.hf.configuration import MODEL_FIELDS, TransformerVQHFConfig
 from transformer_vq.models.tvq.gau import GatedAttentionUnit
 from transformer_vq.models.tvq.model import TransformerVQ
-from transformer_vq.models.tvq.ragged import IGNORE_INDEX, RowStates, plan_segments, run_segments
-from transformer_vq.nn.inputs import check_token_ids
+from transformer_vq.models.tvq.ragged import RowStates, plan_segments, run_segments
+from transformer_vq.nn.inputs import IGNORE_INDEX, check_token_ids
 
 # The remote code every saved directory carries (transformer_vq/hf/remote_code.py under the name transformers
 # expects) and the auto classes config.json's auto_map sends to its classes: trust_remote_code=True loads the

@@ -13,11 +13,14 @@ import torch
 
 from transformer_vq.ops.protocol import check_bool_mask  # the rule of every mask, the operators' too
 
+IGNORE_INDEX = -100
+"""The label of a position without a target in Hugging Face's (and PyTorch's cross-entropy's) convention."""
+
 MASK_KINDS = "a bool or integer (0/1) tensor"
 """What a model takes as a mask: bool, or an integer 0/1 mask as tokenizers return one (nonzero: a real token). A
 floating mask is refused: it could be weights, or an additive mask (0 at real tokens), which would read inverted."""
 
-__all__ = ["as_mask", "causal_padding", "check_features", "check_token_ids"]
+__all__ = ["IGNORE_INDEX", "as_mask", "causal_padding", "check_features", "check_token_ids"]
 
 
 def check_token_ids(ids: torch.Tensor, n_ids: int, name: str = "input_ids", *, shape: torch.Size | None = None,
@@ -36,8 +39,12 @@ def check_token_ids(ids: torch.Tensor, n_ids: int, name: str = "input_ids", *, s
     low, high = (int(x) for x in torch.aminmax(read))
     if low < 0 or high >= n_ids:
         besides = "" if ignore is None else f" (and not {ignore}, the label of a position without a target)"
+        advice = "check the tokenizer or set vocab_size to cover it"
+        if ignore is None and shape is not None and low == IGNORE_INDEX:  # Hugging Face's way, given to a native model
+            advice = (f"{IGNORE_INDEX} marks a position without a target in Hugging Face's labels; here give any id "
+                      f"there and loss_mask False")
         raise ValueError(f"{name} holds token id {low if low < 0 else high}, outside the vocabulary [0, {n_ids})"
-                         f"{besides}; check the tokenizer or set vocab_size to cover it")
+                         f"{besides}; {advice}")
 
 
 def check_features(x: torch.Tensor, width: int, name: str = "x") -> None:
@@ -66,14 +73,15 @@ def causal_padding(mask: torch.Tensor | None) -> bool:
     """Whether a causal model's ``mask`` (bool ``[B, T]``, True for real tokens) holds padding; raises
     ``ValueError`` where a real token follows padding. A causal model attends every earlier key of its row, and its
     operators carry one position for the whole batch, so padding before a real token would be attended (and shift
-    the row's blocks): rows of different lengths, left-padded, run exactly through
-    :mod:`transformer_vq.models.tvq.ragged` (what the Hugging Face model does). Trailing padding is attended by no
-    real token. One read of two flags."""
+    the row's blocks): rows of different lengths, left-padded, run exactly through the Hugging Face model (its
+    :mod:`transformer_vq.models.tvq.ragged` plan). Trailing padding is attended by no real token. One read of two
+    flags."""
     if mask is None:
         return False
     before_real, padded = torch.stack([(mask[:, 1:] & ~mask[:, :-1]).any(), ~mask.all()]).tolist()
     if before_real:
         raise ValueError("a causal model takes trailing padding only, and mask has a real token after a padding "
-                         "token: a real token would attend the padding; run rows of different lengths through "
-                         "transformer_vq.models.tvq.ragged (left padding included), or pad them on the right")
+                         "token: a real token would attend the padding; pad rows of different lengths on the right, "
+                         "or, to generate from left-padded prompts, use the Hugging Face model (docs/huggingface.md), "
+                         "which runs each row from its own first token")
     return padded

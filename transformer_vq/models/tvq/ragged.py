@@ -25,10 +25,10 @@ from typing import Callable, Sequence
 import torch
 
 from transformer_vq.models.tvq.model import TransformerVQ
+from transformer_vq.nn.inputs import IGNORE_INDEX
 from transformer_vq.nn.outputs import module_output
 from transformer_vq.nn.state import ModelState
 
-IGNORE_INDEX = -100  # the label of a position without a target (PyTorch's and transformers' convention)
 
 
 # ---------------------------------------------------------------------------------------------- states per row
