@@ -20,6 +20,7 @@ import torch
 
 from transformer_vq import GatedAttentionUnit
 from transformer_vq.config import TransformerVQConfig
+from transformer_vq.config.flags import not_empty
 
 JAX_SIDE = Path(__file__).resolve().parent / "jax_side"
 BRANCH = "optimized"
@@ -27,9 +28,9 @@ BRANCH = "optimized"
 
 def add_authors_flags(parser) -> None:
     """``--authors`` and ``--jax-python``, defaulting to ``TVQ_AUTHORS`` and ``TVQ_JAX_PYTHON``."""
-    parser.add_argument("--authors", default=os.environ.get("TVQ_AUTHORS"),
+    parser.add_argument("--authors", type=not_empty, default=os.environ.get("TVQ_AUTHORS") or None,
                         help="the authors' repository: a bare git directory or an extracted copy (env TVQ_AUTHORS)")
-    parser.add_argument("--jax-python", default=os.environ.get("TVQ_JAX_PYTHON"),
+    parser.add_argument("--jax-python", type=not_empty, default=os.environ.get("TVQ_JAX_PYTHON") or None,
                         help="python of the JAX environment (env TVQ_JAX_PYTHON)")
 
 

@@ -28,7 +28,7 @@ from authors_bridge import (add_authors_flags, authors_params, authors_source, g
                             run_jax_side)
 from transformer_vq import GatedAttentionUnit
 from transformer_vq.bench.machine import machine_info
-from transformer_vq.config.flags import int_at_least
+from transformer_vq.config.flags import int_at_least, not_empty
 
 CASES = {
     "small": dict(d_model=64, d_k=16, n_code=32, block_len=8, seq_len=64, batch=2, split=24),
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     add_authors_flags(parser)
     parser.add_argument("--case", nargs="+", default=["small", "odd-split"], choices=list(CASES))
     parser.add_argument("--seed", type=int_at_least(0), default=0)
-    parser.add_argument("--out", default=None, help="write OUT.json and OUT.md (default: print only)")
+    parser.add_argument("--out", type=not_empty, default=None, help="write OUT.json and OUT.md (default: print only)")
     args = parser.parse_args(argv)
     require_authors(args)
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,6 +22,7 @@ from pathlib import Path
 from result_files import add_output_args, notes_of, publish, save_figure
 
 from transformer_vq.bench.machine import machine_info
+from transformer_vq.config.flags import not_empty
 from transformer_vq.train.lm.build import model_from_checkpoint
 
 
@@ -97,8 +98,9 @@ def plot(result: dict, path: Path) -> Path:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", required=True)
-    parser.add_argument("--run", nargs=4, action="append", required=True, metavar=("INIT", "SEED", "RUN", "EVAL"))
+    parser.add_argument("--baseline", type=not_empty, required=True)
+    parser.add_argument("--run", type=not_empty, nargs=4, action="append", required=True,
+                        metavar=("INIT", "SEED", "RUN", "EVAL"))
     add_output_args(parser)
     args = parser.parse_args(argv)
     result = {"name": args.name, **collect(args.baseline, args.run, notes_of(args))}

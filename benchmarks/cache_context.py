@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from transformer_vq.bench.machine import machine_info
-from transformer_vq.config.flags import int_at_least
+from transformer_vq.config.flags import int_at_least, not_empty
 from transformer_vq.train.lm.context import context_profile
 
 
@@ -34,15 +34,15 @@ def table(results: dict) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+")
+    parser.add_argument("runs", type=not_empty, nargs="+")
     parser.add_argument("--carry", type=int_at_least(-1, "0 = the whole stream, -1 = the run's seq_len"), nargs="+",
                         default=[-1, 0], help="tokens of history before the state is reset (0 = the whole stream, "
                                               "-1 = the run's training seq_len)")
     parser.add_argument("--max-tokens", type=int_at_least(0), default=0,
                         help="validation tokens read (0 = the whole split)")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--device", type=not_empty, default="auto")
+    parser.add_argument("--name", type=not_empty, required=True)
+    parser.add_argument("--out", type=not_empty, default="benchmarks/results")
     args = parser.parse_args(argv)
     results = {run: context_profile(run, carry=tuple(args.carry), max_tokens=args.max_tokens, device=args.device)
                for run in args.runs}

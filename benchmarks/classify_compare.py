@@ -30,7 +30,7 @@ from pathlib import Path
 
 from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import machine_info
-from transformer_vq.config.flags import int_at_least
+from transformer_vq.config.flags import int_at_least, not_empty
 
 ARCHS = ("longvq", "transformer", "tvq")
 
@@ -147,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", required=True)
-    parser.add_argument("--out", required=True, help="output path without extension (.json, .md, .png)")
-    parser.add_argument("--runs", default="runs/compare", help="where the cells' run directories go")
+    parser.add_argument("--data", type=not_empty, required=True)
+    parser.add_argument("--out", type=not_empty, required=True, help="output path without extension (.json, .md, .png)")
+    parser.add_argument("--runs", type=not_empty, default="runs/compare", help="where the cells' run directories go")
     parser.add_argument("--archs", nargs="+", default=list(ARCHS), choices=ARCHS)
     parser.add_argument("--seeds", nargs="+", type=int_at_least(0), default=[0, 1])
     args = parser.parse_args(argv[:split])

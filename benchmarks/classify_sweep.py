@@ -25,7 +25,7 @@ from pathlib import Path
 from classify_compare import run_cell
 
 from transformer_vq.bench.machine import machine_info
-from transformer_vq.config.flags import int_at_least
+from transformer_vq.config.flags import int_at_least, not_empty
 
 
 def markdown(data: str, arch: str, rows: list[dict], common: list[str]) -> str:
@@ -46,12 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", required=True)
-    parser.add_argument("--arch", default="longvq")
-    parser.add_argument("--out", required=True, help="output path without extension (.json, .md)")
-    parser.add_argument("--runs", default="runs/sweep", help="where the cells' run directories go")
+    parser.add_argument("--data", type=not_empty, required=True)
+    parser.add_argument("--arch", type=not_empty, default="longvq")
+    parser.add_argument("--out", type=not_empty, required=True, help="output path without extension (.json, .md)")
+    parser.add_argument("--runs", type=not_empty, default="runs/sweep", help="where the cells' run directories go")
     parser.add_argument("--seeds", nargs="+", type=int_at_least(0), default=[0])
-    parser.add_argument("--setting", action="append", required=True, metavar="NAME=FLAGS",
+    parser.add_argument("--setting", type=not_empty, action="append", required=True, metavar="NAME=FLAGS",
                         help="a setting: its name, '=', and its flags (repeatable)")
     args = parser.parse_args(argv[:split])
     common = argv[split + 1:]

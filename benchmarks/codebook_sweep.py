@@ -22,7 +22,7 @@ from transformer_vq.bench.machine import machine_info
 from transformer_vq.bench.op import run_op_bench
 from transformer_vq.bench.report import machine_lines, _seconds
 from transformer_vq.config import PRESETS
-from transformer_vq.config.flags import float_in, int_at_least
+from transformer_vq.config.flags import float_in, int_at_least, not_empty
 
 VQ_METHODS = ("vq-serial", "vq-qk", "vq-bidir", "vq-qk-bidir")
 BASELINES = ("sdpa", "sdpa-bidir")
@@ -94,8 +94,8 @@ def main() -> None:
     parser.add_argument("--sizes", type=int_at_least(1), nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
     parser.add_argument("--repeats", type=int_at_least(1), default=3)
     parser.add_argument("--budget-s", type=float_in(0, low_open=True), default=300.0)
-    parser.add_argument("--out", default="benchmarks/results")
-    parser.add_argument("--name", default=None)
+    parser.add_argument("--out", type=not_empty, default="benchmarks/results")
+    parser.add_argument("--name", type=not_empty, default=None)
     args = parser.parse_args()
     result = sweep(args.length, args.sizes, args.repeats, args.budget_s)
     out = Path(args.out)

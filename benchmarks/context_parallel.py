@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from transformer_vq.bench.load import OthersLoad, load_text
-from transformer_vq.config.flags import int_at_least
+from transformer_vq.config.flags import add_preset_flag, int_at_least, not_empty
 from transformer_vq.hostmem import meminfo_bytes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -185,11 +185,13 @@ def machine() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bytes", action="store_true", help="count the bytes of the collectives instead of timing")
-    parser.add_argument("--preset", default="small", help="model preset (its widths, codes and block length)")
+    add_preset_flag(parser, "small")
     parser.add_argument("--layers", type=int_at_least(1), default=2, help="layers of the timed model")
     parser.add_argument("--steps", type=int_at_least(1), default=3, help="timed forward and backward passes per run")
     parser.add_argument("--lengths", type=int_at_least(1), nargs="+", default=None, help="sequence lengths in tokens")
-    parser.add_argument("--out", default=None, help="JSON file of the results (default: benchmarks/results/...)")
+    parser.add_argument("--out", type=not_empty, default=None,
+                        help="JSON file of the results (default: benchmarks/results/...)")
+    parser.set_defaults(preset="small")
     args = parser.parse_args()
     if args.lengths is None:
         args.lengths = [4096, 16384, 65536] if args.bytes else [65536, 131072, 262144]

@@ -80,22 +80,37 @@ def estimate_mib(parameters: int, parallel: str, workers: int) -> float:
     return parameters * per_param / MIB
 
 
-def main() -> None:
+def global_batch(text: str) -> int:
+    """The type of ``--batch``: the global batch, split evenly over the 2 workers (the data loader refuses a batch
+    that is not a multiple of the workers, after both have started)."""
     from transformer_vq.config.flags import int_at_least
 
+    batch = int_at_least(2, "split over the 2 workers")(text)
+    if batch % 2:
+        raise argparse.ArgumentTypeError(f"must be even (split evenly over the 2 workers), got {text!r}")
+    return batch
+
+
+global_batch.bounds = {"min": 2, "max": None, "min_open": False, "max_open": False}  # as float_in keeps its bounds
+
+
+def main() -> None:
+    from transformer_vq.config.flags import add_preset_flag, int_at_least, not_empty
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="enwik8")
+    add_preset_flag(parser, "enwik8")
     parser.add_argument("--layers", type=int_at_least(1), default=24, help="n_layers (the preset has 24)")
     parser.add_argument("--window", type=int_at_least(1), default=32, help="seq_len = update_len = block_len")
-    parser.add_argument("--batch", type=int_at_least(2, "split over the 2 workers"), default=2,
-                        help="global batch size")
+    parser.add_argument("--batch", type=global_batch, default=2, help="global batch size, even (2 workers)")
     parser.add_argument("--steps", type=int_at_least(1), default=3)
-    parser.add_argument("--out", default=None, help="result JSON (default benchmarks/results/fsdp-memory-DATE.json)")
+    parser.add_argument("--out", type=not_empty, default=None,
+                        help="result JSON (default benchmarks/results/fsdp-memory-DATE.json)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--parallel", default="ddp", help=argparse.SUPPRESS)
-    parser.add_argument("--corpus", help=argparse.SUPPRESS)
-    parser.add_argument("--variant", help=argparse.SUPPRESS)
-    parser.add_argument("--report", help=argparse.SUPPRESS)
+    parser.add_argument("--parallel", type=not_empty, default="ddp", help=argparse.SUPPRESS)
+    parser.add_argument("--corpus", type=not_empty, help=argparse.SUPPRESS)
+    parser.add_argument("--variant", type=not_empty, help=argparse.SUPPRESS)
+    parser.add_argument("--report", type=not_empty, help=argparse.SUPPRESS)
+    parser.set_defaults(preset="enwik8")
     args = parser.parse_args()
     if args.worker:
         return worker(args)

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from transformer_vq.bench.machine import load_average, machine_info
-from transformer_vq.config.flags import int_at_least
+from transformer_vq.config.flags import int_at_least, not_empty
 
 TRAIN = ["train", "--preset", "tiny", "--set", "seq_len=32", "--set", "update_len=16", "--set", "batch_size=4",
          "--set", "warmup_steps=5", "--set", "log_every=1000", "--set", "eval_tokens=512", "--set", "eval_streams=2",
@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int_at_least(1), default=6)
     parser.add_argument("--runs", type=int_at_least(2, "a run is compared with its round's others"), default=3,
                         help="identical runs started together per round")
-    parser.add_argument("--out", required=True, help="path stem: writes OUT.json and OUT.md")
+    parser.add_argument("--out", type=not_empty, required=True, help="path stem: writes OUT.json and OUT.md")
     args = parser.parse_args()
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:

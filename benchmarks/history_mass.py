@@ -18,7 +18,7 @@ import argparse
 from result_files import add_output_args, notes_of, publish, save_figure
 
 from transformer_vq.bench.machine import machine_info
-from transformer_vq.config.flags import int_at_least
+from transformer_vq.config.flags import int_at_least, not_empty
 from transformer_vq.train.lm.history_mass import mass_profile
 
 
@@ -78,8 +78,8 @@ def plot(result: dict, path):
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", nargs=2, action="append", default=[], metavar=("LABEL", "RUN"))
-    parser.add_argument("--init", nargs=2, action="append", default=[], metavar=("LABEL", "RUN"))
+    parser.add_argument("--run", type=not_empty, nargs=2, action="append", default=[], metavar=("LABEL", "RUN"))
+    parser.add_argument("--init", type=not_empty, nargs=2, action="append", default=[], metavar=("LABEL", "RUN"))
     parser.add_argument("--sequences", type=int_at_least(1), default=8)
     add_output_args(parser)
     args = parser.parse_args(argv)

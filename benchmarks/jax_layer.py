@@ -39,7 +39,7 @@ from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import load_average, machine_info, matmul_gflops
 from transformer_vq.config import PRESETS
 from transformer_vq.config.fields import parse_scalar
-from transformer_vq.config.flags import int_at_least
+from transformer_vq.config.flags import int_at_least, not_empty
 from worker_protocol import MODES
 
 HERE = Path(__file__).resolve().parent
@@ -217,31 +217,32 @@ def table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def parse_lengths(words: list[str]) -> list[int]:
-    """Lengths as given on the command line (``8k`` = 8192), each a multiple of the block length 512."""
+def layer_length(text: str) -> int:
+    """The type of ``--lengths``: one length as given on the command line (``8k`` = 8192), a multiple of the block
+    length 512 and at least three blocks; refused while parsing (exit status 2) otherwise."""
     try:
-        lengths = [parse_scalar(w, int, {"k_suffix": True}) for w in words]
+        length = parse_scalar(text, int, {"k_suffix": True})
     except ValueError as error:
-        raise SystemExit(f"error: --lengths {error}") from None
-    bad = [n for n in lengths if n % 512 or n // 512 < 3]
-    if bad:
-        raise SystemExit(f"error: lengths must be multiples of 512, at least 1536 (the authors' layer needs three "
-                         f"blocks), got {bad}")
-    return lengths
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if length % 512 or length // 512 < 3:
+        raise argparse.ArgumentTypeError(f"must be a multiple of 512, at least 1536 (the authors' layer needs three "
+                                         f"blocks), got {text!r}")
+    return length
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_authors_flags(parser)
-    parser.add_argument("--lengths", nargs="+", default=["2k", "8k", "32k"])
+    parser.add_argument("--lengths", type=layer_length, nargs="+", default=[2048, 8192, 32768],
+                        help="sequence lengths, 8k = 8192 (default: 2k 8k 32k)")
     parser.add_argument("--repeats", type=int_at_least(1), default=7)
     parser.add_argument("--batch", type=int_at_least(1), default=1)
     parser.add_argument("--seed", type=int_at_least(0), default=0)
-    parser.add_argument("--out", default="benchmarks/results", help="folder of NAME.json and NAME.md")
-    parser.add_argument("--name", default=None, help="default: jax-layer-fp32-DATE-<cpus>cpu")
+    parser.add_argument("--out", type=not_empty, default="benchmarks/results", help="folder of NAME.json and NAME.md")
+    parser.add_argument("--name", type=not_empty, default=None, help="default: jax-layer-fp32-DATE-<cpus>cpu")
     args = parser.parse_args(argv)
     require_authors(args)
-    lengths = parse_lengths(args.lengths)
+    lengths = args.lengths
     machine = machine_info()
     with tempfile.TemporaryDirectory() as tmp:
         workers, setup = start_workers(args, Path(tmp))

@@ -30,13 +30,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from jax_layer import HERE, interleave, ours_worker, parse_lengths, save_unit
+from jax_layer import HERE, interleave, layer_length, ours_worker, save_unit
 from result_files import write_result
 from worker_protocol import MODES
 
 from transformer_vq.bench.load import load_text
 from transformer_vq.bench.machine import load_average, machine_info
-from transformer_vq.config.flags import int_at_least
+from transformer_vq.config.flags import int_at_least, not_empty
 
 ROOT = HERE.parent
 PRELOADS = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc_minimal.so.4"}
@@ -131,17 +131,19 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", nargs="+", required=True, help="LABEL=REV[:ALLOCATOR], the first the baseline")
-    parser.add_argument("--lengths", nargs="+", default=["8k", "32k"])
+    parser.add_argument("--variant", type=not_empty, nargs="+", required=True,
+                        help="LABEL=REV[:ALLOCATOR], the first the baseline")
+    parser.add_argument("--lengths", type=layer_length, nargs="+", default=[8192, 32768],
+                        help="sequence lengths, 8k = 8192 (default: 8k 32k)")
     parser.add_argument("--repeats", type=int_at_least(1), default=3)
     parser.add_argument("--seed", type=int_at_least(0), default=0)
-    parser.add_argument("--out", default="benchmarks/results")
-    parser.add_argument("--name", default=None, help="default: layer-versions-DATE")
+    parser.add_argument("--out", type=not_empty, default="benchmarks/results")
+    parser.add_argument("--name", type=not_empty, default=None, help="default: layer-versions-DATE")
     args = parser.parse_args(argv)
     variants = [parse_variant(v) for v in args.variant]
     if len({v["label"] for v in variants}) != len(variants):
         raise SystemExit("error: --variant labels must differ")
-    lengths = parse_lengths(args.lengths)
+    lengths = args.lengths
     machine = machine_info(measure_peak=False)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

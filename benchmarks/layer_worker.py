@@ -20,7 +20,7 @@ from flops import count_flops
 
 from transformer_vq import GatedAttentionUnit
 from transformer_vq.config import TransformerVQConfig
-from transformer_vq.config.flags import int_at_least
+from transformer_vq.config.flags import int_at_least, not_empty
 from transformer_vq.hostmem import retain_freed_memory
 from worker_protocol import serve
 
@@ -42,8 +42,8 @@ def layer_calls(unit: GatedAttentionUnit, x: torch.Tensor) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--state", required=True, help="the unit's state_dict (torch.save)")
-    parser.add_argument("--config", required=True, help="the unit's TransformerVQConfig as JSON")
+    parser.add_argument("--state", type=not_empty, required=True, help="the unit's state_dict (torch.save)")
+    parser.add_argument("--config", type=not_empty, required=True, help="the unit's TransformerVQConfig as JSON")
     parser.add_argument("--batch", type=int_at_least(1), default=1)
     parser.add_argument("--retain-host-memory", action="store_true",
                         help="keep freed host memory for reuse, as tvq train does (transformer_vq/hostmem.py)")

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from result_files import write_result
 
+from transformer_vq.config.flags import not_empty
+
 CELLS = ("vq", "vq-window-only", "full")
 
 
@@ -226,12 +228,12 @@ def plot(result: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("ablate", nargs="?")
-    parser.add_argument("--runs", nargs="+", default=None)
-    parser.add_argument("--trained-by", default=None)
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--out", default="benchmarks/results")
-    parser.add_argument("--others-load", default=None)
+    parser.add_argument("ablate", type=not_empty, nargs="?")
+    parser.add_argument("--runs", type=not_empty, nargs="+", default=None)
+    parser.add_argument("--trained-by", type=not_empty, default=None)
+    parser.add_argument("--name", type=not_empty, required=True)
+    parser.add_argument("--out", type=not_empty, default="benchmarks/results")
+    parser.add_argument("--others-load", type=not_empty, default=None)
     args = parser.parse_args(argv)
     if (args.ablate is None) == (args.runs is None) or (args.runs is not None) != (args.trained_by is not None):
         parser.error("give an ablate report, or --runs with --trained-by")

@@ -30,7 +30,7 @@ from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.longvq import _apply, build_layer
 from transformer_vq.bench.config import LongVQBenchConfig
 from transformer_vq.bench.machine import machine_info
-from transformer_vq.config.flags import int_at_least
+from transformer_vq.config.flags import int_at_least, not_empty
 
 
 def passes(kind: str, cfg: LongVQBenchConfig, length: int) -> dict:
@@ -73,7 +73,7 @@ def profile_call(call, warmup: int) -> tuple[list[dict], str, float]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="output path without extension")
+    parser.add_argument("--out", type=not_empty, required=True, help="output path without extension")
     parser.add_argument("--lengths", type=int_at_least(1), nargs="+", default=[4096, 16384])
     parser.add_argument("--preset", default="lra-text", choices=sorted(LONGVQ_BENCH_PRESETS))
     parser.add_argument("--kinds", nargs="+", default=["longvq", "transformer"], choices=["longvq", "transformer"])

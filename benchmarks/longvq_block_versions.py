@@ -32,7 +32,7 @@ from pathlib import Path
 from transformer_vq.bench.config import LONGVQ_BENCH_PRESETS, LongVQBenchConfig
 from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import machine_info
-from transformer_vq.config.flags import int_at_least
+from transformer_vq.config.flags import int_at_least, not_empty
 
 ROOT = Path(__file__).resolve().parent.parent
 CELL = """
@@ -136,13 +136,13 @@ def plot(record: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variant", nargs="+", required=True, help="LABEL=REV:KIND")
-    parser.add_argument("--baseline", nargs="+", help="the labels the ratios are taken against, a column group each "
-                                                      "(default: the last variant)")
+    parser.add_argument("--variant", type=not_empty, nargs="+", required=True, help="LABEL=REV:KIND")
+    parser.add_argument("--baseline", type=not_empty, nargs="+",
+                        help="the labels the ratios are taken against, a column group each (default: the last variant)")
     parser.add_argument("--lengths", type=int_at_least(1), nargs="+", default=[4096, 8192, 16384])
     parser.add_argument("--rounds", type=int_at_least(1), default=3)
     parser.add_argument("--preset", default="lra-text", choices=sorted(LONGVQ_BENCH_PRESETS))
-    parser.add_argument("--out", required=True, help="output path without extension")
+    parser.add_argument("--out", type=not_empty, required=True, help="output path without extension")
     args = parser.parse_args(argv)
     variants = {}
     for text in args.variant:

@@ -30,7 +30,7 @@ import torch
 from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import machine_info
 from transformer_vq.config import classify_config
-from transformer_vq.config.flags import int_at_least
+from transformer_vq.config.flags import int_at_least, not_empty
 from transformer_vq.models.longvq.ssm import DampedEMA
 from transformer_vq.ops.ema.conv import ema_bidir_conv, ema_kernel, fft_conv
 from transformer_vq.ops.vq_bidir import vq_bidir_attention
@@ -107,8 +107,9 @@ def step_calls(B, T, data):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="output path without extension")
-    parser.add_argument("--data", default="digits", help="the dataset whose defaults the step timing takes")
+    parser.add_argument("--out", type=not_empty, required=True, help="output path without extension")
+    parser.add_argument("--data", type=not_empty, default="digits",
+                        help="the dataset whose defaults the step timing takes")
     parser.add_argument("--batch", type=int_at_least(1), default=32)
     parser.add_argument("--length", type=int_at_least(1), default=64)
     parser.add_argument("--block-len", type=int_at_least(1), default=32)

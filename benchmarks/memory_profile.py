@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 from authors_bridge import gau_config, randomize
-from jax_layer import parse_lengths
+from jax_layer import layer_length
 from layer_worker import layer_calls
 from result_files import write_result
 
@@ -38,7 +38,7 @@ from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import machine_info
 from transformer_vq.bench.memory import PeakMemory
 from transformer_vq.config import PRESETS
-from transformer_vq.config.flags import int_at_least
+from transformer_vq.config.flags import int_at_least, not_empty
 
 GIB = 2**30
 PACKAGE = str(Path(__file__).resolve().parents[1] / "transformer_vq")
@@ -148,12 +148,13 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--length", default="32k")
+    parser.add_argument("--length", type=layer_length, default=32768,
+                        help="sequence length, 8k = 8192 (default: 32k)")
     parser.add_argument("--top", type=int_at_least(1), default=12, help="ops listed per mode")
-    parser.add_argument("--out", default="benchmarks/results")
-    parser.add_argument("--name", default=None, help="default: memory-profile-T-DATE")
+    parser.add_argument("--out", type=not_empty, default="benchmarks/results")
+    parser.add_argument("--name", type=not_empty, default=None, help="default: memory-profile-T-DATE")
     args = parser.parse_args(argv)
-    (length,) = parse_lengths([args.length])
+    length = args.length
     machine = machine_info(measure_peak=False)
     unit, x = build(length)
     with OthersLoad() as load:

@@ -27,7 +27,7 @@ import time
 import numpy as np
 import torch
 
-from transformer_vq.config.flags import float_in, int_at_least
+from transformer_vq.config.flags import float_in, int_at_least, not_empty
 from transformer_vq.config.longvq import CLASSIFY_PRESETS
 from transformer_vq.data.classify.pathfinder import layout, load_pathfinder
 from transformer_vq.models.baselines.classifiers import TransformerClassifier
@@ -60,8 +60,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--wd", type=float_in(0), default=0.01, help="weight decay (0 = none)")
     p.add_argument("--every", type=int_at_least(1), default=10)
     p.add_argument("--eval-every", type=int_at_least(1), default=50)
-    p.add_argument("--model", default="{}", help="json overrides of the small preset")
-    p.add_argument("--data", default="{}", help="json data options")
+    p.add_argument("--model", type=not_empty, default="{}", help="json overrides of the small preset")
+    p.add_argument("--data", type=not_empty, default="{}", help="json data options")
     p.add_argument("--seed", type=int_at_least(0), default=0)
     p.add_argument("--cosine", action="store_true")
     p.add_argument("--label", default="true", choices=("true", "ink", "dist"),

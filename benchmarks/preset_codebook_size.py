@@ -20,7 +20,7 @@ from pathlib import Path
 
 from transformer_vq import fileio
 from transformer_vq.bench.machine import machine_info
-from transformer_vq.config.flags import float_in
+from transformer_vq.config.flags import float_in, not_empty
 
 
 def _codebook_health(report: dict) -> dict:
@@ -98,13 +98,13 @@ def plot(result: dict, path: Path) -> Path:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cell", nargs=5, action="append", required=True,
+    parser.add_argument("--cell", type=not_empty, nargs=5, action="append", required=True,
                         metavar=("KIND", "S", "SEED", "EVAL_JSON", "CODEBOOK_JSON"))
     parser.add_argument("--full", nargs="+", type=float_in(0, low_open=True), required=True,
                         help="full attention's bpb, one per seed")
-    parser.add_argument("--note", action="append", default=[], metavar="KEY=TEXT")
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--note", type=not_empty, action="append", default=[], metavar="KEY=TEXT")
+    parser.add_argument("--name", type=not_empty, required=True)
+    parser.add_argument("--out", type=not_empty, default="benchmarks/results")
     args = parser.parse_args(argv)
     result = collect(args.cell, args.full, dict(note.split("=", 1) for note in args.note))
     out = Path(args.out)

@@ -26,7 +26,7 @@ from torch.profiler import ProfilerActivity, profile
 from transformer_vq.bench.config import OpBenchConfig
 from transformer_vq.bench.machine import load_average, machine_info, matmul_gflops
 from transformer_vq.bench.op_methods import forward_flops, make_inputs, method_fn, vq_matmuls
-from transformer_vq.config.flags import int_at_least
+from transformer_vq.config.flags import int_at_least, not_empty
 
 MATMUL_OPS = {"aten::bmm", "aten::mm", "aten::addmm", "aten::baddbmm"}
 
@@ -111,10 +111,10 @@ def profile_op(method: str, length: int, backward: bool, cfg: OpBenchConfig) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--method", default="vq-serial")
+    parser.add_argument("--method", type=not_empty, default="vq-serial")
     parser.add_argument("--length", type=int_at_least(1), default=8192)
     parser.add_argument("--backward", action="store_true")
-    parser.add_argument("--out", help="write the result (with machine info) to this JSON file")
+    parser.add_argument("--out", type=not_empty, help="write the result (with machine info) to this JSON file")
     parser.add_argument("--retain-host-memory", action="store_true",
                         help="keep freed memory for reuse, as tvq bench and tvq train do (default: glibc's)")
     args = parser.parse_args()

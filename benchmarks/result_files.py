@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from transformer_vq import fileio
+from transformer_vq.config.flags import not_empty
 
 
 def write_result(result: dict, text: str, out: str | Path, name: str) -> Path:
@@ -33,9 +34,9 @@ def save_figure(fig, path: str | Path) -> Path:
 
 def add_output_args(parser) -> None:
     """The flags of a script that writes one result: ``--name``, ``--out`` and ``--note KEY=TEXT`` (repeatable)."""
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--out", default="benchmarks/results")
-    parser.add_argument("--note", action="append", default=[], metavar="KEY=TEXT")
+    parser.add_argument("--name", type=not_empty, required=True)
+    parser.add_argument("--out", type=not_empty, default="benchmarks/results")
+    parser.add_argument("--note", type=not_empty, action="append", default=[], metavar="KEY=TEXT")
 
 
 def notes_of(args) -> dict:

@@ -24,6 +24,7 @@ from result_files import add_output_args, notes_of, publish, save_figure
 
 from transformer_vq.ablate.cells import read_metrics
 from transformer_vq.bench.machine import machine_info
+from transformer_vq.config.flags import not_empty
 
 SMOOTH = 60
 """Steps per point of the figure's training curve."""
@@ -166,8 +167,8 @@ def plot(result: dict, path: Path) -> Path:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cell", nargs="+", action="append", required=True, metavar="LABEL_THEN_RUNS")
-    parser.add_argument("--reference", required=True)
+    parser.add_argument("--cell", type=not_empty, nargs="+", action="append", required=True, metavar="LABEL_THEN_RUNS")
+    parser.add_argument("--reference", type=not_empty, required=True)
     parser.add_argument("--ranges", type=parse_ranges, default=None)
     add_output_args(parser)
     args = parser.parse_args(argv)

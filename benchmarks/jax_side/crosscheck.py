@@ -16,12 +16,13 @@ import json
 import numpy as np
 
 from authors import block_layer, import_authors, make_config, whole_layer
+from worker import not_empty  # the JAX side's own flag types (this project's package is not importable here)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--src", required=True, help="the authors' src folder (branch optimized)")
-    parser.add_argument("--io", nargs=2, required=True, metavar=("IN", "OUT"))
+    parser.add_argument("--src", type=not_empty, required=True, help="the authors' src folder (branch optimized)")
+    parser.add_argument("--io", type=not_empty, nargs=2, required=True, metavar=("IN", "OUT"))
     args = parser.parse_args()
     modules = import_authors(args.src, float64=True)
     import jax.numpy as jnp

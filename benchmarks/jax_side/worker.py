@@ -39,10 +39,18 @@ def positive_int(text: str) -> int:
 positive_int.bounds = {"min": 1, "max": None, "min_open": False, "max_open": False}  # as float_in keeps its bounds
 
 
+def not_empty(text: str) -> str:
+    """The type of a free-text flag (a path), worded as ``transformer_vq.config.flags.not_empty``, which this side
+    cannot import either: an empty word would otherwise fail late, with a traceback."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must not be empty, got {text!r}")
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--src", required=True, help="the authors' src folder (branch optimized)")
-    parser.add_argument("--params", required=True)
+    parser.add_argument("--src", type=not_empty, required=True, help="the authors' src folder (branch optimized)")
+    parser.add_argument("--params", type=not_empty, required=True)
     parser.add_argument("--batch", type=positive_int, default=1)
     args = parser.parse_args()
     modules = import_authors(args.src, float64=False)

@@ -4,6 +4,7 @@ source) and TVQ_JAX_PYTHON."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -41,11 +42,12 @@ def _jax_layer():
 
 def test_jax_layer_lengths_and_growth():
     jax_layer = _jax_layer()
-    assert jax_layer.parse_lengths(["2k", "8k", "1536"]) == [2048, 8192, 1536]
-    with pytest.raises(SystemExit, match=r"multiples of 512, at least 1536 .* got \[1024, 2500\]"):
-        jax_layer.parse_lengths(["1k", "2500"])
-    with pytest.raises(SystemExit, match="--lengths must be an integer, got 'lots'"):
-        jax_layer.parse_lengths(["lots"])
+    assert [jax_layer.layer_length(w) for w in ("2k", "8k", "1536")] == [2048, 8192, 1536]
+    for bad in ("1k", "2500"):
+        with pytest.raises(argparse.ArgumentTypeError, match=rf"multiple of 512, at least 1536 .* got '{bad}'"):
+            jax_layer.layer_length(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="must be an integer, got 'lots'"):
+        jax_layer.layer_length("lots")
     rows = [{"T": t, "mode": m, "ours_s": t * f, "authors_s": 2 * t * f} for t in (8192, 32768)
             for m, f in (("fwd", 1.0), ("fwdbwd", 3.0))]
     rows[3]["ours_s"] *= 5  # 32k fwdbwd: ours five times the linear growth

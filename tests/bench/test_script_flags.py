@@ -1,6 +1,8 @@
 """Every benchmark script refuses an out-of-range number flag while parsing: ``--repeats 0``, ``--steps -1`` or
 ``--seed -3`` exit with status 2 and one ``error:`` line naming the flag, before any work starts (not a traceback
-from deep inside the run, nor a table of nonsense).
+from deep inside the run, nor a table of nonsense). Likewise an empty word for a flag of free text (a path, a name):
+``--out ""`` would otherwise become the current directory, or fail late; and a length that is no length
+(``--lengths 8q``). ``tvq bench --out ""`` is refused the same way.
 
 The scripts are found by globbing benchmarks/ (a new script is covered); their flags by capturing the parser each
 script's ``main`` builds. Each refusal is checked in-process: ``main`` is called with the bad value while
@@ -17,6 +19,7 @@ import importlib.util
 import inspect
 import re
 import runpy
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -125,23 +128,25 @@ def number_flags(parser: argparse.ArgumentParser) -> list[tuple[argparse.Action,
     return found
 
 
-def refusal(module, path: Path, capsys, flag: str, value: str) -> str | None:
-    """What is wrong with the script's answer to ``FLAG=VALUE`` (None: refused as it should be)."""
+def refusal(module, path: Path, capsys, argv: list[str], flag: str, says: str = "must be") -> str | None:
+    """What is wrong with the script's answer to ``ARGV`` (None: refused as it should be: exit status 2 and one
+    ``error:`` line, the last, naming ``flag`` and saying ``says``)."""
+    given = shlex.join(argv)
     with stop_at_parsing(before=False):
         try:
-            run_script(module, path, [f"{flag}={value}"])
+            run_script(module, path, argv)
         except Parsed:
-            return f"{flag}={value} was accepted"
+            return f"{given} was accepted"
         except SystemExit as stop:
             code = stop.code
         else:
-            return f"{flag}={value}: main returned without parsing"
+            return f"{given}: main returned without parsing"
     err = capsys.readouterr().err.strip().splitlines()
     errors = [line for line in err if "error:" in line]
     if code != 2:
-        return f"{flag}={value}: exit status {code!r}, not 2"
-    if len(errors) != 1 or errors[0] != err[-1] or flag not in errors[0] or "must be" not in errors[0]:
-        return f"{flag}={value}: not one error line naming the flag: {err}"
+        return f"{given}: exit status {code!r}, not 2"
+    if len(errors) != 1 or errors[0] != err[-1] or flag not in errors[0] or says not in errors[0]:
+        return f"{given}: not one error line naming the flag: {err}"
     return None
 
 
@@ -168,13 +173,85 @@ def test_number_flags_are_bounded_and_refused_while_parsing(path, capsys):
             if convert(str(default)) != default:  # the default stays a valid value: valid runs are unchanged
                 problems.append(f"{flag}: default {default!r} is not what its type makes of it")
         for bad in (outside(bounds), "nan", "x"):
-            problems.append(refusal(module, path, capsys, flag, bad))
+            problems.append(refusal(module, path, capsys, [f"{flag}={bad}"], flag))
     assert [p for p in problems if p] == []
+
+
+STORING = (argparse._StoreAction, argparse._AppendAction, argparse._ExtendAction)
+
+
+def text_flags(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """Each flag (or positional) that stores the words it is given, neither a number nor a choice: a path, a name,
+    a preset, a length."""
+    numbers = {id(action) for action, _ in number_flags(parser)}
+    return [a for a in parser._actions if isinstance(a, STORING) and not a.choices and id(a) not in numbers]
+
+
+def name_of(action: argparse.Action) -> str:
+    """What argparse's error line calls ``action``: its last option string, or a positional's name."""
+    return action.option_strings[-1] if action.option_strings else action.metavar or action.dest
+
+
+def given_as(action: argparse.Action, value: str) -> list[str]:
+    """The command line giving ``value`` to ``action`` (as many times as the flag takes words)."""
+    return [*action.option_strings[-1:], *[value] * (action.nargs if isinstance(action.nargs, int) else 1)]
+
+
+@pytest.mark.parametrize("path", PARSED_SCRIPTS, ids=script_id)
+def test_text_flags_have_a_converter_and_refuse_an_empty_word_while_parsing(path, capsys):
+    module = load(path)
+    flags = text_flags(parser_of(module, path))
+    plain = [name_of(action) for action in flags if action.type in (None, str)]
+    assert plain == [], f"{script_id(path)}: use transformer_vq.config.flags.not_empty (or a stricter type)"
+    problems = [refusal(module, path, capsys, given_as(action, empty), name_of(action), says="error:")
+                for action in flags for empty in ("", "   ")]
+    assert [p for p in problems if p] == []
+
+
+def test_every_script_has_text_flags_to_check():
+    """The discovery above finds the flags: a free-text flag is in most scripts (a new parser style would hide them)."""
+    found = {script_id(p) for p in PARSED_SCRIPTS if text_flags(parser_of(load(p), p))}
+    assert {"jax_layer.py", "fsdp_memory.py", "longdoc_recall_text.py", "jax_side/worker.py"} <= found
+
+
+LENGTHS = [("jax_layer.py", "--lengths", "2k 8k 32k"), ("layer_versions.py", "--lengths", "8k 32k"),
+           ("memory_profile.py", "--length", "32k")]
+
+
+@pytest.mark.parametrize("script, flag, old_default", LENGTHS, ids=[s for s, _, _ in LENGTHS])
+def test_a_length_that_is_no_layer_length_is_refused_while_parsing(script, flag, old_default, capsys):
+    """``--lengths`` of the whole-layer scripts: one converter (``8k`` = 8192, a multiple of 512, at least three
+    blocks of the authors' layer); a bad word exits 2 while parsing, and the defaults are the lengths they were."""
+    path = BENCH / script
+    module = load(path)
+    action = next(a for a in parser_of(module, path)._actions if flag in a.option_strings)
+    assert action.type.__name__ == "layer_length"
+    default = [action.type(word) for word in old_default.split()]
+    assert action.default == (default if action.nargs == "+" else default[0])
+    assert [action.type(w) for w in ("1536", "2k", "8K", "32k")] == [1536, 2048, 8192, 32768]
+    problems = [refusal(module, path, capsys, [f"{flag}={bad}"], flag, says=says)
+                for bad, says in (("8q", "must be an integer, got '8q'"), ("0", "must be a multiple of 512"),
+                                  ("1k", "at least 1536"), ("2500", "got '2500'"), ("-2k", "must be"))]
+    assert [p for p in problems if p] == []
+
+
+@pytest.mark.parametrize("bench", ["op", "train", "decode", "longvq"])
+@pytest.mark.parametrize("empty", ["", "   "])
+def test_tvq_bench_refuses_an_empty_out_while_parsing(bench, empty, capsys):
+    from transformer_vq.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["bench", bench, "--out", empty])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2
+    assert len(err) == 1 and err[0].startswith("error: --out: must not be empty, got '"), err
 
 
 @pytest.mark.parametrize("script, argv, message", [
     ("fsdp_memory.py", ["--steps", "0"], "argument --steps: must be a positive integer, got '0'"),
     ("jax_side/worker.py", ["--batch", "0"], "argument --batch: must be a positive integer, got '0'"),
+    ("fsdp_memory.py", ["--batch", "3"], "argument --batch: must be even (split evenly over the 2 workers), got '3'"),
+    ("jax_side/worker.py", ["--src", "", "--params", "p.npz"], "argument --src: must not be empty, got ''"),
 ])
 def test_a_refusal_is_the_process_exit(script, argv, message):
     """End to end, in a process of its own: status 2, usage and one error line, no traceback

@@ -34,7 +34,7 @@ def add_parser(subparsers):
     import argparse
 
     from transformer_vq.bench import config
-    from transformer_vq.config.flags import add_flags, add_preset_flag
+    from transformer_vq.config.flags import add_flags, add_preset_flag, not_empty
 
     parser = subparsers.add_parser("bench", help="benchmark the operator, training steps, decoding and LongVQ",
                                    description=__doc__, epilog=EPILOG,
@@ -44,7 +44,7 @@ def add_parser(subparsers):
         cls = getattr(config, class_name)
         sub = benches.add_parser(name, help=cls.__doc__.splitlines()[0], description=cls.__doc__)
         add_flags(sub, cls, skip=("model",))
-        sub.add_argument("--out", default="bench-results", metavar="DIR",
+        sub.add_argument("--out", type=not_empty, default="bench-results", metavar="DIR",
                          help="directory for NAME.json, NAME.md and NAME.png (default: bench-results)")
         sub.add_argument("--name", type=_file_stem, help="file name stem (default: <bench>-<date>-<host>-<cpus>cpu)")
         model = sub.add_argument_group("model (" + cls.__dataclass_fields__["model"].metadata["help"] + ")")
