@@ -21,6 +21,7 @@ from pathlib import Path
 from transformer_vq import fileio
 from transformer_vq.bench.machine import machine_info
 from transformer_vq.config.flags import float_in, not_empty
+from result_files import add_output_args, notes_of
 
 
 def _codebook_health(report: dict) -> dict:
@@ -102,11 +103,9 @@ def main(argv=None) -> None:
                         metavar=("KIND", "S", "SEED", "EVAL_JSON", "CODEBOOK_JSON"))
     parser.add_argument("--full", nargs="+", type=float_in(0, low_open=True), required=True,
                         help="full attention's bpb, one per seed")
-    parser.add_argument("--note", type=not_empty, action="append", default=[], metavar="KEY=TEXT")
-    parser.add_argument("--name", type=not_empty, required=True)
-    parser.add_argument("--out", type=not_empty, default="benchmarks/results")
+    add_output_args(parser)
     args = parser.parse_args(argv)
-    result = collect(args.cell, args.full, dict(note.split("=", 1) for note in args.note))
+    result = collect(args.cell, args.full, notes_of(args))
     out = Path(args.out)
     fileio.atomic_write_text(out / f"{args.name}.json", json.dumps(result, indent=1) + "\n")
     notes = [f"- {key}: {text}" for key, text in result["notes"].items() if key != "title"]

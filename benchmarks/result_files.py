@@ -3,6 +3,7 @@ reader reads) under one folder, the table also printed. One writer for every scr
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -36,12 +37,20 @@ def add_output_args(parser) -> None:
     """The flags of a script that writes one result: ``--name``, ``--out`` and ``--note KEY=TEXT`` (repeatable)."""
     parser.add_argument("--name", type=not_empty, required=True)
     parser.add_argument("--out", type=not_empty, default="benchmarks/results")
-    parser.add_argument("--note", type=not_empty, action="append", default=[], metavar="KEY=TEXT")
+    parser.add_argument("--note", type=note, action="append", default=[], metavar="KEY=TEXT")
+
+
+def note(text: str) -> tuple[str, str]:
+    """The type of ``--note``: ``KEY=TEXT`` as ``(KEY, TEXT)``, refused while parsing without a key."""
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise argparse.ArgumentTypeError(f"must be KEY=TEXT, got {text!r}")
+    return key.strip(), value
 
 
 def notes_of(args) -> dict:
     """``--note KEY=TEXT`` flags as ``{KEY: TEXT}``."""
-    return dict(note.split("=", 1) for note in args.note)
+    return dict(args.note)
 
 
 def publish(result: dict, text: str, args, plot) -> Path:

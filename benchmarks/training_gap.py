@@ -43,9 +43,12 @@ def parse_ranges(text: str) -> list[tuple[int, int]]:
     """``"1-60,61-120"`` -> ``[(1, 60), (61, 120)]``."""
     ranges = []
     for part in text.split(","):
-        lo, hi = (int(x) for x in part.split("-"))
+        try:
+            lo, hi = (int(x) for x in part.split("-"))
+        except ValueError:
+            lo = hi = 0
         if not 1 <= lo <= hi:
-            raise SystemExit(f"--ranges: {part!r} is not a step range lo-hi with 1 <= lo <= hi")
+            raise argparse.ArgumentTypeError(f"{part!r} is not a step range lo-hi with 1 <= lo <= hi")
         ranges.append((lo, hi))
     return ranges
 

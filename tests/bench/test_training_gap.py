@@ -3,6 +3,7 @@ directories whose metrics.jsonl is written here by hand (the script reads no che
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -27,8 +28,19 @@ def test_doubling_ranges_end_at_the_last_step():
     assert script.doubling_ranges(600) == [(1, 60), (61, 120), (121, 240), (241, 480), (481, 600)]
     assert script.doubling_ranges(60) == [(1, 60)]
     assert script.parse_ranges("1-4,5-8") == [(1, 4), (5, 8)]
-    with pytest.raises(SystemExit):
-        script.parse_ranges("5-1")
+    for bad in ("5-1", "x", "1-2-3", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="is not a step range lo-hi"):
+            script.parse_ranges(bad)
+
+
+def test_a_note_is_key_equals_text_refused_while_parsing_otherwise():
+    """--note of every script that writes one result (result_files.add_output_args): a note without a key was a
+    traceback after the runs were read."""
+    note = benchmark_script("result_files").note
+    assert note("title=a=b") == ("title", "a=b") and note(" k =") == ("k", "")
+    for bad in ("no-equals", "=text", " =x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="must be KEY=TEXT"):
+            note(bad)
 
 
 def test_ratios_by_range_and_validation(tmp_path):
