@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from trainutil import tiny_config
+from trainutil import tiny_config, tiny_overrides
 from transformer_vq.cli import main
 from transformer_vq.config import ConfigError
-from transformer_vq.train import train
+from transformer_vq.train import load_config, train
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,20 @@ def test_resume_refuses_a_change_of_the_data(corpus_file, lm_run, field, value, 
                                      f"{saved} and this run asks for {value}; {field} defines the run's data, which a "
                                      f"resumed run keeps: leave it out (or give {saved}) to continue, or start a new "
                                      f"run with another --run-dir")
+
+
+def test_a_data_option_at_its_default_is_the_run_s_data_and_another_value_is_refused(corpus_file, lm_run, capsys):
+    """The run saved no data options; spelling out the loader's default loads the same data and resumes. Another value
+    is refused, with flags that can be given back (not "give {}")."""
+    def with_lines(lines: bool):
+        return load_config("tiny", overrides=tiny_overrides(corpus_file, lm_run, "steps=2"),
+                           values={"train": {"data_options": {"lines": lines}}})
+
+    assert train(with_lines(False), resume="auto").exit_code == 0
+    with pytest.raises(ConfigError, match=r"^--data-option: the run in .* was trained with data_options \{\} and this "
+                                          r"run asks for \{'lines': True\}; .*leave it out \(or give no "
+                                          r"--data-option\) to continue"):
+        train(with_lines(True), resume="auto")
 
 
 def test_classify_eval_names_the_command_of_a_language_model_run(lm_run, capsys):

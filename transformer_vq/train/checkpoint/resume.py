@@ -117,12 +117,40 @@ def refuse_changed_fields(saved_train: dict, train, path) -> None:
         if reason is None or field.name not in saved_train:
             continue
         saved, now = saved_train[field.name], json.loads(json.dumps(getattr(train, field.name)))  # as saved
-        if saved != now:
+        if saved != now and not (field.name == "data_options"  # a default spelled out loads the same data
+                                 and _with_defaults(train, saved) == _with_defaults(train, now)):
             flag = flag_of(field)
-            keep = (flag if saved else f"--no-{flag[2:]}") if isinstance(saved, bool) else f"{saved!r}"
+            keep = _flags_of(flag, saved)
             raise ConfigError(f"{flag}: the run in {path} was trained with {field.name} {saved!r} and this run asks "
                               f"for {now!r}; {reason}: leave it out (or give {keep}) to continue, or start a new run "
                               f"with another --run-dir")
+
+
+def _with_defaults(train, options: dict) -> dict:
+    """``options`` of ``train``'s dataset with the loader's declared defaults filled in, as JSON would save them
+    (as given where the dataset is unknown or refuses them: the resume reports that itself)."""
+    from transformer_vq.config import ClassifyTrainConfig
+    from transformer_vq.data import DataError
+    from transformer_vq.data.options import identity
+
+    try:
+        if isinstance(train, ClassifyTrainConfig):
+            from transformer_vq.data.classify.registry import classification_loader as find_loader
+        else:
+            from transformer_vq.data.registry import loader as find_loader
+        return json.loads(json.dumps(identity(train.data, find_loader(train.data), None, options)["data_options"]))
+    except DataError:
+        return options
+
+
+def _flags_of(flag: str, saved) -> str:
+    """The flags that give ``saved`` again: ``--pack`` / ``--no-pack``, ``--data-option K=V ...`` (or leaving it out,
+    for no options), else the value."""
+    if isinstance(saved, bool):
+        return flag if saved else f"--no-{flag[2:]}"
+    if isinstance(saved, dict):
+        return " ".join(f"{flag} {key}={value}" for key, value in saved.items()) or f"no {flag}"
+    return f"{saved!r}"
 
 
 def resumed_base(resume: str, where: dict, train_cls, task: str):
