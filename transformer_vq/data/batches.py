@@ -161,6 +161,12 @@ def packed_documents(corpus: Corpus, split: str) -> np.ndarray:
     documents = corpus.documents.get(split)
     if documents is None or len(documents) < 2:
         held = "none" if documents is None or len(documents) == 0 else "one document only"
+        # a split's own start is recorded at 0; a start past it in another split is a document the cut put there
+        if any(name != split and (np.asarray(starts) > 0).any() for name, starts in corpus.documents.items()):
+            raise DataError(f"--pack needs two documents or more in the {split} split, and {corpus.name!r} begins "
+                            f"{held} there: the corpus is cut into splits by position, in order (the first tokens "
+                            f"train), and its other documents begin in other splits; use more or smaller files, "
+                            f"--data-option lines=true for a file of records, or leave --pack off")
         raise DataError(f"--pack needs a corpus whose documents are known, and {corpus.name!r} records {held} for "
                         f"its {split} split; use --data shakespeare or pg19, --data text with a directory of several "
                         "files (one document each) or a file read with --data-option lines=true (one per line), or "

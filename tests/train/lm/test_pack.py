@@ -86,6 +86,12 @@ def test_pack_refuses_a_corpus_without_documents_and_models_that_cannot(corpus_f
                                         r"directory of several files \(one document each\) or a file read with "
                                         r"--data-option lines=true \(one per line\), or leave --pack off$"):
         packed_documents(corpus, "train")
+    # documents that the contiguous cut into splits left the train split one of: the message says so
+    cut = Corpus(name="text", splits={"train": np.zeros(8, dtype=np.uint8)}, vocab_size=256,
+                 documents={"train": np.array([0]), "validation": np.array([0, 3]), "test": np.array([0])})
+    with pytest.raises(DataError, match=r"^--pack needs two documents or more in the train split, and 'text' begins "
+                                        r"one document only there: the corpus is cut into splits by position"):
+        packed_documents(cut, "train")
     # a single text file is one document: packing it would change nothing, and said nothing
     with pytest.raises(DataError, match="^--pack needs a corpus whose documents are known, and 'text' records one "
                                         "document only for its train split"):
