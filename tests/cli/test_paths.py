@@ -269,3 +269,8 @@ def test_yaml_merge_keys_are_yaml_and_not_a_key_given_twice(tmp_path):
     path.write_text("model: &m {d_model: 32}\ntrain: {steps: 3, steps: 4, <<: {seed: 2}}\n")
     with pytest.raises(ConfigError, match="key 'steps' is given twice"):
         read_file(path)
+    # an anchored mapping that merges and overrides itself, merged again by a shallower mapping after YAML has
+    # flattened it (its merged keys once read as given twice)
+    path.write_text("train:\n  data_options: &o\n    <<: {lines: false}\n    lines: true\n  steps: 3\n"
+                    "model:\n  <<: *o\n")
+    assert read_file(path) == {"train": {"data_options": {"lines": True}, "steps": 3}, "model": {"lines": True}}

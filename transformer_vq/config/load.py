@@ -145,17 +145,21 @@ def _unique_key_loader():
     import yaml
 
     class UniqueKeyLoader(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):
-            seen = set()
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=deep)
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
-                                                            key_node.start_mark)
-                seen.add(key)
-            return super().construct_mapping(node, deep=deep)
+        def flatten_mapping(self, node):
+            # checked before YAML merges the keys in, once per node: an anchored mapping is flattened in place when
+            # first met, and its merged keys would read as given twice when a shallower mapping merges it later
+            if not getattr(node, "keys_checked", False):
+                seen = set()
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node)
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
+                                                                key_node.start_mark)
+                    seen.add(key)
+                node.keys_checked = True
+            super().flatten_mapping(node)
 
     return UniqueKeyLoader
 
