@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from transformer_vq.bench.machine import machine_info
-from transformer_vq.config.flags import int_at_least, not_empty
+from transformer_vq.config.flags import file_stem, int_at_least, not_empty
 from transformer_vq.train.lm.context import context_profile
 
 
@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-tokens", type=int_at_least(0), default=0,
                         help="validation tokens read (0 = the whole split)")
     parser.add_argument("--device", type=not_empty, default="auto")
-    parser.add_argument("--name", type=not_empty, required=True)
+    parser.add_argument("--name", type=file_stem, required=True)
     parser.add_argument("--out", type=not_empty, default="benchmarks/results")
     args = parser.parse_args(argv)
     results = {run: context_profile(run, carry=tuple(args.carry), max_tokens=args.max_tokens, device=args.device)

@@ -22,7 +22,7 @@ from transformer_vq.bench.machine import machine_info
 from transformer_vq.bench.op import run_op_bench
 from transformer_vq.bench.report import machine_lines, _seconds
 from transformer_vq.config import PRESETS
-from transformer_vq.config.flags import float_in, int_at_least, not_empty
+from transformer_vq.config.flags import file_stem, float_in, int_at_least, not_empty
 
 VQ_METHODS = ("vq-serial", "vq-qk", "vq-bidir", "vq-qk-bidir")
 BASELINES = ("sdpa", "sdpa-bidir")
@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int_at_least(1), default=3)
     parser.add_argument("--budget-s", type=float_in(0, low_open=True), default=300.0)
     parser.add_argument("--out", type=not_empty, default="benchmarks/results")
-    parser.add_argument("--name", type=not_empty, default=None)
+    parser.add_argument("--name", type=file_stem, default=None)
     args = parser.parse_args()
     result = sweep(args.length, args.sizes, args.repeats, args.budget_s)
     out = Path(args.out)

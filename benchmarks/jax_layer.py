@@ -39,7 +39,7 @@ from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import load_average, machine_info, matmul_gflops
 from transformer_vq.config import PRESETS
 from transformer_vq.config.fields import parse_scalar
-from transformer_vq.config.flags import int_at_least, not_empty
+from transformer_vq.config.flags import file_stem, int_at_least, not_empty
 from worker_protocol import MODES
 
 HERE = Path(__file__).resolve().parent
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch", type=int_at_least(1), default=1)
     parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--out", type=not_empty, default="benchmarks/results", help="folder of NAME.json and NAME.md")
-    parser.add_argument("--name", type=not_empty, default=None, help="default: jax-layer-fp32-DATE-<cpus>cpu")
+    parser.add_argument("--name", type=file_stem, default=None, help="default: jax-layer-fp32-DATE-<cpus>cpu")
     args = parser.parse_args(argv)
     require_authors(args)
     lengths = args.lengths

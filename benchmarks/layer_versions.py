@@ -36,7 +36,7 @@ from worker_protocol import MODES
 
 from transformer_vq.bench.load import load_text
 from transformer_vq.bench.machine import load_average, machine_info
-from transformer_vq.config.flags import int_at_least, not_empty
+from transformer_vq.config.flags import file_stem, int_at_least, not_empty
 
 ROOT = HERE.parent
 PRELOADS = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc_minimal.so.4"}
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int_at_least(1), default=3)
     parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--out", type=not_empty, default="benchmarks/results")
-    parser.add_argument("--name", type=not_empty, default=None, help="default: layer-versions-DATE")
+    parser.add_argument("--name", type=file_stem, default=None, help="default: layer-versions-DATE")
     args = parser.parse_args(argv)
     variants = [parse_variant(v) for v in args.variant]
     if len({v["label"] for v in variants}) != len(variants):

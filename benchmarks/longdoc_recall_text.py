@@ -25,7 +25,7 @@ from pathlib import Path
 
 from result_files import write_result
 
-from transformer_vq.config.flags import not_empty
+from transformer_vq.config.flags import file_stem, not_empty
 
 CELLS = ("vq", "vq-window-only", "full")
 
@@ -231,7 +231,7 @@ def main(argv=None) -> int:
     parser.add_argument("ablate", type=not_empty, nargs="?")
     parser.add_argument("--runs", type=not_empty, nargs="+", default=None)
     parser.add_argument("--trained-by", type=not_empty, default=None)
-    parser.add_argument("--name", type=not_empty, required=True)
+    parser.add_argument("--name", type=file_stem, required=True)
     parser.add_argument("--out", type=not_empty, default="benchmarks/results")
     parser.add_argument("--others-load", type=not_empty, default=None)
     args = parser.parse_args(argv)

@@ -39,7 +39,7 @@ import transformer_vq
 from transformer_vq.bench.config import LONGVQ_BENCH_PRESETS, LongVQBenchConfig
 from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import machine_info
-from transformer_vq.config.flags import int_at_least, not_empty
+from transformer_vq.config.flags import file_stem, int_at_least, not_empty
 
 # the package measured, whose lines name the sites: this checkout, or another revision put first on PYTHONPATH
 PACKAGE = str(Path(transformer_vq.__file__).resolve().parent)
@@ -153,7 +153,7 @@ def table(cell: dict, top: int) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=not_empty, default="benchmarks/results")
-    parser.add_argument("--name", type=not_empty, required=True)
+    parser.add_argument("--name", type=file_stem, required=True)
     parser.add_argument("--lengths", type=int_at_least(1), nargs="+", default=[4096, 16384])
     parser.add_argument("--preset", default="lra-text", choices=sorted(LONGVQ_BENCH_PRESETS))
     parser.add_argument("--kinds", nargs="+", default=["longvq", "transformer"], choices=["longvq", "transformer"])

@@ -38,7 +38,7 @@ from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import machine_info
 from transformer_vq.bench.memory import PeakMemory
 from transformer_vq.config import PRESETS
-from transformer_vq.config.flags import int_at_least, not_empty
+from transformer_vq.config.flags import file_stem, int_at_least, not_empty
 
 GIB = 2**30
 PACKAGE = str(Path(__file__).resolve().parents[1] / "transformer_vq")
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help="sequence length, 8k = 8192 (default: 32k)")
     parser.add_argument("--top", type=int_at_least(1), default=12, help="ops listed per mode")
     parser.add_argument("--out", type=not_empty, default="benchmarks/results")
-    parser.add_argument("--name", type=not_empty, default=None, help="default: memory-profile-T-DATE")
+    parser.add_argument("--name", type=file_stem, default=None, help="default: memory-profile-T-DATE")
     args = parser.parse_args(argv)
     length = args.length
     machine = machine_info(measure_peak=False)

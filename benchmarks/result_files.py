@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from transformer_vq import fileio
-from transformer_vq.config.flags import not_empty
+from transformer_vq.config.flags import file_stem, not_empty
 
 
 def write_result(result: dict, text: str, out: str | Path, name: str) -> Path:
@@ -35,7 +35,7 @@ def save_figure(fig, path: str | Path) -> Path:
 
 def add_output_args(parser) -> None:
     """The flags of a script that writes one result: ``--name``, ``--out`` and ``--note KEY=TEXT`` (repeatable)."""
-    parser.add_argument("--name", type=not_empty, required=True)
+    parser.add_argument("--name", type=file_stem, required=True)
     parser.add_argument("--out", type=not_empty, default="benchmarks/results")
     parser.add_argument("--note", type=note, action="append", default=[], metavar="KEY=TEXT")
 

@@ -205,6 +205,9 @@ def test_text_flags_have_a_converter_and_refuse_an_empty_word_while_parsing(path
     assert plain == [], f"{script_id(path)}: use transformer_vq.config.flags.not_empty (or a stricter type)"
     problems = [refusal(module, path, capsys, given_as(action, empty), name_of(action), says="error:")
                 for action in flags for empty in ("", "   ")]
+    # a --name is the stem of the files written in --out: a path would write elsewhere
+    problems += [refusal(module, path, capsys, given_as(action, "a/b"), name_of(action), says="not a path")
+                 for action in flags if name_of(action) == "--name"]
     assert [p for p in problems if p] == []
 
 

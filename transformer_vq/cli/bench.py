@@ -34,7 +34,7 @@ def add_parser(subparsers):
     import argparse
 
     from transformer_vq.bench import config
-    from transformer_vq.config.flags import add_flags, add_preset_flag, not_empty
+    from transformer_vq.config.flags import add_flags, add_preset_flag, file_stem, not_empty
 
     parser = subparsers.add_parser("bench", help="benchmark the operator, training steps, decoding and LongVQ",
                                    description=__doc__, epilog=EPILOG,
@@ -46,21 +46,11 @@ def add_parser(subparsers):
         add_flags(sub, cls, skip=("model",))
         sub.add_argument("--out", type=not_empty, default="bench-results", metavar="DIR",
                          help="directory for NAME.json, NAME.md and NAME.png (default: bench-results)")
-        sub.add_argument("--name", type=_file_stem, help="file name stem (default: <bench>-<date>-<host>-<cpus>cpu)")
+        sub.add_argument("--name", type=file_stem, help="file name stem (default: <bench>-<date>-<host>-<cpus>cpu)")
         model = sub.add_argument_group("model (" + cls.__dataclass_fields__["model"].metadata["help"] + ")")
         add_preset_flag(model, "the benchmark's model", config.MODEL_PRESETS[cls.model_class()])
         add_flags(model, cls.model_class(), defaults="")
     return parser
-
-
-def _file_stem(text: str) -> str:
-    import argparse
-
-    from transformer_vq.config.fields import file_stem_problem
-
-    if file_stem_problem(text):
-        raise argparse.ArgumentTypeError(f"{file_stem_problem(text)}, got {text!r}")
-    return text
 
 
 def bench_config(args):

@@ -143,7 +143,7 @@ def _scalar_problem(value, base: type, rules: dict) -> str | None:
 def file_stem_problem(name: str) -> str | None:
     """What is wrong with ``name`` as the stem of files written in a chosen directory (``--name``), or None: a path
     (a separator, ``.``, ``..``) would write elsewhere than that directory, an empty stem hidden files (``.json``)."""
-    if not name:
+    if not name.strip():
         return "must not be empty"
     if "/" in name or "\\" in name or name in (".", ".."):
         return "must be a file name stem, not a path (the directory is --out)"

@@ -143,6 +143,15 @@ def not_empty(text: str) -> str:
     return text
 
 
+def file_stem(text: str) -> str:
+    """The type of a ``--name`` flag: the stem of the files written in the output directory, not a path."""
+    from transformer_vq.config.fields import file_stem_problem
+
+    if file_stem_problem(text):
+        raise argparse.ArgumentTypeError(f"{file_stem_problem(text)}, got {text!r}")
+    return text
+
+
 def int_at_least(minimum: int, why: str = ""):
     """The type of an integer flag outside the config classes, at least ``minimum`` (``why``: the reason, said in the
     refusal), worded as the config fields' checks are."""
