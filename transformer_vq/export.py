@@ -28,7 +28,8 @@ def export(cfg: ExportConfig) -> Path:
     out = Path(cfg.out)
     check_out(out)
     if cfg.format == "hf" and importlib.util.find_spec("transformers") is None:
-        raise ConfigError("--format hf needs transformers: pip install transformer-vq[hf]")
+        raise ConfigError("--format hf needs transformers: install the extra hf (pip install -e '.[hf]' in the "
+                          "checkout, or pip install 'transformers>=5.0,<6')")
     from transformer_vq.fileio import atomic_directory
     from transformer_vq.train.lm.build import model_from_checkpoint
 

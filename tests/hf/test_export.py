@@ -75,7 +75,8 @@ def test_bad_ckpt_is_refused(tmp_path, capsys):
 def test_hf_without_transformers_says_what_to_install(trained_run, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # what find_spec reports when it is not installed
     line = error_line(capsys, ["export", "--format", "hf", "--ckpt", str(trained_run), "--out", str(tmp_path / "o")])
-    assert line == "error: --format hf needs transformers: pip install transformer-vq[hf]"
+    assert line == ("error: --format hf needs transformers: install the extra hf (pip install -e '.[hf]' in "
+                    "the checkout, or pip install 'transformers>=5.0,<6')")
 
 
 def test_a_safetensors_directory_without_exactly_the_models_tensors_is_refused(trained_run, tmp_path):

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 if importlib.util.find_spec("lm_eval") is None:
-    pytest.skip("needs lm-eval: pip install 'transformer-vq[eval]'", allow_module_level=True)
+    pytest.skip("needs lm-eval: pip install -e '.[eval]'", allow_module_level=True)
 pytest.importorskip("transformers")
 
 from transformers import AutoTokenizer  # noqa: E402

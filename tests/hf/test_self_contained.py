@@ -220,7 +220,8 @@ def test_missing_library_is_named_with_its_install_command(exported, tmp_path):
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: this model directory runs on the transformer-vq library, which could not "
-                           "be imported (") and last.endswith("): pip install 'transformer-vq[hf]'"), last
+                           "be imported (") and last.endswith("): install it with its extra hf (pip install -e "
+                                                             "'.[hf]' in a checkout of it)"), last
 
 
 LOAD_LOGITS = """

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate: pip install 'transformer-vq[eval]'")
+pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate: pip install -e '.[eval]'")
 
 from transformers import AutoModelForCausalLM, Trainer, TrainingArguments  # noqa: E402
 

@@ -25,7 +25,7 @@ try:  # transformers' check of this file's imports skips try blocks: a missing l
     from transformer_vq.hf.modeling import TransformerVQForCausalLM as LibraryModel
 except ImportError as err:
     raise ImportError(f"this model directory runs on the transformer-vq library, which could not be imported "
-                      f"({err}): pip install 'transformer-vq[hf]'") from err
+                      f"({err}): install it with its extra hf (pip install -e '.[hf]' in a checkout of it)") from err
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 

@@ -2,7 +2,7 @@
 
 The data (1,797 images, the test part of the UCI "Optical Recognition of Handwritten Digits"
 set) ships inside scikit-learn (``sklearn.datasets.load_digits``), so it needs no download; install
-it with the ``digits`` extra (``pip install transformer-vq[digits]``). Each image is 64 tokens in
+it with the ``digits`` extra (``pip install -e ".[digits]"`` in the checkout). Each image is 64 tokens in
 raster order, token = gray level 0..16 (vocabulary 17). There is no official split: a permutation
 drawn from ``seed`` puts ``test_size`` images in test, ``validation_size`` in validation and the
 rest (1,257 by default) in train.
@@ -28,7 +28,7 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
         from sklearn.datasets import load_digits
     except ImportError as exc:
         raise DataError("the digits dataset ships with scikit-learn, which is not installed; install the extra: "
-                        "pip install 'transformer-vq[digits]' (or pip install scikit-learn)") from exc
+                        "pip install -e '.[digits]' in the checkout (or pip install scikit-learn)") from exc
     bunch = load_digits()
     return np.rint(bunch.data).astype(np.uint8), np.asarray(bunch.target, dtype=np.int64)
 
