@@ -7,6 +7,6 @@ derived files live in the user cache (``$TVQ_CACHE_DIR`` or ``~/.cache/transform
 
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
-from transformer_vq.data.registry import list_corpora, load_corpus
+from transformer_vq.data.registry import list_corpora, list_probes, load_corpus
 
-__all__ = ["Corpus", "DataError", "list_corpora", "load_corpus"]
+__all__ = ["Corpus", "DataError", "list_corpora", "list_probes", "load_corpus"]
