@@ -106,7 +106,9 @@ class TransformerVQ(Codebooks, nn.Module):
             position_ids, cu_seqlens: packed documents (:mod:`transformer_vq.ops.documents`), at most one of them:
                 ``[B, T]`` positions restarting at 0 where a document begins, or flash-attention's cumulative lengths
                 over the flattened tokens. No token attends a token of another document; a row whose first position
-                is not 0 continues the document of ``state``.
+                is not 0 continues a document begun before it: the one of ``state`` when a state is given; without
+                one (a training window cut inside a document) its earlier tokens are not there to attend, and only
+                the positions (``abs_pos``) say where the row stands in it.
         """
         mask, loss_mask, padded = self._check_call(input_ids, state, targets, mask, loss_mask)  # before any work
         B, T = input_ids.shape
