@@ -375,3 +375,14 @@ def test_a_language_model_with_low_precision_parameters_trains_and_decodes(low):
         want = exact(ids[:, :-1], targets=ids[:, 1:]).loss
     assert abs(out.loss.item() - want.item()) < 0.02 * want.item()
     assert model.eval().generate(ids[:, :5], max_new_tokens=6).shape == (2, 11)
+
+
+def test_batch_norm_refuses_one_real_token_in_training_by_name():
+    """Batch statistics of one token are undefined: torch's own "Expected more than 1 value per channel" named neither
+    the norm nor the batch; evaluation (running statistics) takes a single token."""
+    norm = SequenceNorm("batch", 4).train()
+    for x, mask in ((torch.randn(1, 1, 4), None), (torch.randn(1, 3, 4), torch.tensor([[True, False, False]]))):
+        with pytest.raises(ValueError, match=r"^norm 'batch' takes the statistics of the batch's real tokens in "
+                                             r"training, and this call has 1"):
+            norm(x, mask)
+    assert norm.eval()(torch.randn(1, 1, 4)).shape == (1, 1, 4)

@@ -100,10 +100,19 @@ class SequenceNorm(nn.Module):
         if self.kind == "scale":
             return x * (self.gain / x.norm(dim=-1, keepdim=True).clamp(min=1e-5))
         if mask is None or bool(mask.all()):  # no padding: every token is a sample, without the indexing
-            return self.norm(x.reshape(-1, x.shape[-1])).view_as(x)
+            return self._batch_norm(x.reshape(-1, x.shape[-1])).view_as(x)
         out = x.new_zeros(x.shape)
-        out[mask] = self.norm(x[mask])  # (real tokens, D)
+        out[mask] = self._batch_norm(x[mask])  # (real tokens, D)
         return out
+
+    def _batch_norm(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Batch norm of ``tokens [N, D]``; refused by name where training has one token to take statistics of (the
+        count is the shape: no read)."""
+        if self.training and tokens.shape[0] < 2:
+            raise ValueError(f"norm 'batch' takes the statistics of the batch's real tokens in training, and this "
+                             f"call has {tokens.shape[0]}; give batches of two real tokens or more, or use norm "
+                             f"'layer' or 'scale'")
+        return self.norm(tokens)
 
 
 class LongVQLayer(nn.Module):
