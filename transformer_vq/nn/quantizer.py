@@ -101,7 +101,8 @@ class VectorQuantizer(nn.Module):
         k_hat_value = codebook[torch.arange(G, device=k.device)[None, :, None], z]  # (B, G, T, D)
         k_hat = k + (k_hat_value.to(k.dtype) - k).detach()  # straight-through estimator (Def. 2.6)
 
-        sq_dist = (k.float() - k_hat_value.float()).pow(2).sum(dim=-1).sum(dim=1)  # (B, T), summed over groups
+        wide = torch.promote_types(k.dtype, torch.float32)  # float32 at least: bf16 under autocast, float64 kept
+        sq_dist = (k.to(wide) - k_hat_value.to(wide)).pow(2).sum(dim=-1).sum(dim=1)  # (B, T), summed over groups
         commit_loss = token_mean(sq_dist, mask)
 
         if self.training:

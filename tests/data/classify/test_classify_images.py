@@ -95,7 +95,8 @@ def test_digits_from_scikit_learn():
 def test_digits_names_the_extra_when_scikit_learn_is_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "sklearn", None)
     monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
-    with pytest.raises(DataError, match=r"install the extra: pip install -e '\.\[digits\]' in the checkout \(or pip install scikit-learn\)"):
+    with pytest.raises(DataError, match=r"install the extra: pip install -e '\.\[digits\]' in the checkout \(or pip "
+                                        r"install scikit-learn\)"):
         load_classification("digits")
 
 

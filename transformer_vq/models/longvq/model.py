@@ -39,7 +39,7 @@ class LongVQBackbone(nn.Module):
             check_continued_state(state, len(self.blocks), "LongVQ model")
         padded = self.cfg.causal and causal_padding(mask)
         x = self.embed(ids)  # (B, T, D)
-        commit_loss = x.new_zeros((), dtype=torch.float32)
+        commit_loss = x.new_zeros((), dtype=torch.promote_types(x.dtype, torch.float32))
         states = []
         for i, block in enumerate(self.blocks):
             out = block(x, state=None if state is None else state.layers[i], mask=mask, attention=attention)

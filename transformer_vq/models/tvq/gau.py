@@ -141,7 +141,7 @@ class GatedAttentionUnit(nn.Module):
         k = rms_norm(self.w_k(x_tilde).view(B, T, G, Dk)).transpose(1, 2) * scale  # (B, G, T, Dk)
         v = _silu(self.w_v(x_tilde)).view(B, T, G, Dvh).transpose(1, 2)  # (B, G, T, Dvh)
 
-        commit_loss = x.new_zeros((), dtype=torch.float32)
+        commit_loss = x.new_zeros((), dtype=torch.promote_types(x.dtype, torch.float32))
         keys = queries = None
         if self.quantizer is not None:
             keys = self.quantizer(k, mask)

@@ -151,7 +151,7 @@ class TransformerVQ(Codebooks, nn.Module):
             if positions is None:
                 positions = torch.arange(offset, offset + input_ids.shape[1], device=input_ids.device)
             x = x + self.abs_pos_scale * sinusoids(positions, self.cfg.d_model, self.cfg.max_wavelength, x.dtype)
-        states, commit_loss = [], x.new_zeros((), dtype=torch.float32)
+        states, commit_loss = [], x.new_zeros((), dtype=torch.promote_types(x.dtype, torch.float32))
         for i, unit in enumerate(self.units):
             out = unit(x, state=None if state is None else state.layers[i], mask=mask, attention=attention,
                        context_parallel=context_parallel, doc_start=doc_start)
