@@ -386,3 +386,18 @@ def test_batch_norm_refuses_one_real_token_in_training_by_name():
                                              r"training, and this call has 1"):
             norm(x, mask)
     assert norm.eval()(torch.randn(1, 1, 4)).shape == (1, 1, 4)
+
+
+@pytest.mark.parametrize("kind", [TransformerClassifier, TransformerVQEncoderClassifier])
+def test_the_baselines_refuse_fields_they_would_ignore(kind):
+    """causal, scoring and norm configure LongVQ; a baseline built from Python ignored them (a "causal" config built
+    an encoder), where tvq classify train refuses them as flags."""
+    for change, message in ((dict(causal=True), r"baseline is an encoder: build it from a config with causal=False"),
+                            (dict(scoring="relu2"), r"and the config asks for scoring='relu2'"),
+                            (dict(norm="scale"), r"and the config asks for norm='scale'")):
+        with pytest.raises(ValueError, match=message):
+            kind(longvq_preset("tiny", **{**CLASSIFIER, **change}))
+    if kind is TransformerVQEncoderClassifier:  # named as the LongVQConfig written, not the one built from it
+        with pytest.raises(ValueError, match=r"^the Transformer-VQ encoder baseline cannot be built from this "
+                                             r"LongVQConfig: d_model must be even"):
+            kind(longvq_preset("tiny", **{**CLASSIFIER, "d_model": 33}))

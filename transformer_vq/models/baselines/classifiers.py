@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer_vq.config import LongVQConfig, TransformerVQConfig
+from transformer_vq.config import ConfigError, LongVQConfig, TransformerVQConfig
 from transformer_vq.models.tvq.model import TransformerVQ
 from transformer_vq.nn.codebooks import Codebooks
 from transformer_vq.nn.inputs import as_mask, check_token_ids
@@ -72,12 +72,27 @@ class TransformerEncoderLayer(nn.Module):
         return x + F.dropout(self.ffn_out(hidden), p=p, training=self.training)
 
 
+def check_baseline_config(cfg: LongVQConfig, name: str, norm: str) -> None:
+    """Refuse (``ValueError``) a config whose fields would build another model than it says: the baselines are
+    encoders, of softmax attention and ``norm`` norms; ``causal``, ``scoring`` and ``norm`` would otherwise be ignored
+    (``tvq classify train`` refuses them as flags; this is the same refusal from Python)."""
+    if cfg.causal:
+        raise ValueError(f"the {name} baseline is an encoder: build it from a config with causal=False (got "
+                         f"causal=True, LongVQConfig's default, a language model's)")
+    for field, value, kept in (("scoring", cfg.scoring, "softmax"), ("norm", cfg.norm, "layer")):
+        if value != kept:
+            does = "softmax attention" if field == "scoring" else f"{norm} norms"
+            raise ValueError(f"the {name} baseline has {does}, and the config asks for {field}={value!r}; leave "
+                             f"{field} at {kept!r} (it configures LongVQ only)")
+
+
 class TransformerClassifier(Codebooks, nn.Module):
     """The quadratic baseline: ``model(ids, mask=..., labels=...)`` -> :class:`ClassifierOutput` (no codebooks)."""
 
     def __init__(self, cfg: LongVQConfig):
         super().__init__()
-        self.head = PoolingHead(cfg.d_model, cfg.n_classes, cfg.commit_coef)
+        self.head = PoolingHead(cfg.d_model, cfg.n_classes, cfg.commit_coef)  # n_classes first: a LM config
+        check_baseline_config(cfg, "Transformer", "layer")
         if cfg.d_model % cfg.d_qk != 0 or cfg.d_model % 2 != 0:
             raise ValueError(f"the Transformer baseline splits d_model into heads of width d_qk and adds sinusoids: "
                              f"d_model must be even and divisible by d_qk, got d_model={cfg.d_model}, "
@@ -104,13 +119,18 @@ class TransformerVQEncoderClassifier(Codebooks, nn.Module):
 
     def __init__(self, cfg: LongVQConfig):
         super().__init__()
-        self.head = PoolingHead(cfg.d_model, cfg.n_classes, cfg.commit_coef)
+        self.head = PoolingHead(cfg.d_model, cfg.n_classes, cfg.commit_coef)  # n_classes first: a LM config
+        check_baseline_config(cfg, "Transformer-VQ encoder", "RMS")
         self.cfg = cfg
-        # tied embeddings: the encoder's output head (token logits) is not used here, so it holds no parameters
-        self.encoder = TransformerVQ(TransformerVQConfig(
-            vocab_size=cfg.vocab_size, d_model=cfg.d_model, d_k=cfg.d_qk, d_v=cfg.d_v, n_layers=cfg.n_layers,
-            n_code=cfg.n_code, block_len=cfg.block_len, causal=False, tie_embeddings=True, dropres=cfg.dropout,
-            commit_coef=cfg.commit_coef, ema_rate=cfg.ema_rate, dead_code_restart=cfg.dead_code_restart))
+        try:  # tied embeddings: the encoder's output head (token logits) is not used here, so it holds no parameters
+            encoder_cfg = TransformerVQConfig(
+                vocab_size=cfg.vocab_size, d_model=cfg.d_model, d_k=cfg.d_qk, d_v=cfg.d_v, n_layers=cfg.n_layers,
+                n_code=cfg.n_code, block_len=cfg.block_len, causal=False, tie_embeddings=True, dropres=cfg.dropout,
+                commit_coef=cfg.commit_coef, ema_rate=cfg.ema_rate, dead_code_restart=cfg.dead_code_restart)
+        except ConfigError as err:  # named as the LongVQConfig the user wrote (d_qk is the encoder's d_k)
+            raise ValueError(f"the Transformer-VQ encoder baseline cannot be built from this LongVQConfig: "
+                             f"{str(err).removeprefix('invalid TransformerVQConfig: ')}") from None
+        self.encoder = TransformerVQ(encoder_cfg)
 
     def forward(self, ids: torch.Tensor, *, mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 attention: str = "linear") -> ClassifierOutput:
