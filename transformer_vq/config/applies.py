@@ -15,8 +15,9 @@ Two checks read the declaration:
   ``--sample-tokens 0`` asks an encoder for nothing); the command line and the config builders call it on what was
   given.
 * :func:`switch_problems`: on a config however it was built (Python included), a *switch* (a boolean, a choice, or a
-  number whose default 0 or none means off) set away from its default where it does not apply is refused. Sizes and
-  rates that presets set (``n_code``, ``mask_rate``) are left to the first check: a preset's value is not the user's.
+  number whose default 0 or none means off) set away from its default, and from the value that turns it off, where
+  it does not apply is refused. Sizes and rates that presets set (``n_code``, ``mask_rate``) are left to the first
+  check: a preset's value is not the user's.
 
 Torch-free, like every config module.
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Mapping
 
-from transformer_vq.config.fields import fields_of, kinds
+from transformer_vq.config.fields import fields_of, is_real, kinds
 
 
 class Above:
@@ -36,7 +37,7 @@ class Above:
         self.bound = bound
 
     def __contains__(self, value) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and value > self.bound
+        return is_real(value) and value > self.bound
 
     def __str__(self) -> str:
         return f"above {self.bound}"
@@ -94,9 +95,15 @@ def given_problems(cls, given: Iterable[str], context: Mapping[str, object]) -> 
     found = []
     for name in sorted(set(given) & set(known)):
         missed = unmet(known[name], context)
-        if missed and not ("off" in known[name].metadata and context.get(name) == known[name].metadata["off"]):
+        if missed and not turns_off(known[name], context.get(name)):
             found.append((name, problem_text(known[name], context.get(name), missed)))
     return found
+
+
+def turns_off(field: dataclasses.Field, value) -> bool:
+    """Whether ``value`` is the one that turns ``field`` off (``option(..., off=0)``): it asks for nothing, so it
+    is accepted wherever the option does not apply."""
+    return "off" in field.metadata and value == field.metadata["off"] and not isinstance(value, bool)
 
 
 def is_switch(cls, field: dataclasses.Field) -> bool:
@@ -116,7 +123,8 @@ def switch_problems(obj, context: Mapping[str, object] | None = None, *,
     for field in dataclasses.fields(obj):
         value = getattr(obj, field.name)
         default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
-        if conditions(field) and (is_switch(type(obj), field) or not switches_only) and value != default:
+        if conditions(field) and (is_switch(type(obj), field) or not switches_only) and value != default \
+                and not turns_off(field, value):
             missed = unmet(field, context)
             if missed:
                 found.append((field.name, problem_text(field, value, missed)))

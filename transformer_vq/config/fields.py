@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
+import operator
 import os
 import re
 import typing
@@ -82,8 +84,32 @@ def flag_of(field: dataclasses.Field) -> str:
     return "--" + field.metadata.get("flag", field.name.replace("_", "-"))
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def is_integer(value) -> bool:
+    """Whether ``value`` is an integer: a Python, numpy or 0-d torch integer (what ``operator.index`` takes), not
+    ``True`` or ``False`` (a flag passed by mistake) nor a float."""
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+def is_real(value) -> bool:
+    """Whether ``value`` is a real number: an integer (:func:`is_integer`) or a Python or numpy float."""
+    return is_integer(value) or (isinstance(value, numbers.Real) and not isinstance(value, bool))
+
+
+def as_python(value, base: type):
+    """A numpy (or 0-d torch) number given for an ``int`` or ``float`` field, as the Python number it is: a config
+    is compared, hashed and written as JSON, which numpy's numbers do not all survive. Anything else unchanged (its
+    check refuses it)."""
+    if base is int and is_integer(value) and not isinstance(value, int):
+        return operator.index(value)
+    if base is float and is_real(value) and not isinstance(value, float):
+        return float(value)
+    return value
 
 
 def bounds_text(rules: dict, integer: bool) -> str | None:
@@ -115,12 +141,12 @@ def _scalar_problem(value, base: type, rules: dict) -> str | None:
     if base is bool:
         return None if isinstance(value, bool) else "must be true or false"
     if base is int:
-        if not _is_int(value):
+        if not is_integer(value):
             return "must be an integer"
         if abs(value) > MAX_INT:
             return f"is too large (at most {MAX_INT})"
     elif base is float:
-        if not (_is_int(value) or isinstance(value, float)):
+        if not is_real(value):
             return "must be a number"
         if not math.isfinite(value):
             return "must be a finite number"
@@ -165,12 +191,25 @@ def problem(field: dataclasses.Field, kind: Kind, value) -> str | None:
                  if _scalar_problem(v, kind.base, field.metadata)), None)
 
 
+def _settled(value, kind: Kind):
+    """``value`` with its numpy numbers as Python numbers (:func:`as_python`); ``value`` itself when it has none."""
+    if kind.many and isinstance(value, tuple):
+        items = tuple(as_python(v, kind.base) for v in value)
+        return value if all(a is b for a, b in zip(items, value)) else items
+    return as_python(value, kind.base)
+
+
 def check(obj, extra: typing.Sequence[tuple[str | None, str]] = ()) -> None:
     """Check every field of a config against its rules, plus the class's own cross-field ``extra`` problems;
-    raise one :class:`ConfigError` that lists them all."""
+    raise one :class:`ConfigError` that lists them all. A numpy number given for a number field is stored as the
+    Python number it is first (:func:`as_python`)."""
     found = []
     for name, kind in kinds(type(obj)).items():
         value = getattr(obj, name)
+        settled = _settled(value, kind)
+        if settled is not value:
+            object.__setattr__(obj, name, settled)  # frozen: set once, in __post_init__, before anyone reads it
+            value = settled
         text = problem(fields_of(type(obj))[name], kind, value)
         if text:
             found.append((name, f"{text}, got {value!r}"))
@@ -232,7 +271,7 @@ def coerce(field: dataclasses.Field, kind: Kind, value):
         return parse_text(field, kind, value)
     if kind.many and isinstance(value, list):
         return tuple(value)
-    if kind.base is float and _is_int(value) and abs(value) <= MAX_INT:
+    if kind.base is float and is_integer(value) and abs(value) <= MAX_INT:
         return float(value)
     return value
 

@@ -11,9 +11,6 @@ from transformer_vq.config.applies import Above, Other, switch_problems
 from transformer_vq.config.choices import DEVICES, EXPORT_FORMATS, IMAGE_CORPORA, SPLITS
 from transformer_vq.config.fields import ConfigError, check, fields_of, option, unknown_message
 
-# Below this (but above 0) the logits divided by the temperature overflow float32 for ordinary logits, and the
-# softmax turns into NaN; 0 already means greedy decoding, which is what such a temperature would approach.
-MIN_TEMPERATURE = 1e-4
 # Evaluation scores each token from the ones before it: one token alone has nothing to score.
 MIN_EVAL_TOKENS = 2
 
@@ -73,11 +70,10 @@ class SampleConfig:
 
     ckpt: str = option("runs/default", CKPT_HELP)
     prompt: str = option("\n", "Text to continue (text models).", applies=TEXT)
-    max_new_tokens: int = option(500, "Tokens to generate (text models).", min=1, applies=TEXT)
-    temperature: float = option(1.0, f"Softmax temperature: 0 = greedy, otherwise at least {MIN_TEMPERATURE}.",
-                                min=0.0)
-    top_k: int | None = option(None, "Sample among the k most likely tokens only (none = all; temperature above 0).",
-                               min=1, applies=RANDOM)
+    max_new_tokens: int = option(500, "Tokens to generate (text models; 0 prints the prompt).", min=0, applies=TEXT)
+    temperature: float = option(1.0, "Softmax temperature: 0 = greedy (always the most likely token).", min=0.0)
+    top_k: int | None = option(None, "Sample among the k most likely tokens only (none or 0 = all, as in "
+                                     "transformers; temperature above 0).", min=0, off=0, applies=RANDOM)
     top_p: float = option(1.0, "Nucleus: the smallest set of tokens with this probability (temperature above 0).",
                           min=0.0, max=1.0, min_open=True, applies=RANDOM)
     seed: int = option(0, "Same seed, same sample.", min=0)
@@ -89,10 +85,7 @@ class SampleConfig:
     threads: int = threads_option()
 
     def __post_init__(self):
-        small = isinstance(self.temperature, (int, float)) and 0 < self.temperature < MIN_TEMPERATURE
-        extra = [("temperature", f"must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {self.temperature!r}")] \
-            if small else []
-        check(self, extra + switch_problems(self, switches_only=False))
+        check(self, switch_problems(self, switches_only=False))
 
 
 @dataclass(frozen=True)

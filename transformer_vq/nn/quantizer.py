@@ -19,9 +19,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from transformer_vq.config.fields import is_integer
 from transformer_vq.nn.inputs import as_mask
 from transformer_vq.nn.outputs import module_output
-from transformer_vq.ops.protocol import check_positive_int, is_integer
+from transformer_vq.ops.protocol import check_positive_int
 from transformer_vq.nn.token_mean import token_mean
 
 

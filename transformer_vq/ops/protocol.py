@@ -13,11 +13,11 @@ whole contract.
 from __future__ import annotations
 
 import math
-import operator
 from typing import Protocol, runtime_checkable
 
 import torch
 
+from transformer_vq.config.fields import is_integer
 from transformer_vq.ops.documents import check_doc_start
 
 
@@ -206,18 +206,6 @@ def check_like(q: torch.Tensor, tensors: dict[str, torch.Tensor | None]) -> None
             check_devices(q, {name: tensor})
         if tensor.dtype != dtype:
             check_dtypes(q, {name: tensor})
-
-
-def is_integer(value) -> bool:
-    """Whether ``value`` is an integer: a Python, numpy or 0-d torch integer (what ``operator.index`` takes), not
-    ``True`` or ``False`` (a flag passed by mistake) nor a float."""
-    if isinstance(value, bool):
-        return False
-    try:
-        operator.index(value)
-    except TypeError:
-        return False
-    return True
 
 
 def check_positive_int(value, name: str) -> None:

@@ -23,7 +23,7 @@ from transformer_vq.nn.sampling import check_sampling, sample_next_token
 from transformer_vq.nn.state import ModelState, check_continued_state
 from transformer_vq.nn.token_mean import token_mean
 from transformer_vq.ops.documents import document_positions, document_starts
-from transformer_vq.ops.protocol import is_integer
+from transformer_vq.config.fields import is_integer
 
 
 @module_output
