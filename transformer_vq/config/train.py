@@ -10,7 +10,7 @@ from pathlib import Path
 
 from transformer_vq.config.arch import DEFAULT_ARCH, arch_of, find_arch, run_arch
 from transformer_vq.config.choices import DEVICES, OPTIMIZERS, PARALLELS, PRECISIONS
-from transformer_vq.config.jobs import eval_tokens_problem, threads_option
+from transformer_vq.config.jobs import TEXT, eval_tokens_problem, threads_option
 from transformer_vq.config.applies import Above
 from transformer_vq.config.fields import ConfigError, build, check, option
 from transformer_vq.config.longvq import LongVQConfig
@@ -113,10 +113,11 @@ class TrainConfig:
     keep_ckpts: int = option(3, "How many most recent checkpoints to keep.", min=1)
     max_nonfinite: int = option(5, "Stop when this many steps in a row have a non-finite loss or gradient.",
                                 min=1)
-    sample_tokens: int = option(300, "Tokens to sample at the end of training (0 = none; causal models).", min=0,
-                                applies={"causal": (True,)}, off=0)
+    sample_tokens: int = option(300, "Tokens of text to sample at the end of training (0 = none; causal models of "
+                                     "text: an image model's samples are tvq sample's PNG files).", min=0,
+                                applies={"causal": (True,), **TEXT}, off=0)
     sample_prompt: str = option("\n", "Prompt of the end-of-training sample.",
-                                applies={"causal": (True,), "sample_tokens": Above(0)})
+                                applies={"causal": (True,), "sample_tokens": Above(0), **TEXT})
 
     def __post_init__(self):
         extra = [("name", name_problem(self.name)) if name_problem(self.name) else None]

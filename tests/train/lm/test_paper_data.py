@@ -195,6 +195,25 @@ def test_image_tokens_are_whole_images_and_reproducible(tmp_path, monkeypatch):
     assert not torch.equal(images, sample_image_tokens(model, 2, seed=4))
 
 
+def test_an_image_run_ends_with_no_text_sample_and_refuses_one(monkeypatch):
+    """A few hundred subpixels are neither an image nor text: the end of training samples none (tvq sample writes
+    an image model's PNG files), and the options of that text sample are refused for an image corpus by name."""
+    from types import SimpleNamespace
+
+    from transformer_vq.train.lm import trainer
+
+    cfg = load_config("tiny", overrides=["data=imagenet64", "model.abs_pos=true"])
+    monkeypatch.setattr(trainer, "stream_text", lambda *a, **k: pytest.fail("an image run sampled text"))
+    run = SimpleNamespace(cfg=cfg, tc=cfg.train, sample=None)
+    trainer.LMTrainer.finish(run)
+    assert run.sample is None and cfg.train.sample_tokens == 300  # the default, asking for nothing here
+    for flag in (["sample_tokens=50"], ["sample_prompt=ROMEO:"]):
+        with pytest.raises(ConfigError, match=r"applies only with causal true (and sample_tokens above 0 )?and data "
+                                              r"other than 'imagenet64' \(this run has data 'imagenet64'\)"):
+            load_config("tiny", overrides=["data=imagenet64", "model.abs_pos=true", *flag])
+    assert load_config("tiny", overrides=["data=imagenet64", "model.abs_pos=true", "sample_tokens=0"])
+
+
 def test_text_model_is_not_sampled_as_images(trained_run, tmp_path):
     from transformer_vq.train.lm.sample import sample_images
 

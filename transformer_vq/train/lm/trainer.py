@@ -33,7 +33,7 @@ from transformer_vq.train.lm.build import build_model, check_corpus_options, loa
 from transformer_vq.train.lm.carry import from_plain, plain_rows, to_plain
 from transformer_vq.train.lm.evaluate import EvalResult, evaluate_tokens, trained_history
 from transformer_vq.train.lm.objective import masked_window
-from transformer_vq.train.lm.sample import stream_text
+from transformer_vq.train.lm.sample import is_image_run, stream_text
 from transformer_vq.train.parallel.distributed import Distributed, setup_distributed, teardown_distributed
 from transformer_vq.train.metrics import finite_or_none
 from transformer_vq.train.trainer import RunResult, Step, Trainer
@@ -224,8 +224,9 @@ class LMTrainer(Trainer):
         return result
 
     def finish(self) -> None:
-        """The end-of-training sample (an encoder cannot sample)."""
-        if not (self.tc.sample_tokens and self.cfg.model.causal):
+        """The end-of-training sample of text (an encoder cannot sample; an image model's few hundred subpixels
+        would not be an image, nor text: ``tvq sample`` writes its PNG files)."""
+        if not (self.tc.sample_tokens and self.cfg.model.causal) or is_image_run(self.cfg):
             return
         prompt = self.tc.sample_prompt
         pieces = stream_text(self.model, self.corpus.encode(prompt), self.corpus.decode,
