@@ -34,7 +34,9 @@ def run(args) -> int:
         print(f"wrote {len(paths) - 1} images and a grid: {paths[-1]}")
         return 0
     pieces = sample(cfg)
-    sys.stdout.write(cfg.prompt)
+    # the prompt as the model read it: bytes of the command line that were not UTF-8 show as U+FFFD, as such
+    # bytes sampled do (writing them as they came would fail on a UTF-8 terminal's strict encoding)
+    sys.stdout.write(cfg.prompt.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace"))
     for piece in pieces:
         sys.stdout.write(piece)
         sys.stdout.flush()

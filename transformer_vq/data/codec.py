@@ -12,8 +12,9 @@ BYTE_VOCAB = 256
 
 
 def encode_bytes(text: str) -> list[int]:
-    """Token ids of ``text``: its UTF-8 bytes."""
-    return list(text.encode("utf-8"))
+    """Token ids of ``text``: its UTF-8 bytes. Bytes that were not UTF-8 where the text came from (a command line's,
+    which Python holds as the surrogates U+DC80..U+DCFF) are those bytes again: a byte model reads any byte."""
+    return list(text.encode("utf-8", errors="surrogateescape"))
 
 
 def decode_bytes(ids: Sequence[int]) -> str:

@@ -4,6 +4,7 @@ reproducible)."""
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,6 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from transformer_vq.cli import main
+from transformer_vq.config import ConfigError
+from transformer_vq.data.codec import decode_bytes
 from transformer_vq.train import evaluate, evaluate_tokens, sample
 from transformer_vq.train.lm.build import model_from_checkpoint
 from transformer_vq.train.lm.sample import TextStream
@@ -90,13 +93,41 @@ def test_same_seed_same_text(trained_run, capsys):
     assert outputs[0] == "the king" + library + "\n"
 
 
-def test_text_stream_holds_back_incomplete_utf8():
-    decode = lambda ids: bytes(ids).decode("utf-8", errors="replace")  # noqa: E731
+@pytest.mark.parametrize("decode", [decode_bytes, lambda ids: bytes(ids).decode("utf-8", errors="replace")],
+                         ids=["incremental", "whole"])
+def test_text_stream_holds_back_incomplete_utf8(decode):
     stream = TextStream(decode)
     pieces = [stream.push(b) for b in "aé€".encode()]
     assert pieces == ["a", "", "é", "", "", "€"]
     stream = TextStream(decode)
     assert stream.push(0xE2) == "" and stream.flush() == "\ufffd"
+
+
+def test_text_stream_of_bytes_decodes_incrementally_the_text_of_all_bytes():
+    """Bytes are decoded as they come (a cost per token that does not grow with the text), into the text of every
+    byte so far, as the stream that decodes everything again at each token gives: random bytes, valid or not."""
+    rng = random.Random(0)
+    alphabet = list("aé€😀".encode()) + [0xFF, 0xC0, 0x80, 0xED, 0xA0]
+    for _ in range(2000):
+        ids = [rng.choice(alphabet) if rng.random() < 0.8 else rng.randrange(256) for _ in range(rng.randrange(12))]
+        streams = TextStream(decode_bytes), TextStream(lambda got: decode_bytes(got))
+        texts = ["".join(stream.push(i) for i in ids) + stream.flush() for stream in streams]
+        assert texts[0] == texts[1] == decode_bytes(ids), ids
+
+
+def test_a_byte_model_reads_the_prompt_s_bytes_as_given_and_0_new_tokens_print_the_prompt(trained_run, capsys):
+    """A command line's bytes that are not UTF-8 reach Python as the surrogates U+DC80..U+DCFF: a byte model reads
+    them as the bytes they were (shown back as U+FFFD, as such bytes sampled are); a prompt no byte can spell (a
+    lone surrogate from Python) is refused by name. ``--max-new-tokens 0`` prints the prompt, as generate returns it."""
+    argv = ["sample", "--ckpt", str(trained_run), "--temperature", "0", "--prompt", "\udcff\udcfeab"]
+    assert main([*argv, "--max-new-tokens", "0"]) == 0
+    assert capsys.readouterr().out == "\ufffd\ufffdab\n"
+    assert main([*argv, "--max-new-tokens", "6"]) == 0
+    model = model_from_checkpoint(str(trained_run))[0]
+    expected = model.generate(torch.tensor([[0xFF, 0xFE, 97, 98]]), 6, temperature=0)[0, 4:].tolist()
+    assert capsys.readouterr().out == "\ufffd\ufffdab" + decode_bytes(expected) + "\n"
+    with pytest.raises(ConfigError, match=r"prompt is not text \(surrogates not allowed at character 1: '\\ud800'\)"):
+        sample(str(trained_run), "a\ud800", max_new_tokens=2)
 
 
 @pytest.mark.parametrize("command", [["eval", "--max-tokens", "300"], ["sample", "--max-new-tokens", "5"]])

@@ -7,6 +7,7 @@ of the past (no recomputation). Given the same seed, prompt and settings, the te
 
 from __future__ import annotations
 
+import codecs
 import os
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from transformer_vq.config import ConfigError, SampleConfig
 from transformer_vq.config.arch import refuse_job_options
 from transformer_vq.config.choices import IMAGE_CORPORA
 from transformer_vq.config.jobs import job_config
-from transformer_vq.data.codec import BYTE_VOCAB
+from transformer_vq.data.codec import BYTE_VOCAB, decode_bytes
 from transformer_vq.train.checkpoint.store import run_dir_of
 from transformer_vq.train.device import use_threads
 from transformer_vq.train.inference import evaluating
@@ -31,16 +32,22 @@ class TextStream:
     """Turns a growing list of token ids into text pieces as soon as they are final.
 
     A byte-level model emits UTF-8 one byte at a time, so the decoded text may end in an incomplete
-    character (shown as U+FFFD); that tail is held back until later tokens complete it.
+    character (shown as U+FFFD); that tail is held back until later tokens complete it. Bytes are decoded
+    incrementally (each token costs the same, as the model's step does); another tokenizer's text is decoded whole
+    at each token, its pieces being words whose joins only it knows.
     """
 
     def __init__(self, decode: Callable[[Sequence[int]], str]):
         self.decode = decode
         self.ids: list[int] = []
         self.emitted = 0
+        # the same text as decode_bytes of every id so far (errors="replace"), an incomplete character held inside
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace") if decode is decode_bytes else None
 
     def push(self, token: int) -> str:
         """Add one token; return the new text that is now final (possibly empty)."""
+        if self.utf8 is not None:
+            return self.utf8.decode(bytes([token]))
         self.ids.append(token)
         text = self.decode(self.ids)
         stable = len(text.rstrip(REPLACEMENT))
@@ -50,6 +57,8 @@ class TextStream:
 
     def flush(self) -> str:
         """Whatever text is left (an incomplete character comes out as U+FFFD)."""
+        if self.utf8 is not None:
+            return self.utf8.decode(b"", final=True)
         text = self.decode(self.ids)
         piece = text[self.emitted:]
         self.emitted = len(text)
@@ -87,7 +96,11 @@ def sample(ckpt: str | SampleConfig, prompt: str | None = None, **options) -> It
     cfg = job_config(SampleConfig, ckpt, prompt=prompt, **options)
     model, run_cfg, checkpoint = sampler_from_checkpoint(cfg)
     encode, decode = codec_for(run_cfg, data_path=cfg.data_path, run_dir=run_dir_of(checkpoint))
-    prompt_ids = encode(cfg.prompt)
+    try:
+        prompt_ids = encode(cfg.prompt)
+    except UnicodeEncodeError as err:  # a lone surrogate: no tokenizer of text has an id for it
+        text = f"is not text ({err.reason} at character {err.start}: {cfg.prompt[err.start:err.end]!r})"
+        raise ConfigError(f"invalid SampleConfig: prompt {text}", [("prompt", text)], SampleConfig) from None
     bad = [i for i in prompt_ids if not 0 <= i < run_cfg.model.vocab_size]
     if bad:
         raise ValueError(f"the prompt encodes to token id {bad[0]}, outside the model's vocabulary "
