@@ -10,7 +10,7 @@ from transformer_vq import TransformerVQ, preset
 def tiny_model(**overrides) -> TransformerVQ:
     """The tiny preset (block_len 8) with trained-looking, non-zero position parameters, in eval mode."""
     torch.manual_seed(0)
-    model = TransformerVQ(preset("tiny", vocab_size=64, **overrides)).eval()
+    model = TransformerVQ(preset("tiny", **{"vocab_size": 64, **overrides})).eval()
     with torch.no_grad():
         for unit in model.units:
             unit.u.normal_(std=0.5)

@@ -8,7 +8,7 @@ import inspect
 import pytest
 import torch
 
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 
 from hfutil import tiny_model  # noqa: E402
 from transformer_vq.hf import TransformerVQCache, TransformerVQForCausalLM  # noqa: E402
@@ -61,6 +61,35 @@ def test_seeded_sampling_gives_the_library_tokens(options):
     assert torch.equal(got, ref)
     torch.manual_seed(8)
     assert not torch.equal(lib.generate(x, 3 * BLOCK, **options), ref)  # the seed matters: the check can fail
+
+
+def test_generate_and_the_pipeline_sample_as_the_library_with_no_settings_given(tmp_path):
+    """The model's generation config is the library's sampling (temperature 1, every token), so a plain
+    ``generate(ids)`` and the text-generation pipeline, whose own defaults are top_k 50 and temperature 0.7, draw the
+    tokens ``TransformerVQ.generate(ids)`` draws. Saved, that config travels in generation_config.json."""
+    from transformers import AutoModelForCausalLM, pipeline
+
+    from transformer_vq.data.codec import decode_bytes
+    from transformer_vq.hf.export import save_hf
+
+    lib = tiny_model(vocab_size=256)
+    save_hf(lib, tmp_path)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True).eval()
+    x = torch.tensor([list(b"ROMEO:")])
+    torch.manual_seed(3)
+    ref = lib.generate(x, 3 * BLOCK)
+    torch.manual_seed(3)
+    assert torch.equal(hf.generate(x, max_new_tokens=3 * BLOCK), ref)
+    # transformers 5.0-5.15 let the pipeline's temperature 0.7 win over a model's 1.0 (5.18 on honour it)
+    old = tuple(int(p) for p in transformers.__version__.split(".")[:2]) < (5, 18)
+    pipe = pipeline("text-generation", model=hf, tokenizer=str(tmp_path))
+    torch.manual_seed(3)
+    text = pipe("ROMEO:", max_new_tokens=3 * BLOCK, **(dict(temperature=1.0) if old else {}))[0]["generated_text"]
+    assert text == decode_bytes(ref[0].tolist())
+    torch.manual_seed(4)
+    assert not torch.equal(hf.generate(x, max_new_tokens=3 * BLOCK), ref)  # the seed matters: the check can fail
+    assert torch.equal(hf.generate(x, max_new_tokens=3 * BLOCK, do_sample=False), lib.generate(x, 3 * BLOCK,
+                                                                                                temperature=0))
 
 
 def test_prompt_read_once_then_one_token_per_step():

@@ -141,6 +141,10 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
             raise ValueError("TransformerVQForCausalLM needs a causal model; this config is an encoder (causal=False), "
                              "which cannot generate")
         self.model = TransformerVQ(model_config)
+        # Decoding as the library's generate decodes by default (sampling at temperature 1 among every token):
+        # transformers' own defaults (greedy, top_k 50 when sampling, temperature 0.7 in the text-generation
+        # pipeline) apply wherever a model's config is silent, and a seed would then give other tokens.
+        self.generation_config.update(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
         self.post_init()
 
     @classmethod
