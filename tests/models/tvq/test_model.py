@@ -91,6 +91,33 @@ def test_sampling_is_reproducible_with_a_generator():
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
+@pytest.mark.parametrize("family", ["tvq", "longvq"])
+def test_a_generation_continues_from_its_returned_state_with_the_new_tokens_alone(family):
+    """``generate(..., return_state=True)`` returns the state that read every token of its result: a conversation
+    goes on with its next tokens alone (nothing read again) and gets the tokens that reading everything gives, greedy
+    and seeded alike; the state may also come from a forward call."""
+    from transformer_vq.config import LongVQConfig
+    from transformer_vq.models.longvq.model import LongVQLM
+
+    torch.manual_seed(0)
+    model = tiny_model() if family == "tvq" else LongVQLM(LongVQConfig(
+        vocab_size=64, d_model=16, d_qk=8, d_v=16, n_layers=2, block_len=4, n_code=6, causal=True)).double().eval()
+    prompt, reply = torch.randint(0, 64, (2, 7)), torch.randint(0, 64, (2, 5))
+    for options in (dict(temperature=0), dict(top_p=0.9)):
+        ids, state = model.generate(prompt, 6, return_state=True, **options, generator=torch.Generator().manual_seed(1))
+        whole = torch.cat([ids, reply], dim=1)
+        alone = model.generate(reply, 9, state=state, **options, generator=torch.Generator().manual_seed(2))
+        again = model.generate(whole, 9, **options, generator=torch.Generator().manual_seed(2))
+        assert torch.equal(alone, again[:, ids.shape[1]:])
+        assert torch.equal(ids, model.generate(prompt, 6, **options, generator=torch.Generator().manual_seed(1)))
+    from_forward = model(whole[:, :-1]).state
+    assert torch.equal(model.generate(whole[:, -1:], 3, state=from_forward, temperature=0)[:, 1:],
+                       model.generate(whole, 3, temperature=0)[:, whole.shape[1]:])
+    assert model.generate(prompt, 0, return_state=True)[1].offset == 7  # no token sampled: the prompt's state
+    with pytest.raises(ValueError, match="return_state must be True or False, got 1"):
+        model.generate(prompt, 2, return_state=1)
+
+
 def test_nucleus_and_top_k_keep_the_right_tokens():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     gen = torch.Generator().manual_seed(0)

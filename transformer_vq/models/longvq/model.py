@@ -102,3 +102,4 @@ class LongVQLM(Codebooks, nn.Module):
     # Sampling is the same loop over ``forward`` with a carried state as Transformer-VQ's.
     stream = TransformerVQ.stream
     generate = TransformerVQ.generate
+    _sampled = TransformerVQ._sampled

@@ -12,8 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer_vq.config import TransformerVQConfig
+from transformer_vq.config.fields import is_integer
 from transformer_vq.models.tvq.gau import GatedAttentionUnit, chunk_start
 from transformer_vq.nn.codebooks import Codebooks
+from transformer_vq.nn.inference import evaluating
 from transformer_vq.nn.inputs import as_mask, causal_padding, check_token_ids
 from transformer_vq.nn.norm import rms_norm
 from transformer_vq.nn.outputs import module_output
@@ -23,7 +25,7 @@ from transformer_vq.nn.sampling import check_sampling, sample_next_token
 from transformer_vq.nn.state import ModelState, check_continued_state
 from transformer_vq.nn.token_mean import token_mean
 from transformer_vq.ops.documents import document_positions, document_starts
-from transformer_vq.config.fields import is_integer
+from transformer_vq.ops.protocol import check_bool
 
 
 @module_output
@@ -176,38 +178,52 @@ class TransformerVQ(Codebooks, nn.Module):
     # ------------------------------------------------------------------ sampling
 
     @torch.no_grad()
-    def stream(self, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-               top_k: int | None = None, top_p: float = 1.0,
+    def stream(self, input_ids: torch.Tensor, max_new_tokens: int, *, state: ModelState | None = None,
+               temperature: float = 1.0, top_k: int | None = None, top_p: float = 1.0,
                generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:
         """Yield ``max_new_tokens`` sampled tokens (``[B]`` each) continuing ``input_ids`` ``[B, T]``.
 
         The prompt is read once; each new token then costs one linear-time step with the carried state,
-        whatever the context length. The model is in eval mode while sampling.
+        whatever the context length. The model is in eval mode while sampling. ``state``: the state this model
+        returned for the earlier tokens of the same rows (``generate(..., return_state=True)`` or a forward call);
+        ``input_ids`` then holds only the tokens after them, and nothing before is read again.
         """
+        for token, _ in self._sampled(input_ids, max_new_tokens, state, temperature, top_k, top_p, generator):
+            yield token
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, state: ModelState | None = None,
+                 return_state: bool = False, temperature: float = 1.0, top_k: int | None = None, top_p: float = 1.0,
+                 generator: torch.Generator | None = None):
+        """``[B, T + max_new_tokens]``: ``input_ids`` followed by sampled tokens (``temperature=0``: greedy).
+
+        ``state`` as in :meth:`stream`. ``return_state``: ``(ids, state)``, the state having read every token of
+        ``ids`` (one more step, for the newest), so that a conversation continues with its next tokens alone:
+        ``generate(reply_ids, n, state=state)``.
+        """
+        check_bool(return_state, "return_state")
+        new, before = [], state  # before: the state that has read every token but the newest
+        for token, before in self._sampled(input_ids, max_new_tokens, state, temperature, top_k, top_p, generator):
+            new.append(token[:, None])
+        ids = torch.cat([input_ids, *new], dim=1)
+        if not return_state:
+            return ids
+        with evaluating(self):
+            return ids, self(new[-1] if new else input_ids, before).state
+
+    def _sampled(self, input_ids, max_new_tokens, state, temperature, top_k, top_p, generator):
+        """``(token, state)`` per sampled token: the state has read every token before that one."""
         if not is_integer(max_new_tokens) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         max_new_tokens = operator.index(max_new_tokens)
         if not self.cfg.causal:
             raise ValueError("sampling needs a causal model; this one is an encoder (causal=False)")
         check_sampling(temperature, top_k, top_p)  # before the prompt is read
-        was_training = self.training
-        self.eval()
-        try:
-            out = self(input_ids)
+        with evaluating(self):
+            out = self(input_ids, state)
             for i in range(max_new_tokens):
                 token = sample_next_token(out.logits[:, -1], temperature=temperature, top_k=top_k,
                                           top_p=top_p, generator=generator)
-                yield token
+                yield token, out.state
                 if i + 1 < max_new_tokens:
                     out = self(token[:, None], out.state)
-        finally:
-            self.train(was_training)
-
-    @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-                 top_k: int | None = None, top_p: float = 1.0,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
-        """``[B, T + max_new_tokens]``: the prompt followed by sampled tokens (``temperature=0``: greedy)."""
-        new = list(self.stream(input_ids, max_new_tokens, temperature=temperature, top_k=top_k,
-                               top_p=top_p, generator=generator))
-        return torch.cat([input_ids, *(t[:, None] for t in new)], dim=1)

@@ -16,6 +16,7 @@ from transformer_vq.config import ClassifyEvalConfig
 from transformer_vq.config.jobs import job_config
 from transformer_vq.data.classify import Examples, ordered_batches
 from transformer_vq.nn.batch_stats import recompute_batch_norm_stats
+from transformer_vq.nn.inference import evaluating
 from transformer_vq.train.checkpoint.store import run_dir_of
 from transformer_vq.train.device import use_threads
 from transformer_vq.train.classify.build import check_data_fits, classifier_from_checkpoint, load_classify_data
@@ -66,20 +67,15 @@ def evaluate_examples(model: torch.nn.Module, examples: Examples, *, n_classes: 
     """Score ``model`` (``model(ids, mask=...)`` -> an output with ``logits [B, C]``) on every example of
     ``examples`` in order, in eval mode (restored afterwards); nothing in the model changes."""
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     confusion = torch.zeros(n_classes * n_classes, dtype=torch.long)
     total_loss = 0.0
     begin = time.perf_counter()
-    try:
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
-            for ids, mask, labels in ordered_batches(examples, batch_size, pad_id=pad_id):
-                logits = model(ids.to(device), mask=mask.to(device)).logits
-                logits = logits.to(torch.promote_types(logits.dtype, torch.float32)).cpu()  # bfloat16 -> float32
-                total_loss += F.cross_entropy(logits, labels, reduction="sum").item()
-                confusion += torch.bincount(labels * n_classes + logits.argmax(dim=-1), minlength=n_classes ** 2)
-    finally:
-        model.train(was_training)
+    with evaluating(model), torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
+        for ids, mask, labels in ordered_batches(examples, batch_size, pad_id=pad_id):
+            logits = model(ids.to(device), mask=mask.to(device)).logits
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32)).cpu()  # bfloat16 -> float32
+            total_loss += F.cross_entropy(logits, labels, reduction="sum").item()
+            confusion += torch.bincount(labels * n_classes + logits.argmax(dim=-1), minlength=n_classes ** 2)
     table = confusion.view(n_classes, n_classes)
     count = len(examples)
     return ClassifyEvalResult(split=split, examples=count, loss=total_loss / count,

@@ -27,7 +27,7 @@ import torch
 
 from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte
 from transformer_vq.train.checkpoint.store import run_dir_of
-from transformer_vq.train.inference import evaluating
+from transformer_vq.nn.inference import evaluating
 from transformer_vq.train.lm.build import build_model, load_corpus_for, model_from_checkpoint
 from transformer_vq.train.lm.evaluate import stream_rows, window_nll
 

@@ -44,7 +44,7 @@ from transformer_vq.data.metrics import (bits_per_byte, bpb_unit, corpus_tokens_
 from transformer_vq.data.recall import spec_of
 from transformer_vq.train.checkpoint.store import run_dir_of
 from transformer_vq.train.device import use_threads
-from transformer_vq.train.inference import evaluating
+from transformer_vq.nn.inference import evaluating
 from transformer_vq.train.lm.build import load_corpus_for, model_from_checkpoint
 from transformer_vq.train.lm.objective import mask_generator, mask_tokens
 from transformer_vq.train.lm.recall import recall_accuracy

@@ -23,7 +23,7 @@ import torch
 from transformer_vq.models.tvq import gau
 from transformer_vq.ops.full.naive import attention_weights, window_mask
 from transformer_vq.train.checkpoint.store import run_dir_of
-from transformer_vq.train.inference import evaluating
+from transformer_vq.nn.inference import evaluating
 from transformer_vq.train.lm.build import build_model, load_corpus_for, model_from_checkpoint
 from transformer_vq.train.lm.context import history_buckets
 

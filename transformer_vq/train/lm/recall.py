@@ -23,7 +23,7 @@ import torch
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
 from transformer_vq.data.recall import PARTS, episode_parts, spec_of, stored_episode
-from transformer_vq.train.inference import evaluating
+from transformer_vq.nn.inference import evaluating
 
 
 def distance_bucket(distance: int, block_len: int) -> int:

@@ -22,7 +22,7 @@ from transformer_vq.config.jobs import job_config
 from transformer_vq.data.codec import BYTE_VOCAB, decode_bytes
 from transformer_vq.train.checkpoint.store import run_dir_of
 from transformer_vq.train.device import use_threads
-from transformer_vq.train.inference import evaluating
+from transformer_vq.nn.inference import evaluating
 from transformer_vq.train.lm.build import codec_for, model_from_checkpoint
 
 REPLACEMENT = "\ufffd"
