@@ -11,7 +11,7 @@ from pathlib import Path
 from transformer_vq.config import ConfigError
 from transformer_vq.config.fields import flag_of
 from transformer_vq.train.checkpoint.store import (CHECKPOINTS_DIR, STEP_DIR, Checkpoint, find_checkpoint,
-                                                  latest_checkpoint, list_checkpoints)
+                                                  latest_checkpoint, list_checkpoints, resume_order)
 
 
 def refuse_fresh_over_checkpoints(ckpt_root: Path, run_dir: Path, resume: str | None) -> None:
@@ -77,14 +77,10 @@ def check_resume(run_dir: Path, resume: str | None, train) -> None:
 
 
 def _newest(path: Path) -> Path | None:
-    """The checkpoint a resume of the run (or checkpoints) directory ``path`` starts from: the one ``latest`` names,
-    the newest complete one (a newer, damaged one is not resumed from); else the newest listed; None if none."""
-    found = list_checkpoints(path / CHECKPOINTS_DIR) or list_checkpoints(path)
-    if not found:
-        return None
-    pointer = found[-1].parent / "latest"
-    named = STEP_DIR.match(pointer.read_text(errors="replace").strip()) if pointer.is_file() else None
-    return found[-1].parent / named.group(0) if named else found[-1]
+    """The checkpoint a resume of the run (or checkpoints) directory ``path`` starts from, unverified (the resume
+    verifies it, and falls back to an earlier one if it is damaged); None if none."""
+    found = resume_order(path / CHECKPOINTS_DIR) or resume_order(path)
+    return found[0] if found else None
 
 
 def refuse_steps_below(path: Path, step: int, steps: int) -> None:

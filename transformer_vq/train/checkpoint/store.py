@@ -264,12 +264,10 @@ def safe_torch_load(path: Path):
         raise CheckpointError(f"cannot read {path}: {err}") from None
 
 
-def latest_checkpoint(root: Path, *, log=None) -> Checkpoint | None:
-    """The newest complete checkpoint under ``root``: the one ``latest`` names, or, when that one is
-    missing or damaged, the newest older one that verifies (each skip is reported through ``log``).
-    ``None`` when there is no checkpoint at all."""
+def resume_order(root: Path) -> list[Path]:
+    """The checkpoint directories under ``root`` in the order a resume tries them: the one ``latest`` names (the
+    last save that completed), then the others newest first."""
     root = Path(root)
-    log = log or (lambda msg: print(msg, file=sys.stderr))
     candidates = list_checkpoints(root)[::-1]
     pointer = root / "latest"
     if pointer.is_file():
@@ -277,6 +275,15 @@ def latest_checkpoint(root: Path, *, log=None) -> Checkpoint | None:
         if named in candidates:
             candidates.remove(named)
             candidates.insert(0, named)
+    return candidates
+
+
+def latest_checkpoint(root: Path, *, log=None) -> Checkpoint | None:
+    """The newest complete checkpoint under ``root``: the one ``latest`` names, or, when that one is
+    missing or damaged, the newest older one that verifies (each skip is reported through ``log``).
+    ``None`` when there is no checkpoint at all."""
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    candidates = resume_order(root)
     if not candidates:
         return None
     for path in candidates:
