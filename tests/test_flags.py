@@ -134,6 +134,7 @@ def test_resume_continues_the_saved_config_with_flags_on_top(tmp_path):
     (["sample", "--top-k", "-1"], "error: --top-k: must be an integer >= 0, got '-1'"),
     (["sample", "--max-new-tokens", "-1"], "error: --max-new-tokens: must be an integer >= 0, got '-1'"),
     (["sample", "--prompt", ""], "error: --prompt: must not be empty, got ''"),
+    (["bench", "op", "--out", "   "], "error: --out: must not be empty, got '   '"),  # a line, its value as given
     (["train", "--bogus"], "error: unrecognized arguments: --bogus; see tvq train --help"),
 ])
 def test_bad_values_exit_2_with_one_line(capsys, argv, message):

@@ -44,6 +44,7 @@ def user_error_types() -> tuple[type[BaseException], ...]:
 def describe(err: BaseException) -> str | None:
     """The one line shown for a user error or an environment problem; None for a bug."""
     from transformer_vq.config import ConfigError
+    from transformer_vq.config.fields import one_line
     from transformer_vq.config.flags import flag_message
 
     if isinstance(err, ConfigError):
@@ -63,7 +64,7 @@ def describe(err: BaseException) -> str | None:
         if any(w in text for w in NO_CUDA_WORDS):
             return "CUDA is not usable on this machine; use --device cpu"
     if isinstance(err, user_error_types()):
-        return " ".join(str(err).split()) or type(err).__name__
+        return one_line(str(err)) or type(err).__name__
     return None
 
 

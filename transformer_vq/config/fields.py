@@ -38,6 +38,12 @@ class ConfigError(ValueError):
         """The config class whose fields ``problems`` names."""
 
 
+def one_line(text: str) -> str:
+    """``text`` as one line of an error: each line break, with the whitespace around it, becomes one space; other
+    whitespace is kept (a quoted value ``'   '`` stays itself)."""
+    return re.sub(r"\s*\n\s*", " ", text).strip()
+
+
 def option(default=dataclasses.MISSING, help: str = "", *, factory=dataclasses.MISSING, **rules):
     """A dataclass field with its help text and rules: ``min``/``max`` (with ``min_open``/``max_open`` for
     strict bounds), ``choices``, ``training_only`` (model fields a resumed run may change), ``flag`` (a flag

@@ -21,8 +21,8 @@ import dataclasses
 import math
 import re
 
-from transformer_vq.config.fields import (ConfigError, bounds_text, fields_of, flag_of, kinds, outside_bounds,
-                                          parse_scalar, parse_text)
+from transformer_vq.config.fields import (ConfigError, bounds_text, fields_of, flag_of, kinds, one_line,
+                                          outside_bounds, parse_scalar, parse_text)
 
 
 class Parser(argparse.ArgumentParser):
@@ -60,7 +60,7 @@ class Parser(argparse.ArgumentParser):
         line = f"{found.group(1)}: {found.group(2)}" if found else f"{message}; see {self.prog} --help"
         if found and found.group(2).strip() == "expected one argument":  # argparse reads `--lr -1e-3` as two flags
             line += f" (a negative value is written {found.group(1)}=-X)"
-        self.exit(2, f"error: {' '.join(line.split())}\n")
+        self.exit(2, f"error: {one_line(line)}\n")
 
 
 def _converter(field: dataclasses.Field, kind):

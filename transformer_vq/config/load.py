@@ -21,7 +21,7 @@ from pathlib import Path
 from transformer_vq.config.arch import (ARCHS, DEFAULT_ARCH, check_trains, find_arch, foreign_fields, lm_preset,
                                         refuse_given, run_arch, run_context)
 from transformer_vq.config.classify import ClassifyConfig
-from transformer_vq.config.fields import ConfigError, build, fields_of, unknown_message
+from transformer_vq.config.fields import ConfigError, build, fields_of, one_line, unknown_message
 from transformer_vq.config.reading import UnreadableFile, read_json, read_text
 from transformer_vq.config.train import RunConfig, TrainConfig
 
@@ -191,7 +191,7 @@ def read_file(path: Path) -> dict:
             loaded = yaml.load(text, Loader=_unique_key_loader()) or {}
         except yaml.YAMLError as err:
             what = "JSON" if path.suffix == ".json" else "YAML"  # JSON is read as the YAML it is a subset of
-            raise ConfigError(f"{path} is not valid {what}: {' '.join(str(err).split())}") from None
+            raise ConfigError(f"{path} is not valid {what}: {one_line(str(err))}") from None
     else:
         raise ConfigError(f"config file {path} must end in .yaml, .yml, .json or .toml")
     if not isinstance(loaded, dict):

@@ -13,6 +13,8 @@ import json
 import os
 from pathlib import Path
 
+from transformer_vq.config.fields import one_line
+
 PICKLE_MAGIC = (b"\x80", b"PK\x03\x04")
 """How a ``torch.save`` file starts: a pickle protocol byte, or the zip archive of the newer format."""
 
@@ -77,6 +79,6 @@ def check_safetensors(path: str | os.PathLike, what: str, hint: str) -> Path:
         with safe_open(str(path), framework="pt") as reader:
             reader.keys()
     except Exception as err:  # noqa: BLE001 - safetensors raises its own error type for every malformed file
-        detail = " ".join(str(err).split()) or type(err).__name__
+        detail = one_line(str(err)) or type(err).__name__
         raise UnreadableFile(f"{path} is not {what}: not a valid safetensors file ({detail}); {hint}") from None
     return path
