@@ -85,6 +85,30 @@ def test_a_padded_batch_continues_with_its_mask():
     assert torch.equal(more, at_once)
 
 
+def test_one_output_continued_twice_needs_a_copy_of_the_cache_per_branch():
+    """A cache is advanced in place by every call that continues it: a second branch from the same ``out.cache`` is
+    refused with how to branch (a copy per branch), even where its sequence is long enough to pass the column count
+    (it ran, silently, from a state built on the first branch's tokens); with a copy each, each branch is the
+    generation of its whole sequence from nothing."""
+    import copy
+
+    model = hf_model()
+    out = model.generate(ids(), max_new_tokens=5, do_sample=False, return_dict_in_generate=True)
+    spare = copy.deepcopy(out.past_key_values)
+    first = model.generate(out.sequences, **{CACHE_FIELD: out.past_key_values}, max_new_tokens=4, do_sample=False)
+    assert torch.equal(first, model.generate(out.sequences, max_new_tokens=4, do_sample=False))
+    branch_advice = r"\. A cache is advanced in place .* own copy \(copy.deepcopy\(out.cache\)\)$"
+    with pytest.raises(ValueError, match=r"^input_ids has 16 columns, fewer than the 19 this cache consumed: pass "
+                                         r"the whole sequence .*" + branch_advice):
+        model.generate(out.sequences, **{CACHE_FIELD: out.past_key_values}, max_new_tokens=4, do_sample=False)
+    other = torch.cat([out.sequences, torch.full((2, 6), 7)], dim=1)  # 22 columns, past the 19 consumed
+    with pytest.raises(ValueError, match=r"^the first 19 columns of input_ids are not the ones this cache consumed "
+                                         r"\(rows \[0, 1\]\)" + branch_advice):
+        model.generate(other, **{CACHE_FIELD: out.past_key_values}, max_new_tokens=3, do_sample=False)
+    branch = model.generate(other, **{CACHE_FIELD: spare}, max_new_tokens=3, do_sample=False)
+    assert torch.equal(branch, model.generate(other, max_new_tokens=3, do_sample=False))
+
+
 def test_assisted_decoding_is_refused_with_its_reason():
     model = hf_model()
     with pytest.raises(ValueError, match=r"^assisted decoding \(prompt_lookup_num_tokens\) is not supported: it "

@@ -25,6 +25,27 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from transformer_vq.models.tvq.ragged import RowStates
 from transformer_vq.nn.state import ModelState
 
+# The fingerprint of the columns each row of a cache consumed: a polynomial hash modulo a prime below 2**31, so that
+# every product fits in int64 on any device. generate compares it with the first columns of the sequence it is given:
+# a cache that another continuation advanced in place is refused, never continued from a state of other tokens.
+FINGERPRINT_PRIME = 2_147_483_647
+FINGERPRINT_BASE = 1_000_003
+
+
+def fingerprint(ids: torch.Tensor, previous: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B]`` int64: the fingerprint of the columns ``previous`` stands for (None: none) followed by ``ids``
+    ``[B, T]``."""
+    length = ids.shape[1]
+    powers = torch.tensor([pow(FINGERPRINT_BASE, length - 1 - j, FINGERPRINT_PRIME) for j in range(length)])
+    folded = ((ids.long() + 1) * powers.to(ids.device) % FINGERPRINT_PRIME).sum(dim=1)  # < T * 2**31: no overflow
+    if previous is not None:
+        folded = folded + previous * pow(FINGERPRINT_BASE, length, FINGERPRINT_PRIME)
+    return folded % FINGERPRINT_PRIME
+
+
+BRANCHES = ("A cache is advanced in place by every call that continues it: to continue one output twice, give each "
+            "branch its own copy (copy.deepcopy(out.cache))")
+
 # transformers 5.0 crops to a length (``crop(max_length)``, negative: remove that many); later ones remove a count.
 CROP_TAKES_LENGTH = "max_length" in inspect.signature(Cache.crop).parameters
 
@@ -104,6 +125,9 @@ class TransformerVQCache(Cache):
         """Each row's state (``None`` before the first forward call)."""
         self.columns = 0
         """Columns consumed, padding included: the past length of ``transformers``' attention mask."""
+        self.consumed: torch.Tensor | None = None
+        """``[B]``: the :func:`fingerprint` of each row's consumed columns (None: unknown, a state set from the
+        library's, or none consumed)."""
 
     # ------------------------------------------------------------------ what the model reads and writes
 
@@ -126,13 +150,29 @@ class TransformerVQCache(Cache):
             raise ValueError(f"the model state has {len(state.layers)} units, this cache {self.n_units}")
         batch = next(t.shape[0] for s in state.layers if s is not None
                      for t in vars(s).values() if isinstance(t, torch.Tensor))
-        self.rows, self.columns = RowStates.of(state, batch), state.offset
+        self.rows, self.columns, self.consumed = RowStates.of(state, batch), state.offset, None
 
-    def set_rows(self, rows: RowStates, columns: int) -> None:
-        """Store each row's state after a call that brought the consumed columns to ``columns``."""
+    def set_rows(self, rows: RowStates, input_ids: torch.Tensor) -> None:
+        """Store each row's state after a call that consumed the columns ``input_ids`` ``[B, T]`` too."""
         if any(len(state.layers) != self.n_units for _, state in rows.groups):
             raise ValueError(f"the row states do not have this cache's {self.n_units} units")
-        self.rows, self.columns = rows, columns
+        known = self.columns == 0 or self.consumed is not None
+        self.consumed = fingerprint(input_ids, self.consumed) if known else None
+        self.rows, self.columns = rows, self.columns + input_ids.shape[1]
+
+    def check_consumed(self, input_ids: torch.Tensor) -> None:
+        """Refuse ``input_ids`` ``[B, T]`` (a whole sequence given to ``generate`` with this cache) whose first
+        columns are not the ones this cache consumed: it continues another sequence."""
+        if self.consumed is None or input_ids.dim() != 2 or input_ids.shape[0] != self.consumed.shape[0]:
+            return  # unknown, or a shape that forward's own checks refuse
+        if input_ids.shape[1] < self.columns:
+            raise ValueError(f"input_ids has {input_ids.shape[1]} columns, fewer than the {self.columns} this cache "
+                             f"consumed: pass the whole sequence (past and new tokens, e.g. out.sequences) with its "
+                             f"cache. {BRANCHES}")
+        differ = (fingerprint(input_ids[:, :self.columns]) != self.consumed).nonzero().flatten().tolist()
+        if differ:
+            raise ValueError(f"the first {self.columns} columns of input_ids are not the ones this cache consumed (rows "
+                             f"{differ}). {BRANCHES}")
 
     def offsets(self) -> list[int]:
         """Tokens consumed by each row (padding excluded)."""
@@ -170,7 +210,7 @@ class TransformerVQCache(Cache):
     max_batch_size = batch_size
 
     def reset(self) -> None:
-        self.rows, self.columns = None, 0
+        self.rows, self.columns, self.consumed = None, 0, None
 
     def crop(self, value: int) -> None:
         """A no-op when it removes nothing; refused otherwise: keys older than the window are summarized per code
@@ -193,6 +233,8 @@ class TransformerVQCache(Cache):
     def _select(self, index: list[int]) -> None:
         if self.rows is not None:
             self.rows = self.rows.select(index)
+        if self.consumed is not None:
+            self.consumed = self.consumed[torch.tensor(index, device=self.consumed.device)]
 
     def offload(self, *args, **kwargs) -> None:
         pass

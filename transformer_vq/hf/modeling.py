@@ -164,8 +164,13 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
         return super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
 
     def generate(self, *args, **kwargs):
-        """``GenerationMixin.generate``, refusing assisted decoding first with its reason (transformers' own check
-        says the model has no cache, which it has)."""
+        """``GenerationMixin.generate``, refusing first a cache that consumed other columns than the sequence's
+        first (:meth:`TransformerVQCache.check_consumed`), and assisted decoding with its reason (transformers' own
+        check says the model has no cache, which it has)."""
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        if isinstance(cache, TransformerVQCache) and isinstance(input_ids, torch.Tensor):
+            cache.check_consumed(input_ids)
         config = kwargs.get("generation_config")
         asked = [name for name in ASSISTED if kwargs.get(name) is not None or getattr(config, name, None) is not None]
         if asked:
@@ -258,7 +263,7 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
         new_cache = None
         if use_cache:
             new_cache = cache if cache is not None else TransformerVQCache(len(self.model.units))
-            new_cache.set_rows(out.states, columns + input_ids.shape[1])
+            new_cache.set_rows(out.states, input_ids)
         output = CausalLMOutputWithPast(loss=out.loss, logits=kept_logits(out.logits, logits_to_keep),
                                         **{CACHE_FIELD: new_cache})
         # return_dict False (the argument, else the config's): the tuple of the fields that are set, as transformers'
