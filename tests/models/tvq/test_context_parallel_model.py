@@ -82,3 +82,51 @@ def test_other_attention_is_refused():
         attend(cfg, x, x, x, torch.zeros(1, 1, 4, 2 * cfg.block_len), state=None, mask=None, attention="linear",
                context_parallel=object())  # refused before the group is used
     assert str(err.value) == "context parallelism needs attn_type 'vq', got 'full'"
+
+
+CHUNKS = (8, 16, 8)  # unequal lengths, whole blocks each: the operator takes them, so the model must place them
+
+
+def unequal_worker(rank, ranks):
+    model, ids = model_and_ids("mha-abspos", torch.float64)
+    lo = sum(CHUNKS[:rank])
+    out = model.eval()(ids[:, lo:lo + CHUNKS[rank]], context_parallel=torch.distributed.group.WORLD)
+    return {"logits": out.logits, "offset": out.state.offset}
+
+
+def test_chunks_of_unequal_length_sit_where_the_ranks_lengths_say(tmp_path):
+    """A rank's chunk begins after the lengths of the ranks before it, summed, and the state's offset is all of them:
+    with absolute positions, rank r's chunk placed at r times its own length gave other logits (2.55 off)."""
+    results = run_gloo(unequal_worker, len(CHUNKS), tmp_path)
+    model, ids = model_and_ids("mha-abspos", torch.float64)
+    want = model.eval()(ids[:, :sum(CHUNKS)])
+    torch.testing.assert_close(torch.cat([r["logits"] for r in results], dim=1), want.logits, rtol=1e-12, atol=1e-12)
+    assert [r["offset"] for r in results] == [want.state.offset] * len(CHUNKS) == [sum(CHUNKS)] * len(CHUNKS)
+
+
+def refusing_worker(rank, ranks, case):
+    model, ids = model_and_ids("shga", torch.float64)
+    chunk = ids[:, rank * 8:(rank + 1) * 8].clone()
+    mask = None
+    if case == "padding" and rank == 0:
+        mask = torch.ones_like(chunk, dtype=torch.bool)
+        mask[:, -2:] = False  # trailing in rank 0's chunk, but rank 1's real tokens come after it
+    if case == "ids" and rank == 1:
+        chunk[0, 3] = 999
+    try:
+        model.eval()(chunk, mask=mask, context_parallel=torch.distributed.group.WORLD)
+    except ValueError as err:
+        return str(err)
+    return "accepted"
+
+
+@pytest.mark.parametrize("case", ["padding", "ids"])
+def test_a_rank_that_refuses_its_input_makes_every_rank_raise(case, tmp_path):
+    """What one rank refuses of its own chunk (padding, whose keys the later ranks would attend as real tokens; a
+    bad id) is raised on every rank after the exchange, its reason on that rank: none is left waiting in a collective
+    for a rank that stopped, and none goes on alone."""
+    refuser = 0 if case == "padding" else 1
+    results = run_gloo(refusing_worker, 2, tmp_path, case)
+    assert results[1 - refuser] == f"rank {refuser} refused its input (that rank's own error says why)"
+    reason = "context parallelism takes whole sequences without padding" if case == "padding" else "input_ids"
+    assert results[refuser].startswith(f"rank {refuser}: ") and reason in results[refuser], results[refuser]

@@ -67,7 +67,9 @@ def _silu(h: torch.Tensor) -> torch.Tensor:
 
 def chunk_start(group, length: int) -> int:
     """Position of this rank's chunk in a sequence split into chunks of ``length`` tokens over the ranks of ``group``
-    in rank order (0 without a group)."""
+    in rank order (0 without a group). Chunks of other lengths (whole blocks each) start elsewhere but at the same
+    place within a block, all a unit's window bias reads; a model's absolute positions and state offset read the
+    lengths the ranks agreed (:mod:`transformer_vq.models.tvq.chunks`)."""
     return 0 if group is None else dist.get_rank(group) * length
 
 

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from transformer_vq.config import TransformerVQConfig
 from transformer_vq.config.fields import is_integer
-from transformer_vq.models.tvq.gau import GatedAttentionUnit, chunk_start
+from transformer_vq.models.tvq.chunks import agree_chunks
+from transformer_vq.models.tvq.gau import GatedAttentionUnit, chunk_start as equal_chunk_start
 from transformer_vq.nn.codebooks import Codebooks
 from transformer_vq.nn.inference import evaluating
 from transformer_vq.nn.inputs import as_mask, causal_padding, check_token_ids
@@ -102,9 +102,10 @@ class TransformerVQ(Codebooks, nn.Module):
                 exactly through :mod:`transformer_vq.models.tvq.ragged`.
             loss_mask: ``[B, T]`` bool, the positions whose targets count in ``ce_loss`` (default: ``mask``).
             attention: ``"linear"`` (the operator) or ``"quadratic"`` (the dense reference, same parameters).
-            context_parallel: a process group whose ranks each pass one chunk of the same sequences, of equal length
-                and in rank order (context parallelism, docs/distributed.md): ``logits`` and the losses are this
-                chunk's, ``state`` is shared by the ranks (the sequences' start in, their end out).
+            context_parallel: a process group whose ranks each pass one chunk of the same sequences, whole blocks
+                in rank order, without padding (context parallelism, docs/distributed.md): ``logits`` and the losses
+                are this chunk's, ``state`` is shared by the ranks (the sequences' start in, their end out). What
+                one rank refuses of its input, every rank raises.
             position_ids, cu_seqlens: packed documents (:mod:`transformer_vq.ops.documents`), at most one of them:
                 ``[B, T]`` positions restarting at 0 where a document begins, or flash-attention's cumulative lengths
                 over the flattened tokens. No token attends a token of another document; a row whose first position
@@ -112,23 +113,23 @@ class TransformerVQ(Codebooks, nn.Module):
                 one (a training window cut inside a document) its earlier tokens are not there to attend, and only
                 the positions (``abs_pos``) say where the row stands in it.
         """
-        mask, loss_mask, padded = self._check_call(input_ids, state, targets, mask, loss_mask)  # before any work
+        mask, loss_mask, padded, chunks = self._check_call(input_ids, state, targets, mask, loss_mask,
+                                                           context_parallel)  # before any work
         B, T = input_ids.shape
         doc_start = document_starts(B, T, position_ids=position_ids, cu_seqlens=cu_seqlens, device=input_ids.device)
         positions = None if doc_start is None or self.abs_pos_scale is None else \
             document_positions(doc_start, position_ids)
         x, states, commit_loss = self.features(input_ids, state, mask=mask, attention=attention,
                                                context_parallel=context_parallel, doc_start=doc_start,
-                                               positions=positions)
+                                               positions=positions, chunk_start=None if chunks is None else chunks.start)
         offset = 0 if state is None else state.offset
         if self.head is None:
             # tied, scaled to unit variance (an encoder's mask token is an input only)
             logits = x @ self.embed.weight[:self.cfg.vocab_size].t() * self.cfg.d_model ** -0.5
         else:
             logits = self.head(x)
-        consumed = T if context_parallel is None else T * dist.get_world_size(context_parallel)
         new_state = None if attention == "quadratic" or not self.cfg.causal else \
-            ModelState(offset + consumed, states, padded)
+            ModelState(offset + (T if chunks is None else chunks.total), states, padded)
         result = ModelOutput(logits=logits, state=new_state, commit_loss=commit_loss)
         if targets is not None:
             loss_mask = mask if loss_mask is None else loss_mask
@@ -140,14 +141,19 @@ class TransformerVQ(Codebooks, nn.Module):
 
     def features(self, input_ids: torch.Tensor, state: ModelState | None = None, *, mask: torch.Tensor | None = None,
                  attention: str = "linear", context_parallel=None, doc_start: torch.Tensor | None = None,
-                 positions: torch.Tensor | None = None) -> tuple[torch.Tensor, list[Any], torch.Tensor]:
+                 positions: torch.Tensor | None = None,
+                 chunk_start: int | None = None) -> tuple[torch.Tensor, list[Any], torch.Tensor]:
         """``(x [B, T, Dm], unit states, commit_loss)``: the residual stream after every unit (and the final norm),
         before the output head. A classifier pools ``x``; :meth:`forward` turns it into logits. ``input_ids`` are
         not checked here (:meth:`forward` checks them); ``doc_start [B, T]``: where packed documents begin;
-        ``positions [B, T]``: each token's position in its document, for ``abs_pos`` (``None``: the row's)."""
+        ``positions [B, T]``: each token's position in its document, for ``abs_pos`` (``None``: the row's);
+        ``chunk_start``: under context parallelism, where this rank's chunk begins (:func:`agree_chunks`; ``None``:
+        the rank times the chunk's length, chunks of equal length)."""
         if state is not None and not self.cfg.causal:
             raise ValueError("an encoder (causal=False) reads whole sequences and carries no state: pass state=None")
-        offset = (0 if state is None else state.offset) + chunk_start(context_parallel, input_ids.shape[1])
+        if chunk_start is None:
+            chunk_start = equal_chunk_start(context_parallel, input_ids.shape[1])
+        offset = (0 if state is None else state.offset) + chunk_start
         x = self.embed(input_ids)  # (B, T, Dm)
         if self.abs_pos_scale is not None:
             if positions is None:
@@ -163,17 +169,30 @@ class TransformerVQ(Codebooks, nn.Module):
             x = rms_norm(x)
         return x, states, commit_loss
 
-    def _check_call(self, input_ids, state, targets, mask, loss_mask) -> tuple:
-        """Refuse a bad call (:mod:`transformer_vq.nn.inputs`) before any work; ``(mask, loss_mask, padded)``: the
-        masks as bool, and whether ``mask`` holds padding (a causal model's, trailing: the state it returns is not
-        continued)."""
-        check_token_ids(input_ids, self.embed.num_embeddings, "input_ids")
-        if targets is not None:
-            check_token_ids(targets, self.cfg.vocab_size, "targets", shape=input_ids.shape)
-        mask, loss_mask = as_mask(mask, input_ids.shape, "mask"), as_mask(loss_mask, input_ids.shape, "loss_mask")
-        if state is not None and self.cfg.causal:  # an encoder's is refused by features(), which takes one too
-            check_continued_state(state, len(self.units), type(self).__name__)
-        return mask, loss_mask, self.cfg.causal and causal_padding(mask)
+    def _check_call(self, input_ids, state, targets, mask, loss_mask, context_parallel=None) -> tuple:
+        """Refuse a bad call (:mod:`transformer_vq.nn.inputs`) before any work; ``(mask, loss_mask, padded,
+        chunks)``: the masks as bool, whether ``mask`` holds padding (a causal model's, trailing: the state it returns
+        is not continued), and under context parallelism the :class:`Chunks` the ranks agreed (``None`` without),
+        every rank refusing when one does."""
+        problem, padded = None, False
+        try:
+            check_token_ids(input_ids, self.embed.num_embeddings, "input_ids")
+            if targets is not None:
+                check_token_ids(targets, self.cfg.vocab_size, "targets", shape=input_ids.shape)
+            mask, loss_mask = as_mask(mask, input_ids.shape, "mask"), as_mask(loss_mask, input_ids.shape, "loss_mask")
+            if state is not None and self.cfg.causal:  # an encoder's is refused by features(), which takes one too
+                check_continued_state(state, len(self.units), type(self).__name__)
+            padded = self.cfg.causal and causal_padding(mask)
+            if context_parallel is not None and mask is not None and not bool(mask.all()):
+                raise ValueError("context parallelism takes whole sequences without padding (mask all True): the "
+                                 "ranks after a chunk would read its padding as real tokens")
+        except (ValueError, TypeError) as error:
+            if context_parallel is None:
+                raise
+            problem = str(error)  # raised by every rank, after the exchange
+        chunks = None if context_parallel is None else agree_chunks(context_parallel, input_ids.shape[-1],
+                                                                    input_ids.device, problem)
+        return mask, loss_mask, padded, chunks
 
     # ------------------------------------------------------------------ sampling
 
