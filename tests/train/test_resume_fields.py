@@ -13,7 +13,7 @@ from trainutil import read_metrics, tiny_config
 from transformer_vq.cli import main
 from transformer_vq.config import ConfigError
 from transformer_vq.train import train
-from transformer_vq.train.checkpoint import latest_checkpoint
+from transformer_vq.train.checkpoint import latest_checkpoint, read_checkpoint
 from transformer_vq.train.lm import LMTrainer
 
 
@@ -91,6 +91,45 @@ def test_a_checkpoint_named_is_judged_as_itself_not_as_the_runs_latest(corpus_fi
     second = run_dir / "checkpoints" / "step_00000002"
     with pytest.raises(ConfigError, match=r"step_00000002 is already at step 2 and --steps is 1"):
         train(tiny_config(corpus_file, tmp_path / "fork1", "steps=1"), resume=str(second))
+
+
+def test_a_rewind_forks_with_its_checkpoint_s_config_and_never_writes_a_second_history(corpus_file, tmp_path,
+                                                                                         monkeypatch, capsys):
+    """Training from an earlier checkpoint again in its own run directory is refused while later checkpoints are
+    there (pruning and ``--resume auto`` go by step number: the new checkpoint was pruned at once and the next resume
+    took the abandoned branch); a fork into a new directory starts from the named checkpoint's config, not from the
+    config of the run's latest attempt (another lr, here); a name that does not exist is said to be missing."""
+    monkeypatch.chdir(tmp_path)
+    assert train(tiny_config(corpus_file, tmp_path / "run", "steps=2", "ckpt_every=1")).exit_code == 0
+    assert main(["train", "--resume", "run", "--steps", "3", "--lr", "1e-5"]) == 0  # a later attempt
+    first = "run/checkpoints/step_00000001"
+    assert main(["train", "--resume", first, "--steps", "2"]) == 2
+    assert "run holds checkpoints after step 1 (step_00000002, step_00000003), and training from step 1 again " \
+           "there would mix two histories; continue in a new directory (--run-dir NEW)" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*")] != [] and \
+        latest_checkpoint(tmp_path / "run" / "checkpoints").step == 3
+    assert main(["train", "--resume", first, "--run-dir", "fork", "--steps", "2"]) == 0
+    lr = [json.loads((tmp_path / d / "config.json").read_text())["train"]["lr"] for d in ("fork", first)]
+    assert lr[0] == lr[1] != 1e-5
+    assert main(["train", "--resume", "run/checkpoints/step_00000009", "--steps", "5"]) == 2
+    assert "--resume: run/checkpoints/step_00000009 does not exist" in capsys.readouterr().err
+
+
+def test_a_checkpoint_reached_by_a_link_or_a_copy_is_resumed_into_its_run_never_written_into(corpus_file, tmp_path,
+                                                                                             monkeypatch):
+    """A run resumed from a checkpoint named by a link (or a copy under another name) writes into the run holding
+    it, or the copy's directory: taken for the run directory, the checkpoint was written into, and its files no
+    longer matched their checksums."""
+    monkeypatch.chdir(tmp_path)
+    assert train(tiny_config(corpus_file, tmp_path / "run", "steps=2", "ckpt_every=1")).exit_code == 0
+    step = tmp_path / "run" / "checkpoints" / "step_00000002"
+    before = sorted(p.name for p in step.iterdir())
+    (tmp_path / "good").symlink_to(step)
+    assert main(["train", "--resume", "good", "--steps", "3"]) == 0
+    assert sorted(p.name for p in step.iterdir()) == before
+    assert latest_checkpoint(tmp_path / "run" / "checkpoints").step == 3
+    latest_checkpoint(tmp_path / "run" / "checkpoints")  # every checkpoint verifies (raises otherwise)
+    assert read_checkpoint(step).step == 2
 
 
 def test_resume_auto_takes_the_run_dir_a_config_file_names(two_steps, corpus_file, tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ the confusion-matrix PNG), resuming it, and the one-line errors of bad input."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,15 @@ def test_a_plot_named_other_than_png_is_refused(capsys, trained, tmp_path):
     assert (code, err) == (2, f"error: --plot: figures are written as PNG, and '{tmp_path / 'cm.jpg'}' names a .jpg "
                               f"file: name it .png (or a directory)\n")
     assert not (tmp_path / "cm.jpg").exists()
+
+
+def test_a_best_checkpoint_is_not_resumed_from_and_says_where_to_resume(capsys, trained, tmp_path):
+    """A best/ checkpoint holds the weights only: a resume from it is refused with the run's checkpoints to resume
+    from (it was taken for a run directory and refused for flags never given, then failed on a KeyError)."""
+    fork = tmp_path / "run"
+    shutil.copytree(trained, fork)
+    best = next((fork / "best").glob("step_*"))
+    code, _, err = run_cli(capsys, ["classify", "train", "--resume", str(best), "--steps", "9", "--eval-every", "0",
+                                    "--device", "cpu"])
+    assert code == 2 and f"error: --resume: checkpoint {best} holds the model's weights only" in err
+    assert f"resume from the run's checkpoints/ (--resume {fork})" in err

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from transformer_vq.config import ConfigError
 from transformer_vq.config.fields import flag_of
-from transformer_vq.train.checkpoint.store import (CHECKPOINTS_DIR, STEP_DIR, Checkpoint, find_checkpoint,
-                                                  latest_checkpoint, list_checkpoints, resume_order)
+from transformer_vq.train.checkpoint.store import (BEST_DIR, CHECKPOINTS_DIR, STEP_DIR, Checkpoint,
+                                                  find_checkpoint, is_checkpoint_dir, latest_checkpoint,
+                                                  list_checkpoints, resume_order, run_dir_holding, weights_only)
 
 
 def refuse_fresh_over_checkpoints(ckpt_root: Path, run_dir: Path, resume: str | None) -> None:
@@ -33,12 +34,12 @@ def refuse_fresh_over_checkpoints(ckpt_root: Path, run_dir: Path, resume: str | 
 
 
 def run_dir_named(resume: str | Path) -> Path:
-    """The run directory ``--resume PATH`` names: PATH itself, or ``RUN_DIR`` for ``RUN_DIR/checkpoints`` and
-    ``RUN_DIR/checkpoints/step_N`` (a checkpoint moved out of its run: the directory holding it). A resumed run
-    starts from this run's config, and writes into it unless ``--run-dir`` says otherwise."""
+    """The run directory ``--resume PATH`` names: PATH itself, ``RUN_DIR`` for ``RUN_DIR/checkpoints``, and for a
+    checkpoint the run holding it (:func:`run_dir_holding`). A resumed run writes into it unless ``--run-dir`` says
+    otherwise."""
     path = Path(resume)
-    if STEP_DIR.match(path.name):
-        path = path.parent
+    if is_checkpoint_dir(path):
+        return run_dir_holding(path)
     return path.parent if path.name == CHECKPOINTS_DIR else path
 
 
@@ -64,10 +65,18 @@ def check_resume(run_dir: Path, resume: str | None, train) -> None:
     if resume is None:
         return
     path = Path(run_dir) if resume == "auto" else Path(resume)
-    chosen = path if STEP_DIR.match(path.name) else _newest(path)  # a checkpoint named is the one resumed from
+    if resume != "auto" and not path.exists():  # auto starts a run whose directory is not there yet
+        raise ConfigError(f"--resume: {path} does not exist; pass a run directory or one of its checkpoints/step_* "
+                          f"directories")
+    chosen = path if is_checkpoint_dir(path) else _newest(path)  # a checkpoint named is the one resumed from
     if chosen is None:
         return
-    refuse_steps_below(path, int(STEP_DIR.match(chosen.name).group(1)), train.steps)
+    if chosen.resolve().parent.name == BEST_DIR:
+        raise ConfigError(f"--resume: {weights_only(chosen)}")
+    named = STEP_DIR.match(chosen.name)  # a checkpoint renamed says its step in its state, which the resume reads
+    if named:
+        refuse_steps_below(path, int(named.group(1)), train.steps)
+        refuse_second_history(Path(run_dir), int(named.group(1)), path)
     try:
         saved = json.loads((chosen / "config.json").read_text())
     except (OSError, ValueError):
@@ -81,6 +90,19 @@ def _newest(path: Path) -> Path | None:
     verifies it, and falls back to an earlier one if it is damaged); None if none."""
     found = resume_order(path / CHECKPOINTS_DIR) or resume_order(path)
     return found[0] if found else None
+
+
+def refuse_second_history(run_dir: Path, step: int, resumed: Path) -> None:
+    """Refuse (:class:`ConfigError`) to train from ``step`` into ``run_dir`` while it holds later checkpoints: a
+    second history written over the first would be pruned, and resumed by ``--resume auto``, by step number, which
+    mixes the two (a new checkpoint was pruned at once, and the next resume took the abandoned branch)."""
+    later = [p.name for p in list_checkpoints(Path(run_dir) / CHECKPOINTS_DIR)
+             if int(STEP_DIR.match(p.name).group(1)) > step]
+    if later:
+        raise ConfigError(f"--resume {resumed}: {run_dir} holds checkpoints after step {step} ({', '.join(later)}), "
+                          f"and training from step {step} again there would mix two histories; continue in a new "
+                          f"directory (--run-dir NEW), or move the later checkpoints out of "
+                          f"{run_dir / CHECKPOINTS_DIR}")
 
 
 def refuse_steps_below(path: Path, step: int, steps: int) -> None:
@@ -159,7 +181,9 @@ def resumed_base(resume: str, where: dict, train_cls, task: str):
 
     if resume == "auto":
         return resumed_config(build(train_cls, where, "train").resolved_run_dir(), task)
-    base = resumed_config(run_dir_named(resume), task)
+    named = Path(resume)  # a checkpoint named continues with its own config, not its run's latest attempt's
+    base = resumed_config(named if is_checkpoint_dir(named) and (named / "config.json").is_file()
+                          else run_dir_named(resume), task)
     if base is None:
         return None
     # it continues in the directory given (a fork: refused at the start if that one holds another run's checkpoints),

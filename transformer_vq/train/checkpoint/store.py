@@ -88,6 +88,8 @@ class Checkpoint:
         """Restore the weights, buffers and optimizer state of a training: ``sharded`` for a model
         sharded by FSDP (a collective, resliced for this number of workers), else a replicated one.
         A checkpoint of the other kind is refused (DDP and FSDP store the optimizer state differently)."""
+        if "optimizer" not in self.state and "optimizer_groups" not in self.state:
+            raise CheckpointError(weights_only(self.path))
         if self.sharded != sharded:
             saved, asked = ("fsdp", "ddp") if self.sharded else ("ddp", "fsdp")
             raise CheckpointError(
@@ -313,7 +315,28 @@ def find_checkpoint(path: str | Path) -> Checkpoint:
 
 
 def run_dir_of(ckpt: Checkpoint) -> Path:
-    """The run directory of a checkpoint (``RUN_DIR/checkpoints/step_N``, or a classification run's
-    ``RUN_DIR/best/step_N``), or the directory holding the checkpoint when it was moved out of its run."""
-    parent = ckpt.path.parent
+    """The run directory of a checkpoint (:func:`run_dir_holding`)."""
+    return run_dir_holding(ckpt.path)
+
+
+def weights_only(path: Path) -> str:
+    """Why the checkpoint at ``path`` cannot be trained on from: it holds weights only."""
+    return (f"checkpoint {path} holds the model's weights only (as a classification run's best/ checkpoints do), not "
+            f"the optimizer state and data position a training continues from: resume from the run's checkpoints/ "
+            f"(--resume {run_dir_holding(path)}), or read the weights with eval, sample or export")
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    """Whether ``path`` names one checkpoint: a directory holding a manifest (whatever its name: a copy, a link), or
+    one named ``step_N`` (existing or not)."""
+    return (Path(path) / "manifest.json").is_file() or bool(STEP_DIR.match(Path(path).name))
+
+
+def run_dir_holding(checkpoint_dir: Path) -> Path:
+    """The run directory of the checkpoint directory ``checkpoint_dir``, a link followed to the checkpoint it names:
+    ``RUN_DIR`` for ``RUN_DIR/checkpoints/step_N`` or a classification run's ``RUN_DIR/best/step_N``, else the
+    directory holding the checkpoint (moved out of its run). Never the checkpoint itself, which a run writing into
+    it would corrupt."""
+    path = Path(checkpoint_dir)
+    parent = (path.resolve() if path.is_symlink() else path).parent
     return parent.parent if parent.name in (CHECKPOINTS_DIR, BEST_DIR) else parent
