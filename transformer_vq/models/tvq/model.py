@@ -108,7 +108,8 @@ class TransformerVQ(Codebooks, nn.Module):
                 one rank refuses of its input, every rank raises.
             position_ids, cu_seqlens: packed documents (:mod:`transformer_vq.ops.documents`), at most one of them:
                 ``[B, T]`` positions restarting at 0 where a document begins, or flash-attention's cumulative lengths
-                over the flattened tokens. No token attends a token of another document; a row whose first position
+                over the flattened tokens. No token attends a token of another document, nor is scored on one
+                (``ce_loss`` leaves out the target of a document's last token); a row whose first position
                 is not 0 continues a document begun before it: the one of ``state`` when a state is given; without
                 one (a training window cut inside a document) its earlier tokens are not there to attend, and only
                 the positions (``abs_pos``) say where the row stands in it.
@@ -121,7 +122,8 @@ class TransformerVQ(Codebooks, nn.Module):
             document_positions(doc_start, position_ids)
         x, states, commit_loss = self.features(input_ids, state, mask=mask, attention=attention,
                                                context_parallel=context_parallel, doc_start=doc_start,
-                                               positions=positions, chunk_start=None if chunks is None else chunks.start)
+                                               positions=positions,
+                                               chunk_start=None if chunks is None else chunks.start)
         offset = 0 if state is None else state.offset
         if self.head is None:
             # tied, scaled to unit variance (an encoder's mask token is an input only)
@@ -133,6 +135,11 @@ class TransformerVQ(Codebooks, nn.Module):
         result = ModelOutput(logits=logits, state=new_state, commit_loss=commit_loss)
         if targets is not None:
             loss_mask = mask if loss_mask is None else loss_mask
+            if doc_start is not None and self.cfg.causal:
+                # a document's last token is not scored on the next document's first: nothing is predicted from
+                # another document (the last column's next token lies outside the call: loss_mask says)
+                crosses = F.pad(doc_start[:, 1:], (0, 1), value=False)
+                loss_mask = ~crosses if loss_mask is None else loss_mask & ~crosses
             logits_acc = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 at least, under autocast
             ce = F.cross_entropy(logits_acc.reshape(B * T, -1), targets.reshape(B * T), reduction="none")
             result.ce_loss = token_mean(ce, None if loss_mask is None else loss_mask.reshape(B * T))

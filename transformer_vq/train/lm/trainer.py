@@ -129,13 +129,28 @@ class LMTrainer(Trainer):
         if self.positions is not None:
             lo = self.step % self.tc.windows_per_batch * self.tc.update_len
             packing = {"position_ids": self.positions[:, lo:lo + inputs.shape[1]]}
-            # no loss across a boundary: a document's first token is not predicted from the one before it
+            # no loss across a boundary: a document's first token is not predicted from the one before it (the
+            # model leaves those inside the window out itself; the last column's, the next window's, only this knows)
             loss_mask = self.positions[:, lo + 1:lo + inputs.shape[1] + 1] != 0
         with self.autocast():
             out = self.forward(inputs, state=self.carry, targets=targets, loss_mask=loss_mask, **packing,
                                **({"context_parallel": self.dist.cp_group} if self.dist.cp_group is not None else {}))
+        if packing and self.dist.world_size > 1:
+            self._weigh_by_global_targets(out, loss_mask)
         out.loss.backward()
         return Step(output=out, tokens=self.tc.batch_size * self.tc.update_len)
+
+    def _weigh_by_global_targets(self, out, loss_mask: torch.Tensor) -> None:
+        """Scale this worker's ``ce_loss`` by its share of the targets of every worker, so that the workers' average
+        (DDP's of the gradients, the logged mean) is the mean over every target of the global batch, as one process
+        computes it. Packing leaves out a document's first token, so the workers score different numbers of
+        targets, and a mean of their means weighed them unequally."""
+        counts = loss_mask.sum().to(torch.float64).reshape(1)
+        total = counts.clone()
+        self.dist.all_reduce_sum_([total])
+        share = (counts * self.dist.world_size / total.clamp_min(1)).to(out.ce_loss.dtype).squeeze(0)
+        out.loss = out.loss + (share - 1) * out.ce_loss
+        out.ce_loss = out.ce_loss * share
 
     def _next_window(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets of the next window, starting a new batch (and a fresh state) when due."""
