@@ -28,7 +28,8 @@ EXTRA = ("steps=6", "ckpt_every=100", "batch_size=4")
 # Packed documents (one per line) too: a document's first token is not predicted, so the workers score different
 # numbers of targets; each weighs its mean by its share of them, so their average is one process's mean (once a mean
 # of the workers' means, 6.3337 against 6.3209 at the first step).
-@pytest.mark.parametrize("objective", [(), ("model.causal=false",), ("pack=true",)], ids=["causal", "encoder", "packed"])
+@pytest.mark.parametrize("objective", [(), ("model.causal=false",), ("pack=true",)],
+                         ids=["causal", "encoder", "packed"])
 def test_two_workers_match_one_process(corpus_file, tmp_path, objective):
     one, two = tmp_path / "one", tmp_path / "two"
     cfg = tiny_config(corpus_file, one, *EXTRA, *objective)

@@ -134,17 +134,21 @@ class TransformerVQ(Codebooks, nn.Module):
             ModelState(offset + (T if chunks is None else chunks.total), states, padded)
         result = ModelOutput(logits=logits, state=new_state, commit_loss=commit_loss)
         if targets is not None:
-            loss_mask = mask if loss_mask is None else loss_mask
-            if doc_start is not None and self.cfg.causal:
-                # a document's last token is not scored on the next document's first: nothing is predicted from
-                # another document (the last column's next token lies outside the call: loss_mask says)
-                crosses = F.pad(doc_start[:, 1:], (0, 1), value=False)
-                loss_mask = ~crosses if loss_mask is None else loss_mask & ~crosses
-            logits_acc = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 at least, under autocast
-            ce = F.cross_entropy(logits_acc.reshape(B * T, -1), targets.reshape(B * T), reduction="none")
-            result.ce_loss = token_mean(ce, None if loss_mask is None else loss_mask.reshape(B * T))
+            result.ce_loss = self._ce_loss(logits, targets, mask if loss_mask is None else loss_mask, doc_start)
             result.loss = result.ce_loss + self.cfg.commit_coef * commit_loss
         return result
+
+    def _ce_loss(self, logits, targets, loss_mask, doc_start) -> torch.Tensor:
+        """The mean cross-entropy of ``targets`` ``[B, T]`` over ``loss_mask`` (None: every position), float32 at
+        least (under autocast too)."""
+        if doc_start is not None and self.cfg.causal:
+            # a document's last token is not scored on the next document's first: nothing is predicted from
+            # another document (the last column's next token lies outside the call: loss_mask says)
+            crosses = F.pad(doc_start[:, 1:], (0, 1), value=False)
+            loss_mask = ~crosses if loss_mask is None else loss_mask & ~crosses
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        ce = F.cross_entropy(logits.reshape(targets.numel(), -1), targets.reshape(-1), reduction="none")
+        return token_mean(ce, None if loss_mask is None else loss_mask.reshape(-1))
 
     def features(self, input_ids: torch.Tensor, state: ModelState | None = None, *, mask: torch.Tensor | None = None,
                  attention: str = "linear", context_parallel=None, doc_start: torch.Tensor | None = None,
