@@ -171,8 +171,8 @@ class TransformerVQCache(Cache):
                              f"cache. {BRANCHES}")
         differ = (fingerprint(input_ids[:, :self.columns]) != self.consumed).nonzero().flatten().tolist()
         if differ:
-            raise ValueError(f"the first {self.columns} columns of input_ids are not the ones this cache consumed (rows "
-                             f"{differ}). {BRANCHES}")
+            raise ValueError(f"the first {self.columns} columns of input_ids are not the ones this cache consumed "
+                             f"(rows {differ}). {BRANCHES}")
 
     def offsets(self) -> list[int]:
         """Tokens consumed by each row (padding excluded)."""

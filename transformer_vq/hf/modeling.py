@@ -26,6 +26,7 @@ from transformer_vq.models.tvq.gau import GatedAttentionUnit
 from transformer_vq.models.tvq.model import TransformerVQ
 from transformer_vq.models.tvq.ragged import RowStates, plan_segments, run_segments
 from transformer_vq.nn.inputs import IGNORE_INDEX, check_token_ids
+from transformer_vq.ops.documents import FLATTENING_KEYS, flattened_positions
 
 # The remote code every saved directory carries (transformer_vq/hf/remote_code.py under the name transformers
 # expects) and the auto classes config.json's auto_map sends to its classes: trust_remote_code=True loads the
@@ -232,7 +233,9 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
                 row's sequence), zero before a row's first.
             position_ids: ``[B, T]`` (or ``[1, T]``) positions of the tokens in their own sequences. A token at
                 position 0 starts a new sequence: packed documents (``DataCollatorWithFlattening``) are run as
-                separate sequences. Every other position must continue the row's state.
+                separate sequences. Every other position must continue the row's state. The collator's other keys
+                (``cu_seq_lens_q``/``_k``, ``max_length_q``/``_k``, ``seq_idx``) come in ``kwargs``, read as the
+                position_ids they imply (:func:`~transformer_vq.ops.documents.flattened_positions`).
             labels: ``[B, T]`` token ids, ``-100`` where no loss is wanted; a token's target is the label of the
                 next real token of its sequence, as in ``transformers`` (position t predicts label t + 1) when there
                 is no padding. The loss is the library's (cross-entropy plus ``commit_coef`` times the commitment
@@ -256,8 +259,9 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
         cache = resolve_cache(cache, past_key_values, kwargs)
         cache_position = kwargs.pop("cache_position", None)
         refuse_unsupported(input_ids, kwargs)
-        check_labels(labels, input_ids, self.model.cfg.vocab_size)
-        rows, columns, segments = plan_call(cache, input_ids, attention_mask, position_ids, cache_position)
+        if labels is not None:  # token ids or -100, named as the caller named them
+            check_token_ids(labels, self.model.cfg.vocab_size, "labels", shape=input_ids.shape, ignore=IGNORE_INDEX)
+        rows, columns, segments = plan_call(cache, input_ids, attention_mask, position_ids, cache_position, kwargs)
         out = run_segments(self.model, input_ids, segments, rows, labels=labels)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         new_cache = None
@@ -266,8 +270,7 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
             new_cache.set_rows(out.states, input_ids)
         output = CausalLMOutputWithPast(loss=out.loss, logits=kept_logits(out.logits, logits_to_keep),
                                         **{CACHE_FIELD: new_cache})
-        # return_dict False (the argument, else the config's): the tuple of the fields that are set, as transformers'
-        # own models return it
+        # return_dict False (the argument, else the config's): the tuple of the set fields, as transformers' models
         return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
 
 
@@ -316,7 +319,7 @@ def refuse_unsupported(input_ids, kwargs: dict) -> None:
     if input_ids is None:
         raise ValueError("input_ids are required: the model reads token ids (inputs_embeds are not supported)")
     asked = {name: value for name, value in kwargs.items()
-             if name not in PASSED_THROUGH and value is not None and value is not False}
+             if name not in (*PASSED_THROUGH, *FLATTENING_KEYS) and value is not None and value is not False}
     for name, why in REFUSED_WHEN_SET.items():
         if name in asked:
             raise ValueError(f"{name} is not supported: {why}")
@@ -325,20 +328,18 @@ def refuse_unsupported(input_ids, kwargs: dict) -> None:
 
 
 def plan_call(cache: TransformerVQCache | None, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-              position_ids: torch.Tensor | None, cache_position: torch.Tensor | None):
+              position_ids: torch.Tensor | None, cache_position: torch.Tensor | None, kwargs: dict | None = None):
     """``(row states, columns the cache consumed, segments)`` of a forward call: its columns, rows and positions
-    checked against the cache, then cut into the segments each row's real tokens run as
-    (:func:`~transformer_vq.models.tvq.ragged.plan_segments`)."""
+    (or those DataCollatorWithFlattening's keys in ``kwargs`` imply) checked against the cache, then cut into the
+    segments each row's real tokens run as (:func:`~transformer_vq.models.tvq.ragged.plan_segments`)."""
     B, T = input_ids.shape
     columns = 0 if cache is None else cache.get_seq_length()
     check_continuation(columns, T, attention_mask, cache_position)
     if cache is not None and cache.is_initialized and cache.batch_size != B:
         raise ValueError(f"the cache holds {cache.batch_size} rows, input_ids {B}")
     rows = cache.rows if cache is not None and cache.rows is not None else RowStates(B)
-    if position_ids is not None:
-        position_ids = position_ids.expand(B, T) if position_ids.shape == (1, T) else position_ids
-        if position_ids.shape != (B, T):
-            raise ValueError(f"position_ids must be [batch, length] = [{B}, {T}], got {list(position_ids.shape)}")
+    position_ids = flattened_positions(position_ids, kwargs or {}, B, T, mask=attention_mask, continued=columns,
+                                       device=input_ids.device)
     check_restarts(attention_mask, position_ids, T, rows.offsets())
     mask = None if attention_mask is None else attention_mask[:, -T:]
     return rows, columns, plan_segments(rows.offsets(), T, mask=mask, positions=position_ids)
@@ -388,12 +389,6 @@ def check_restarts(attention_mask: torch.Tensor | None, position_ids: torch.Tens
                          f"the cache holds {offsets[row]} tokens of it; to start a new sequence, call without the "
                          f"cache (or mask the earlier columns out), to continue it, count its positions on from "
                          f"{offsets[row]}")
-
-
-def check_labels(labels: torch.Tensor | None, input_ids: torch.Tensor, vocab_size: int) -> None:
-    """Refuse ``labels`` that are not ``[B, T]`` int64 token ids or -100, named as the caller named them."""
-    if labels is not None:
-        check_token_ids(labels, vocab_size, "labels", shape=input_ids.shape, ignore=IGNORE_INDEX)
 
 
 def kept_logits(logits: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
