@@ -48,6 +48,18 @@ def test_a_causal_model_refuses_padding_before_real_tokens(attn_type):
         tvq(attn_type)(ids(), mask=mask)
 
 
+def test_the_left_padding_refusal_names_what_each_family_has():
+    """Transformer-VQ's refusal points to its Hugging Face model, which runs left-padded rows; LongVQ has none, and
+    its refusal said to use it."""
+    mask = ~trailing_mask((0, 3))
+    mask[0] = True
+    with pytest.raises(ValueError, match=r"on the right, or, to generate from left-padded prompts, use the Hugging "
+                                         r"Face model \(docs/huggingface.md\)"):
+        tvq("vq")(ids(), mask=mask)
+    with pytest.raises(ValueError, match=r"on the right, or run each prompt alone$"):
+        longvq_lm().backbone(ids(), mask=mask)  # the LM takes no mask; its backbone (a causal classifier's) does
+
+
 @pytest.mark.parametrize("attn_type", ["vq", "full", "flash"])
 def test_trailing_padding_changes_no_real_token_and_its_state_is_not_continued(attn_type):
     model, mask = tvq(attn_type), trailing_mask()

@@ -69,19 +69,22 @@ def as_mask(mask: torch.Tensor | None, shape: tuple[int, ...], name: str = "mask
     return mask
 
 
-def causal_padding(mask: torch.Tensor | None) -> bool:
+LEFT_PADDING_HF = ("or, to generate from left-padded prompts, use the Hugging Face model (docs/huggingface.md), "
+                   "which runs each row from its own first token")
+"""Where a Transformer-VQ user with left-padded prompts goes (the other families have no Hugging Face model)."""
+
+
+def causal_padding(mask: torch.Tensor | None, left_padding: str = "or run each prompt alone") -> bool:
     """Whether a causal model's ``mask`` (bool ``[B, T]``, True for real tokens) holds padding; raises
     ``ValueError`` where a real token follows padding. A causal model attends every earlier key of its row, and its
     operators carry one position for the whole batch, so padding before a real token would be attended (and shift
-    the row's blocks): rows of different lengths, left-padded, run exactly through the Hugging Face model (its
-    :mod:`transformer_vq.models.tvq.ragged` plan). Trailing padding is attended by no real token. One read of two
-    flags."""
+    the row's blocks). Trailing padding is attended by no real token. ``left_padding``: the model's own way to run
+    left-padded rows, said in the refusal (Transformer-VQ's: :data:`LEFT_PADDING_HF`). One read of two flags."""
     if mask is None:
         return False
     before_real, padded = torch.stack([(mask[:, 1:] & ~mask[:, :-1]).any(), ~mask.all()]).tolist()
     if before_real:
-        raise ValueError("a causal model takes trailing padding only, and mask has a real token after a padding "
-                         "token: a real token would attend the padding; pad rows of different lengths on the right, "
-                         "or, to generate from left-padded prompts, use the Hugging Face model (docs/huggingface.md), "
-                         "which runs each row from its own first token")
+        raise ValueError(f"a causal model takes trailing padding only, and mask has a real token after a padding "
+                         f"token: a real token would attend the padding; pad rows of different lengths on the right, "
+                         f"{left_padding}")
     return padded

@@ -16,7 +16,7 @@ from transformer_vq.models.tvq.chunks import agree_chunks
 from transformer_vq.models.tvq.gau import GatedAttentionUnit, chunk_start as equal_chunk_start
 from transformer_vq.nn.codebooks import Codebooks
 from transformer_vq.nn.inference import evaluating
-from transformer_vq.nn.inputs import as_mask, causal_padding, check_token_ids
+from transformer_vq.nn.inputs import LEFT_PADDING_HF, as_mask, causal_padding, check_token_ids
 from transformer_vq.nn.norm import rms_norm
 from transformer_vq.nn.outputs import module_output
 from transformer_vq.nn.position import sinusoids
@@ -193,7 +193,7 @@ class TransformerVQ(Codebooks, nn.Module):
             mask, loss_mask = as_mask(mask, input_ids.shape, "mask"), as_mask(loss_mask, input_ids.shape, "loss_mask")
             if state is not None and self.cfg.causal:  # an encoder's is refused by features(), which takes one too
                 check_continued_state(state, len(self.units), type(self).__name__)
-            padded = self.cfg.causal and causal_padding(mask)
+            padded = self.cfg.causal and causal_padding(mask, LEFT_PADDING_HF)
             if context_parallel is not None and mask is not None and not bool(mask.all()):
                 raise ValueError("context parallelism takes whole sequences without padding (mask all True): the "
                                  "ranks after a chunk would read its padding as real tokens")
