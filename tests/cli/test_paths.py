@@ -97,7 +97,7 @@ def test_full_disk_saves_nothing_unresumable(capsys, corpus, tmp_path, monkeypat
     (["--config", "{tmp}/binary.json"], "--config: {tmp}/binary.json is not a JSON run config: it is not UTF-8 text "
                                         "(byte 0x80 at offset 0; a binary file?); " + CONFIG_HINT),
     (["--config", "{tmp}/run.txt"], "config file {tmp}/run.txt must end in .yaml, .yml, .json or .toml"),
-    (["--resume", "{tmp}/nowhere"], MISSING_CKPT.format(path="{tmp}/nowhere")),
+    (["--resume", "{tmp}/nowhere"], "--resume: " + MISSING_CKPT.format(path="{tmp}/nowhere")),
     (["--resume", "{tmp}/empty"], NO_CKPT.format(path="{tmp}/empty")),
 ], ids=["data-path-missing", "data-path-fifo", "data-unknown", "data-option-malformed", "data-option-unknown",
         "data-option-empty-value", "fractions-null", "fractions-word", "fractions-one-number", "fractions-nan",

@@ -112,7 +112,7 @@ def test_a_rewind_forks_with_its_checkpoint_s_config_and_never_writes_a_second_h
     lr = [json.loads((tmp_path / d / "config.json").read_text())["train"]["lr"] for d in ("fork", first)]
     assert lr[0] == lr[1] != 1e-5
     assert main(["train", "--resume", "run/checkpoints/step_00000009", "--steps", "5"]) == 2
-    assert "--resume: run/checkpoints/step_00000009 does not exist" in capsys.readouterr().err
+    assert "--resume: checkpoint path run/checkpoints/step_00000009 does not exist" in capsys.readouterr().err
 
 
 def test_a_checkpoint_reached_by_a_link_or_a_copy_is_resumed_into_its_run_never_written_into(corpus_file, tmp_path,
@@ -194,3 +194,17 @@ def test_a_mid_batch_checkpoint_resumed_in_another_precision_drops_its_carry(cor
     assert train(tiny_config(corpus_file, run_dir, "steps=2", "precision=float32"), resume="auto").exit_code == 0
     assert ("the checkpoint falls mid-batch and its carried states were computed in bfloat16; this run computes in "
             "float32: the rest of this batch starts without context") in capsys.readouterr().out
+
+
+def test_the_data_options_a_refusal_gives_back_parse_as_saved():
+    """The flags a refusal advises, pasted into a shell, give the saved options back: a list printed with spaces
+    split into other arguments, and a glob was expanded by the shell."""
+    import shlex
+
+    from transformer_vq.config import parse_data_options
+    from transformer_vq.train.checkpoint.resume import _flags_of
+
+    saved = {"fractions": [0.8, 0.1, 0.1], "glob": "f*.txt", "lines": True, "limit": None, "name": "a b"}
+    words = shlex.split(_flags_of("--data-option", saved))
+    assert words[::2] == ["--data-option"] * len(saved)
+    assert parse_data_options(words[1::2]) == saved

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from pathlib import Path
 
 from transformer_vq.config import ConfigError
 from transformer_vq.config.fields import flag_of
 from transformer_vq.train.checkpoint.store import (BEST_DIR, CHECKPOINTS_DIR, STEP_DIR, Checkpoint,
                                                   find_checkpoint, is_checkpoint_dir, latest_checkpoint,
-                                                  list_checkpoints, resume_order, run_dir_holding, weights_only)
+                                                  list_checkpoints, missing, resume_order, run_dir_holding,
+                                                  weights_only)
 
 
 def refuse_fresh_over_checkpoints(ckpt_root: Path, run_dir: Path, resume: str | None) -> None:
@@ -66,8 +68,7 @@ def check_resume(run_dir: Path, resume: str | None, train) -> None:
         return
     path = Path(run_dir) if resume == "auto" else Path(resume)
     if resume != "auto" and not path.exists():  # auto starts a run whose directory is not there yet
-        raise ConfigError(f"--resume: {path} does not exist; pass a run directory or one of its checkpoints/step_* "
-                          f"directories")
+        raise ConfigError(f"--resume: {missing(path)}")
     chosen = path if is_checkpoint_dir(path) else _newest(path)  # a checkpoint named is the one resumed from
     if chosen is None:
         return
@@ -166,9 +167,16 @@ def _flags_of(flag: str, saved) -> str:
     for no options), else the value."""
     if isinstance(saved, bool):
         return flag if saved else f"--no-{flag[2:]}"
-    if isinstance(saved, dict):
-        return " ".join(f"{flag} {key}={value}" for key, value in saved.items()) or f"no {flag}"
+    if isinstance(saved, dict):  # each KEY=VALUE as parse_data_options reads it, quoted for a shell (lists, globs)
+        return " ".join(f"{flag} {shlex.quote(f'{key}={_option_text(value)}')}" for key, value in saved.items()) \
+            or f"no {flag}"
     return f"{saved!r}"
+
+
+def _option_text(value) -> str:
+    """A data option's value as ``--data-option`` reads it back: a string as it is, anything else as compact JSON
+    (a YAML flow value: ``[0.8,0.1,0.1]``, ``true``, ``null``)."""
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
 
 def resumed_base(resume: str, where: dict, train_cls, task: str):

@@ -297,13 +297,18 @@ def latest_checkpoint(root: Path, *, log=None) -> Checkpoint | None:
                           f"above); start a new run with another --run-dir or without --resume")
 
 
+def missing(path: Path) -> str:
+    """What is wrong with a checkpoint path that does not exist."""
+    return (f"checkpoint path {path} does not exist; pass a run directory (e.g. runs/default) or one of its "
+            f"checkpoints/step_* directories")
+
+
 def find_checkpoint(path: str | Path) -> Checkpoint:
     """Resolve what a user passes as ``--ckpt``: a run directory, its ``checkpoints/`` directory, or
     one checkpoint directory."""
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"checkpoint path {path} does not exist; pass a run directory (e.g. runs/default) "
-                              f"or one of its checkpoints/step_* directories")
+        raise CheckpointError(missing(path))
     if (path / "manifest.json").is_file() or STEP_DIR.match(path.name):
         return read_checkpoint(path)
     for root in (path / CHECKPOINTS_DIR, path):
