@@ -151,10 +151,15 @@ def test_bench_and_tokenizer_values(capsys, tmp_path, argv, message):
 
 
 def test_under_torchrun_only_rank_0_prints_a_config_error(capsys, corpus, tmp_path, monkeypatch):
-    """A refused flag is refused by every worker alike: one line says it, not one per worker; every worker exits 2."""
+    """A refused flag is refused by every worker alike: one line says it, not one per worker; every worker exits 2,
+    the others after a wait, for torchrun stops every worker once one exits (rank 0 was stopped before it spoke)."""
+    import transformer_vq.cli as cli
+
     argv = tiny_train(corpus, tmp_path / "run", "--seq-len", "30")
     monkeypatch.setenv("RANK", "1")
+    waits = []
+    monkeypatch.setattr(cli.time, "sleep", waits.append)
     code, err = run_cli(capsys, argv)
-    assert (code, err) == (2, "")
+    assert (code, err, waits) == (2, "", [cli.QUIET_RANK_WAIT_S])
     monkeypatch.setenv("RANK", "0")
     assert error_line(capsys, argv).startswith("error: --seq-len: must be a multiple of update_len")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import time
 
 # OpenMP threads that spin while waiting steal the cores from each other as soon as another busy process
 # shares the machine (measured: a small training step ran 15x slower on 2 shared cores). Sleeping waits cost
@@ -19,6 +20,9 @@ import sys
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # subcommand name -> module (in the order `tvq --help` lists them)
+# How long a torchrun worker other than rank 0 waits before it exits on a config error that rank 0 reports.
+QUIET_RANK_WAIT_S = 10.0
+
 SUBCOMMANDS = {
     "version": "transformer_vq.cli.version",
     "doctor": "transformer_vq.cli.doctor",
@@ -68,8 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         line = describe(err)
         if line is None:
             raise  # a bug: its traceback is what helps
-        # a config error comes from the command line, the same on every torchrun worker: rank 0 alone says it
-        if not (isinstance(err, ConfigError) and os.environ.get("RANK", "0") != "0"):
+        # a config error comes from the command line, the same on every torchrun worker: rank 0 alone says it, and
+        # the others wait a moment first (torchrun stops every worker once one exits: rank 0 was stopped unheard)
+        if isinstance(err, ConfigError) and os.environ.get("RANK", "0") != "0":
+            time.sleep(QUIET_RANK_WAIT_S)
+        else:
             print(f"error: {line}", file=sys.stderr)
         return 2
 
