@@ -103,11 +103,14 @@ CLASSIFY_PRESETS: dict[str, LongVQConfig] = {
 """The presets of every classifier (``tvq classify train``; each arch reads the same fields)."""
 
 
-def longvq_preset(name: str, task: str = "lm", **overrides) -> LongVQConfig:
+def longvq_preset(name: str, task: str | None = None, **overrides) -> LongVQConfig:
     """The LongVQ preset ``name`` of ``task`` with ``overrides`` applied (e.g. ``longvq_preset("tiny",
     n_classes=10)``): ``task`` "lm" reads the presets of ``tvq train --arch longvq``, "classify" those of ``tvq
-    classify train``. They share ``enwik8`` and ``tiny``; ``small`` differs: the language model's is d_model 256
-    (about 1.7M parameters), the classifier's d_model 64 (about 0.13M)."""
+    classify train``; ``None``: "classify" when the overrides build a classifier (``n_classes`` above 0, or
+    ``causal`` false), else "lm". They share ``enwik8`` and ``tiny``; ``small`` differs: the language model's is
+    d_model 256 (about 1.7M parameters), the classifier's d_model 64 (about 0.13M)."""
+    if task is None:
+        task = "classify" if overrides.get("n_classes") or overrides.get("causal") is False else "lm"
     presets = {"lm": LONGVQ_LM_PRESETS, "classify": CLASSIFY_PRESETS}
     if task not in presets:
         raise ConfigError(f"task must be 'lm' or 'classify', got {task!r}")

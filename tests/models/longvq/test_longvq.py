@@ -314,6 +314,10 @@ def test_config_round_trips_and_presets():
     # `small` is a preset of each task, of a different size: the one of tvq train --arch longvq, of tvq classify train
     assert longvq_preset("small") == LONGVQ_LM_PRESETS["small"] and LONGVQ_LM_PRESETS["small"].d_model == 256
     assert longvq_preset("small", "classify", n_classes=3) == CLASSIFY_PRESETS["small"].replace(n_classes=3)
+    # left out, the task is the one the overrides build: a classifier's small, not the language model's (13x larger)
+    assert longvq_preset("small", n_classes=3) == CLASSIFY_PRESETS["small"].replace(n_classes=3)
+    assert longvq_preset("small", n_classes=2, causal=False).d_model == CLASSIFY_PRESETS["small"].d_model == 64
+    assert longvq_preset("small", "lm", n_classes=3).d_model == 256  # a task given is the task taken
     with pytest.raises(ConfigError, match="task must be 'lm' or 'classify', got 'lra'"):
         longvq_preset("small", task="lra")
     enwik8 = longvq_preset("enwik8")  # Table 8
