@@ -4,7 +4,8 @@ Three timings, each pair interleaved call by call (so that the others' load fall
 ``--repeats`` after ``--warmup``, fwd+bwd:
 
 * ``attention``: the encoder VQ operator at ``T <= 2L``, its dense path (what ``vq_bidir_attention`` takes there)
-  against the window path (``_attend_window``, what it took before);
+  against the window path (what it takes at ``T > 2L``, and took at every length before); the two outputs are
+  checked to agree before any timing;
 * ``ema``: the bidirectional EMA as one two-sided FFT convolution (``ema_bidir_conv``) against two causal ones, the
   second on the reversed sequence (the form before);
 * ``step``: one optimizer step of the LongVQ classifier against the Transformer baseline, each at its defaults for
@@ -34,7 +35,7 @@ from transformer_vq.config.flags import int_at_least, not_empty
 from transformer_vq.models.longvq.ssm import DampedEMA
 from transformer_vq.ops.ema.conv import ema_bidir_conv, ema_kernel, fft_conv
 from transformer_vq.ops.vq_bidir import vq_bidir_attention
-from transformer_vq.ops.vq_bidir.attention import _attend_window, codeword_scores
+from transformer_vq.ops.vq_bidir import attention as vq_bidir_module
 from transformer_vq.train.classify.build import build_classifier
 
 
@@ -50,6 +51,16 @@ def paired(calls: dict, warmup: int, repeats: int) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def window_path(q, k_hat, v, bias, L, z, codebook, real):
+    """``[B, H, T, Dv]``: the window path of ``vq_bidir_attention`` (what it takes at ``T > 2L``: the window scored
+    exactly, every other key through its code) at any ``T``. The public function takes the dense path at ``T <= 2L``,
+    so this one calls the path by its private name, every argument by keyword (a call by position, one argument
+    short, once ran with each argument one slot off): a renamed or reshaped path fails here by name, in the smoke
+    test that runs this script (tests/bench/test_longvq_short.py), and a wrong answer in :func:`attention_calls`."""
+    return vq_bidir_module._attend_window(q=q, k_hat=k_hat, v=v, bias=bias, L=L, z=z, codebook=codebook,
+                                          code_scores=None, real=real, scoring="softmax")
+
+
 def attention_calls(B, T, L, S, Dk, Dv):
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(B, 1, T, Dk, generator=gen).requires_grad_()
@@ -57,16 +68,20 @@ def attention_calls(B, T, L, S, Dk, Dv):
     z = torch.randint(0, S, (B, 1, T), generator=gen)
     k_hat = codebook[0][z].requires_grad_()
     v = torch.randn(B, 1, T, Dv, generator=gen).requires_grad_()
-    bias = torch.randn(B, 1, T, 3 * L, generator=gen).requires_grad_()
+    # a learned local bias's scale (it starts at zero): within the window path's correction limit, as at T > 2L
+    bias = (0.5 * torch.randn(B, 1, T, 3 * L, generator=gen)).requires_grad_()
     real = torch.ones(B, T, dtype=torch.bool)
 
-    def dense():
-        vq_bidir_attention(q, k_hat, v, bias, block_len=L, z=z, codebook=codebook, mask=real)[0].sum().backward()
+    def dense_out():
+        return vq_bidir_attention(q, k_hat, v, bias, block_len=L, z=z, codebook=codebook, mask=real)[0]
 
-    def window():
-        _attend_window(q, k_hat, v, bias, L, z, codeword_scores(q, codebook), real, S, "softmax").sum().backward()
+    def window_out():
+        return window_path(q, k_hat, v, bias, L, z, codebook, real)
 
-    return {"dense path (now)": dense, "window path (before)": window}
+    # the same attention by both paths (exact in float64: tests/ops/vq_bidir), or the timings compare nothing
+    torch.testing.assert_close(window_out().detach(), dense_out().detach(), rtol=1e-4, atol=1e-5)
+    return {"dense path (now)": lambda: dense_out().sum().backward(),
+            "window path (before)": lambda: window_out().sum().backward()}
 
 
 def ema_calls(B, T, D, N):

@@ -41,11 +41,12 @@ def add_output_args(parser) -> None:
 
 
 def note(text: str) -> tuple[str, str]:
-    """The type of ``--note``: ``KEY=TEXT`` as ``(KEY, TEXT)``, refused while parsing without a key."""
+    """The type of ``--note``: ``KEY=TEXT`` as ``(KEY, TEXT)``, both stripped (``KEY = TEXT`` is ``KEY=TEXT``),
+    refused while parsing without a key."""
     key, equals, value = text.partition("=")
     if not equals or not key.strip():
         raise argparse.ArgumentTypeError(f"must be KEY=TEXT, got {text!r}")
-    return key.strip(), value
+    return key.strip(), value.strip()
 
 
 def notes_of(args) -> dict:

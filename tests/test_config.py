@@ -124,3 +124,39 @@ def test_a_misspelt_keyword_is_refused_with_the_known_names():
         longvq_preset("tiny", nlayer=1)
     with pytest.raises(ConfigError, match=r"^unknown EvalConfig key\(s\): max_token; known keys: .*max_tokens"):
         job_config(EvalConfig, "runs/x", max_token=3)
+
+
+def test_a_yaml_merge_key_given_twice_in_one_mapping_is_refused(tmp_path):
+    """Two ``<<:`` in one mapping were taken (YAML keeps the last, the first mapping's keys lost) where every other
+    key given twice is refused; one ``<<:`` with a list, and one per mapping, are YAML's own and still read."""
+    from transformer_vq.config import ConfigError
+    from transformer_vq.config.load import read_file
+
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  <<: {batch_size: 2}\n  <<: {seed: 4}\n  steps: 3\n")
+    with pytest.raises(ConfigError, match=r"merge key '<<' is given twice .*'<<: \[\*a, \*b\]'"):
+        read_file(path)
+    path.write_text("model: &m {d_model: 32}\ntrain:\n  d: &d {<<: {seed: 1}, <<: {steps: 2}}\n")  # in an anchor
+    with pytest.raises(ConfigError, match="merge key '<<' is given twice"):
+        read_file(path)
+    path.write_text("train:\n  <<: [{batch_size: 2}, {seed: 4}]\n  steps: 3\nmodel: {<<: {d_model: 32}}\n")
+    assert read_file(path) == {"train": {"batch_size": 2, "seed": 4, "steps": 3}, "model": {"d_model": 32}}
+    path.write_text("train:\n  '<<': {batch_size: 2}\n  steps: 3\n")  # a quoted '<<' is a plain key, not a merge
+    assert read_file(path) == {"train": {"<<": {"batch_size": 2}, "steps": 3}}
+
+
+def test_install_advice_in_help_quotes_its_extras(capsys):
+    """``pip install -e .[hf]`` unquoted is refused by zsh ("no matches found"): every help text quotes the extras
+    (``'.[hf]'``), as every message does; ``tvq export --help`` printed it unquoted."""
+    import re
+
+    from transformer_vq.cli import main
+
+    unquoted = re.compile(r"(?<!['\"])\.\[\w+(,\w+)*\]")
+    for cls in config_classes():
+        for f in dataclasses.fields(cls):
+            assert not unquoted.search(f.metadata.get("help", "")), f"{cls.__name__}.{f.name}"
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", "--help"])
+    assert exit_.value.code == 0
+    assert "`pip install -e '.[hf]'`" in " ".join(capsys.readouterr().out.split())

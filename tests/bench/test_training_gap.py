@@ -38,6 +38,7 @@ def test_a_note_is_key_equals_text_refused_while_parsing_otherwise():
     traceback after the runs were read."""
     note = benchmark_script("result_files").note
     assert note("title=a=b") == ("title", "a=b") and note(" k =") == ("k", "")
+    assert note("machine = 2 cores ") == ("machine", "2 cores")  # the value was kept as ' 2 cores ', the key stripped
     for bad in ("no-equals", "=text", " =x"):
         with pytest.raises(argparse.ArgumentTypeError, match="must be KEY=TEXT"):
             note(bad)

@@ -151,3 +151,20 @@ def test_the_commitment_loss_is_float32_at_least_and_float64_in_a_float64_model(
         assert model(ids, targets=ids).commit_loss.dtype == torch.float32
         out = model.double()(ids, targets=ids)
         assert out.commit_loss.dtype == out.loss.dtype == torch.float64
+
+
+def test_sizes_given_as_numpy_or_0d_tensors_are_kept_as_python_numbers():
+    """A numpy or 0-d torch ``n_code`` (and the other sizes) was stored as given, so that ``json.dumps`` of the
+    quantizer's sizes failed; they are now Python ints (``operator.index``), ``ema_rate`` a Python float."""
+    import json
+
+    import numpy as np
+
+    for wrap in (np.int64, np.int32, torch.tensor):
+        vq = VectorQuantizer(wrap(2), wrap(8), wrap(4), dead_code_restart=wrap(3), ema_rate=np.float32(0.5))
+        sizes = {"n_group": vq.n_group, "n_code": vq.n_code, "dim": vq.dim, "dead_code_restart": vq.dead_code_restart}
+        assert {name: type(value) for name, value in sizes.items()} == dict.fromkeys(sizes, int)
+        assert type(vq.ema_rate) is float and vq.ema_rate == 0.5
+        assert json.loads(json.dumps({**sizes, "ema_rate": vq.ema_rate})) == {
+            "n_group": 2, "n_code": 8, "dim": 4, "dead_code_restart": 3, "ema_rate": 0.5}
+        assert tuple(vq.codebook.shape) == (2, 8, 4)

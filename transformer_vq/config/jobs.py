@@ -111,7 +111,7 @@ class ExportConfig:
     ckpt: str = option("runs/default", CKPT_HELP)
     format: str = option("hf", "'hf' (a transformers directory that stands alone: config.json with auto_map, "
                                "model.safetensors, generation_config.json, the tokenizer and the remote code; needs "
-                               "the extra hf: `pip install -e .[hf]` in the checkout) or 'safetensors' "
+                               "the extra hf: `pip install -e '.[hf]'` in the checkout) or 'safetensors' "
                                "(model.safetensors and the library's config.json).", choices=EXPORT_FORMATS)
     out: str | None = option(None, "Directory to write (required; must not exist or be empty).")
 

@@ -141,7 +141,9 @@ CONFIG_FORMATS = {".yaml": "YAML", ".yml": "YAML", ".json": "JSON", ".toml": "TO
 def _unique_key_loader():
     """YAML's safe loader, refusing a key given twice in one mapping (YAML itself keeps the last one silently: a
     second ``model:`` section would replace the first). Merge keys (``<<: *base``) are YAML's own: the keys they
-    bring in are overridden by the mapping's, as YAML defines, and not counted as given twice."""
+    bring in are overridden by the mapping's, as YAML defines, and not counted as given twice; the merge key itself
+    is a key like any other, refused given twice in one mapping (YAML keeps the last ``<<:``: the first mapping's keys
+    were lost), with the advice of YAML's own form for several, ``<<: [*a, *b]``."""
     import yaml
 
     class UniqueKeyLoader(yaml.SafeLoader):
@@ -149,9 +151,14 @@ def _unique_key_loader():
             # checked before YAML merges the keys in, once per node: an anchored mapping is flattened in place when
             # first met, and its merged keys would read as given twice when a shallower mapping merges it later
             if not getattr(node, "keys_checked", False):
-                seen = set()
+                seen, merged = set(), False
                 for key_node, _ in node.value:
                     if key_node.tag == "tag:yaml.org,2002:merge":
+                        if merged:
+                            raise yaml.constructor.ConstructorError(
+                                None, None, "merge key '<<' is given twice (only the last would be merged); "
+                                "merge several mappings with one, '<<: [*a, *b]'", key_node.start_mark)
+                        merged = True
                         continue
                     key = self.construct_object(key_node)
                     if key in seen:

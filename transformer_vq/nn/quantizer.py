@@ -14,6 +14,7 @@ Life cycle of the codebook in training (the order matters):
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -66,9 +67,12 @@ class VectorQuantizer(nn.Module):
             raise ValueError(f"ema_rate must be in (0, 1), got {ema_rate!r}")
         if not init_scale > 0.0:
             raise ValueError(f"init_scale must be > 0, got {init_scale!r}")
+        # kept as Python numbers, whatever integer or real type was given (a numpy or 0-d torch value is neither
+        # JSON-serialisable nor a plain size)
+        n_group, n_code, dim = operator.index(n_group), operator.index(n_code), operator.index(dim)
         self.n_group, self.n_code, self.dim = n_group, n_code, dim
-        self.ema_rate = ema_rate
-        self.dead_code_restart = dead_code_restart
+        self.ema_rate = float(ema_rate)
+        self.dead_code_restart = operator.index(dead_code_restart)
         # EMA of per-code key sums and counts; the codeword is sum / count. Counts start at one so the
         # initial codewords are the initial sums.
         self.register_buffer("ema_sum", torch.randn(n_group, n_code, dim) * init_scale)

@@ -31,6 +31,7 @@ from torch import nn
 from transformer_vq.config import LongVQConfig
 from transformer_vq.models.longvq.ssm import DampedEMA, EMAState
 from transformer_vq.nn.attend import ATTENTION_MODES
+from transformer_vq.nn.inputs import as_mask, check_features
 from transformer_vq.nn.norm import rms_norm
 from transformer_vq.nn.outputs import module_output
 from transformer_vq.nn.quantizer import VectorQuantizer
@@ -139,8 +140,9 @@ class LongVQLayer(nn.Module):
 
         Args:
             state: the previous call's state for the same sequences (causal layers), ``None`` at their start.
-            mask: ``[B, T]`` True for real tokens: padding enters neither the SSM (zeroed) nor attention nor the
-                codebook statistics. A causal layer takes trailing padding only (it never reaches earlier tokens).
+            mask: ``[B, T]`` True (or nonzero, an integer 0/1 mask) for real tokens: padding enters neither the SSM
+                (zeroed) nor attention nor the codebook statistics. A causal layer takes trailing padding only (it
+                never reaches earlier tokens).
             attention: ``"linear"`` (the operators, the FFT SSM) or ``"quadratic"`` (dense attention, naive SSM).
         """
         cfg = self.cfg
@@ -148,7 +150,9 @@ class LongVQLayer(nn.Module):
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
         if attention == "quadratic" and state is not None:
             raise ValueError("attention='quadratic' runs the dense reference on whole sequences: pass state=None")
+        check_features(x, cfg.d_model, "x")
         B, T, _ = x.shape
+        mask = as_mask(mask, (B, T), "mask", of="x's [B, T]")  # bool; an integer 0/1 mask as a tokenizer's
         Dqk, Dv = cfg.d_qk, cfg.d_v
         if mask is not None and not bool(mask.all()):
             x = x.masked_fill(~mask[..., None], 0.0)  # padding adds nothing to any convolution
@@ -216,6 +220,8 @@ class LongVQBlock(nn.Module):
     def forward(self, x: torch.Tensor, *, state: LongVQLayerState | None = None, mask: torch.Tensor | None = None,
                 attention: str = "linear") -> LongVQLayerOutput:
         """Apply the block to ``x [B, T, D]`` (arguments as :meth:`LongVQLayer.forward`)."""
+        check_features(x, self.cfg.d_model, "x")
+        mask = as_mask(mask, x.shape[:2], "mask", of="x's [B, T]")  # the norms take it too
         out = self.layer(x, state=state, mask=mask, attention=attention)
         y = self.norm_attn(out.x, mask)  # eq. 21: the layer's gated residual replaces the usual one
         hidden = F.dropout(F.silu(self.ffn_in(y)), p=self.cfg.dropout, training=self.training)
