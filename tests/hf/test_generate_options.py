@@ -105,8 +105,22 @@ def test_one_output_continued_twice_needs_a_copy_of_the_cache_per_branch():
     with pytest.raises(ValueError, match=r"^the first 19 columns of input_ids are not the ones this cache consumed "
                                          r"\(rows \[0, 1\]\)" + branch_advice):
         model.generate(other, **{CACHE_FIELD: out.past_key_values}, max_new_tokens=3, do_sample=False)
+    with pytest.raises(ValueError, match=r"^the first 19 columns"):  # the sequence named as transformers names it
+        model.generate(inputs=other, **{CACHE_FIELD: out.past_key_values}, max_new_tokens=3, do_sample=False)
     branch = model.generate(other, **{CACHE_FIELD: spare}, max_new_tokens=3, do_sample=False)
     assert torch.equal(branch, model.generate(other, max_new_tokens=3, do_sample=False))
+
+
+def test_a_fingerprint_of_columns_read_at_once_is_that_of_the_columns_read_one_by_one():
+    from transformer_vq.hf.cache import fingerprint
+
+    x = torch.randint(0, 256, (3, 40), generator=torch.Generator().manual_seed(0))
+    stepwise = None
+    for column in x.split(1, dim=1):
+        stepwise = fingerprint(column, stepwise)
+    assert torch.equal(fingerprint(x), stepwise)
+    assert torch.equal(fingerprint(x[:, 25:], fingerprint(x[:, :25])), stepwise)
+    assert not torch.equal(fingerprint(x.flip(1)), stepwise)
 
 
 def test_assisted_decoding_is_refused_with_its_reason():

@@ -36,8 +36,11 @@ def fingerprint(ids: torch.Tensor, previous: torch.Tensor | None = None) -> torc
     """``[B]`` int64: the fingerprint of the columns ``previous`` stands for (None: none) followed by ``ids``
     ``[B, T]``."""
     length = ids.shape[1]
-    powers = torch.tensor([pow(FINGERPRINT_BASE, length - 1 - j, FINGERPRINT_PRIME) for j in range(length)])
-    folded = ((ids.long() + 1) * powers.to(ids.device) % FINGERPRINT_PRIME).sum(dim=1)  # < T * 2**31: no overflow
+    if length == 1:  # a decoding step: no table of powers to copy to the device
+        folded = ids[:, 0].long() + 1
+    else:
+        powers = torch.tensor([pow(FINGERPRINT_BASE, length - 1 - j, FINGERPRINT_PRIME) for j in range(length)])
+        folded = ((ids.long() + 1) * powers.to(ids.device) % FINGERPRINT_PRIME).sum(dim=1)  # < T 2**31: no overflow
     if previous is not None:
         folded = folded + previous * pow(FINGERPRINT_BASE, length, FINGERPRINT_PRIME)
     return folded % FINGERPRINT_PRIME

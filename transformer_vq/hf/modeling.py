@@ -169,7 +169,7 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
         first (:meth:`TransformerVQCache.check_consumed`), and assisted decoding with its reason (transformers' own
         check says the model has no cache, which it has)."""
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        input_ids = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
         if isinstance(cache, TransformerVQCache) and isinstance(input_ids, torch.Tensor):
             cache.check_consumed(input_ids)
         config = kwargs.get("generation_config")
