@@ -60,3 +60,21 @@ def test_a_mid_batch_checkpoint_resumes_under_another_context_parallelism(corpus
     assert proc.returncode == 0, proc.stderr
     assert "mid-batch" in proc.stdout and "the rest of this batch starts without context" in proc.stdout
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3, 4]
+
+
+def test_a_mid_batch_checkpoint_of_context_parallel_workers_continues_its_carry_in_one_process(corpus_file, tmp_path,
+                                                                                              capsys):
+    """The ranks of a "cp" row carry the same state, the rows of their share of the batch: a mid-batch checkpoint of
+    2 workers of one share goes on in one process with that state, as the run would have gone on (it restarted the
+    batch's windows without context, keyed by worker count)."""
+    run_dir, straight = tmp_path / "run", tmp_path / "straight"
+    steps = ("ckpt_every=3", "batch_size=2")
+    first = torchrun([*cli_args(corpus_file, run_dir, "steps=3", *steps), "--context-parallel", "2"])
+    assert first.returncode == 0, first.stderr
+    capsys.readouterr()
+    train(tiny_config(corpus_file, run_dir, "steps=4", *steps), resume="auto")
+    said = capsys.readouterr()
+    assert "resumed from" in said.out + said.err and "without context" not in said.out + said.err, said
+    train(tiny_config(corpus_file, straight, "steps=4", *steps))
+    a, b = read_metrics(straight)[-1], read_metrics(run_dir)[-1]
+    assert a["step"] == b["step"] == 4 and abs(a["loss"] - b["loss"]) < 1e-5 * abs(a["loss"]), (a, b)

@@ -181,7 +181,8 @@ class LMTrainer(Trainer):
         carries = self.dist.all_gather_object(to_plain(self.carry) if self._mid_batch() else None)
         # mid-batch: where the current batch starts (the carried states are saved beside it)
         return {"data": self.batch_pos if self._mid_batch() else self.batches.state_dict(), "carry": carries,
-                "corpus": self.corpus_identity, "precision": self.tc.precision}
+                "corpus": self.corpus_identity, "precision": self.tc.precision,
+                "context_parallel": self.dist.context_parallel}
 
     def load_checkpoint_state(self, state: dict, skip: frozenset) -> None:
         if "data" not in skip and "corpus" in state:  # absent from checkpoints of before it was saved
@@ -196,22 +197,25 @@ class LMTrainer(Trainer):
         if "data" in skip:
             self.carry = None
             return
-        # the precision is absent from checkpoints of before it was saved: those resume as they were written
-        mismatch = self._carry_mismatch(carries, state.get("precision", self.tc.precision))
+        # the ranks of a "cp" row carry the same state, its rows': one per share of the batch's rows (the context
+        # parallelism and the precision are absent from checkpoints of before they were saved: those resume as
+        # they were written)
+        shares = carries[::state.get("context_parallel", 1)]
+        mismatch = self._carry_mismatch(shares, state.get("precision", self.tc.precision))
         if mismatch:
             self.log(f"warning: the checkpoint falls mid-batch and {mismatch}: the rest of this batch starts without "
                      f"context")
-        self.carry = None if mismatch else from_plain(carries[self.dist.rank], self.device)
+        self.carry = None if mismatch else from_plain(shares[self.dist.data_rank], self.device)
 
-    def _carry_mismatch(self, carries: list, precision: str) -> str | None:
-        """Why the carried states saved mid-batch cannot continue in this run (None: they can). Each worker's state
-        covers its own rows of the batch, which change with the worker count and with context parallelism (a rank
-        then carries the rows of its whole group), and holds tensors of the precision it was computed in."""
+    def _carry_mismatch(self, shares: list, precision: str) -> str | None:
+        """Why the carried states saved mid-batch cannot continue in this run (None: they can). ``shares``: one state
+        per share of the batch's rows, which change with the number of data-parallel workers (not with context
+        parallelism, whose ranks carry their share's rows alike), in the precision it was computed in."""
         rows = self.batch.shape[0]
-        if len(carries) != self.dist.world_size or plain_rows(carries[self.dist.rank]) not in (rows, None):
-            saved = len(carries)
-            return (f"its carried states were saved by {saved} worker{'s' if saved != 1 else ''} of "
-                    f"{plain_rows(carries[0])} rows each; this run has {self.dist.world_size} of {rows}")
+        if len(shares) != self.dist.data_world or plain_rows(shares[self.dist.data_rank]) not in (rows, None):
+            saved = len(shares)
+            return (f"its carried states were saved for {saved} share{'s' if saved != 1 else ''} of the batch of "
+                    f"{plain_rows(shares[0])} rows each; this run has {self.dist.data_world} of {rows}")
         if precision != self.tc.precision:
             return f"its carried states were computed in {precision}; this run computes in {self.tc.precision}"
         return None
