@@ -130,3 +130,27 @@ def test_a_rank_that_refuses_its_input_makes_every_rank_raise(case, tmp_path):
     assert results[1 - refuser] == f"rank {refuser} refused its input (that rank's own error says why)"
     reason = "context parallelism takes whole sequences without padding" if case == "padding" else "input_ids"
     assert results[refuser].startswith(f"rank {refuser}: ") and reason in results[refuser], results[refuser]
+
+
+def layerdrop_worker(rank, ranks):
+    torch.manual_seed(0)
+    model = TransformerVQ(preset("tiny", n_layers=2, n_code=6, block_len=4, dropres=0.0, dropsin=0.0,
+                                 droplyr=0.5)).double().train()
+    ids = torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(100 + rank)  # the ranks' random streams differ, as the trainer seeds them
+    out = model(ids[:, rank * 8:(rank + 1) * 8], context_parallel=torch.distributed.group.WORLD)
+    return {"logits": out.logits.detach()}
+
+
+def test_layerdrop_decides_once_per_sequence_under_context_parallelism(tmp_path):
+    """A unit dropped for a sequence is dropped for every chunk of it: the ranks take the first chunk's decision, so
+    the chunks' logits are those of one process drawing as rank 0 draws (each rank drew its own: a sequence had a
+    unit dropped in one half and kept in the other)."""
+    results = run_gloo(layerdrop_worker, 2, tmp_path)
+    torch.manual_seed(0)
+    model = TransformerVQ(preset("tiny", n_layers=2, n_code=6, block_len=4, dropres=0.0, dropsin=0.0,
+                                 droplyr=0.5)).double().train()
+    ids = torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(100)
+    want = model(ids).logits.detach()
+    torch.testing.assert_close(torch.cat([r["logits"] for r in results], dim=1), want, rtol=1e-12, atol=1e-12)

@@ -169,7 +169,9 @@ class GatedAttentionUnit(nn.Module):
         if self.training and cfg.droplyr > 0:
             # LayerDrop per sequence, rescaled like dropout so inference needs no correction. The unit
             # is still computed so that its attention state stays a function of the whole input.
-            keep = torch.rand(B, 1, 1, device=x.device) >= cfg.droplyr
+            keep = (torch.rand(B, 1, 1, device=x.device) >= cfg.droplyr).to(branch.dtype)
+            if context_parallel is not None:  # one decision per sequence, its first chunk's, on every rank of it
+                dist.broadcast(keep, src=dist.get_global_rank(context_parallel, 0), group=context_parallel)
             branch = branch * keep / (1 - cfg.droplyr)
         return GAUOutput(x=x + branch, state=state, commit_loss=commit_loss)
 
