@@ -22,7 +22,8 @@ def test_checkpoint_holds_everything(trained_run):
     assert ckpt.step == 6 and ckpt.path.name == "step_00000006"
     assert (trained_run / "checkpoints" / "latest").read_text() == "step_00000006\n"
     assert set(ckpt.state) == {"step", "optimizer", "scheduler", "data", "carry", "rng", "nonfinite_run",
-                               "world_size", "validated_at", "corpus", "precision"}
+                               "world_size", "validated_at", "corpus", "precision", "context_parallel"}
+    assert ckpt.state["context_parallel"] == 1  # how the saved carries map to shares of the batch's rows
     assert set(ckpt.state["corpus"]) == {"name", "tokens", "sample_sha256", "documents_sha256", "data_path"}
     assert ckpt.state["validated_at"] == 6  # the end of the run validated before its save
     assert ckpt.state["data"]["index"] == 3  # 6 steps = 3 batches of 2 windows
