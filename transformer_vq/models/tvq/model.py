@@ -194,7 +194,7 @@ class TransformerVQ(Codebooks, nn.Module):
             if state is not None and self.cfg.causal:  # an encoder's is refused by features(), which takes one too
                 check_continued_state(state, len(self.units), type(self).__name__)
             padded = self.cfg.causal and causal_padding(mask, LEFT_PADDING_HF)
-            if context_parallel is not None and mask is not None and not bool(mask.all()):
+            if context_parallel is not None and padded:  # (causal: context parallelism refuses encoders)
                 raise ValueError("context parallelism takes whole sequences without padding (mask all True): the "
                                  "ranks after a chunk would read its padding as real tokens")
         except (ValueError, TypeError) as error:
