@@ -52,7 +52,8 @@ def test_keeps_last_k_and_ignores_unfinished(trained_run, tmp_path):
     assert latest_checkpoint(root).step == 4
 
 
-@pytest.mark.parametrize("damage", ["truncate_weights", "corrupt_state", "no_manifest", "garbage_pointer"])
+@pytest.mark.parametrize("damage", ["truncate_weights", "corrupt_state", "no_manifest", "garbage_pointer",
+                                    "lagging_pointer"])
 def test_resume_falls_back_past_a_damaged_checkpoint(trained_run, tmp_path, damage, capsys):
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run, run_dir)
@@ -72,18 +73,27 @@ def test_resume_falls_back_past_a_damaged_checkpoint(trained_run, tmp_path, dama
     elif damage == "no_manifest":
         (newest / "manifest.json").unlink()
         reason = f"{newest} is not a complete checkpoint (no manifest.json); it may have been interrupted while saving"
-    else:
+    elif damage == "garbage_pointer":
         (run_dir / "checkpoints" / "latest").write_bytes(b"\x00\xff garbage")
+        reason = None
+    else:  # a crash between step_6's rename and latest's update: step_6 is complete, and the newest
+        (run_dir / "checkpoints" / "latest").write_text("step_00000003\n")
         reason = None
     found = latest_checkpoint(run_dir / "checkpoints")
     warning = capsys.readouterr().err
-    if reason is None:  # a damaged pointer: the newest checkpoint that verifies is still found
+    if damage == "lagging_pointer":
+        assert found.step == 6
+        assert warning == (f"note: {run_dir / 'checkpoints' / 'latest'} names step_00000003, and step_00000006 is "
+                           f"newer and complete (a save stopped before it updated latest): resuming from "
+                           f"step_00000006\n")
+    elif reason is None:  # a damaged pointer: the newest checkpoint that verifies is still found
         assert found.step == 6 and warning == ""
     else:
         assert found.step == 3
         assert warning == f"warning: skipping checkpoint: {reason}\n"
 
-    # and training resumes from it, losing nothing that was saved intact
+    # and training resumes from it, losing nothing that was saved intact (and refusing no later checkpoint as
+    # another history: before, a lagging pointer's resume was refused so)
     result = train(tiny_config(find_corpus(trained_run), run_dir, "steps=8", "ckpt_every=3"), resume="auto")
     assert result.exit_code == 0 and result.step == 8
 

@@ -8,7 +8,8 @@ Layout of a run directory's ``checkpoints/``::
                             state: tensors and plain Python data only, loaded with weights_only=True
         config.json         the run's RunConfig, enough to rebuild the model from the checkpoint alone
         manifest.json       SHA-256 of the three files above, written last
-    latest                  name of the newest complete checkpoint, updated after it is in place
+    latest                  name of the newest complete checkpoint, updated after it is in place (for readers:
+                            a resume takes the newest step_* that verifies, which a crash may leave newer)
 
 A checkpoint is built in a temporary directory beside its final place, every file fsynced, then
 renamed into place (:func:`transformer_vq.fileio.atomic_directory`), then ``latest`` is replaced the
@@ -267,22 +268,22 @@ def safe_torch_load(path: Path):
 
 
 def resume_order(root: Path) -> list[Path]:
-    """The checkpoint directories under ``root`` in the order a resume tries them: the one ``latest`` names (the
-    last save that completed), then the others newest first."""
-    root = Path(root)
-    candidates = list_checkpoints(root)[::-1]
-    pointer = root / "latest"
-    if pointer.is_file():
-        named = root / pointer.read_text(errors="replace").strip()
-        if named in candidates:
-            candidates.remove(named)
-            candidates.insert(0, named)
-    return candidates
+    """The checkpoint directories under ``root`` in the order a resume tries them: newest first. Not ``latest``'s
+    first: every ``step_*`` directory was complete when renamed into place, and one newer than ``latest`` is a save
+    stopped between its rename and ``latest``'s update (the rewinds that could also leave one are refused)."""
+    return list_checkpoints(Path(root))[::-1]
+
+
+def _lagging_pointer(root: Path, chosen: Path) -> str | None:
+    """What ``latest`` names when that is not ``chosen`` (None when it is, or when it names no checkpoint)."""
+    pointer = Path(root) / "latest"
+    named = pointer.read_text(errors="replace").strip() if pointer.is_file() else ""
+    return named if named and named != chosen.name and (Path(root) / named).is_dir() else None
 
 
 def latest_checkpoint(root: Path, *, log=None) -> Checkpoint | None:
-    """The newest complete checkpoint under ``root``: the one ``latest`` names, or, when that one is
-    missing or damaged, the newest older one that verifies (each skip is reported through ``log``).
+    """The newest complete checkpoint under ``root``: the newest that verifies (each damaged one skipped is
+    reported through ``log``; so is a ``latest`` left behind by a save stopped before updating it).
     ``None`` when there is no checkpoint at all."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
     candidates = resume_order(root)
@@ -290,9 +291,15 @@ def latest_checkpoint(root: Path, *, log=None) -> Checkpoint | None:
         return None
     for path in candidates:
         try:
-            return read_checkpoint(path)
+            found = read_checkpoint(path)
         except CheckpointError as err:
             log(f"warning: skipping checkpoint: {err}")
+            continue
+        lagging = _lagging_pointer(root, path)
+        if lagging and path == candidates[0]:
+            log(f"note: {root / 'latest'} names {lagging}, and {path.name} is newer and complete (a save stopped "
+                f"before it updated latest): resuming from {path.name}")
+        return found
     raise CheckpointError(f"no complete checkpoint in {root}: every one failed verification (see warnings "
                           f"above); start a new run with another --run-dir or without --resume")
 
