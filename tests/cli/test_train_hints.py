@@ -26,10 +26,11 @@ def _torchrun_worker(monkeypatch, rank: int, world: int, per_node: int | None = 
     monkeypatch.setenv("RANK", str(rank))
     monkeypatch.setenv("WORLD_SIZE", str(world))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(per_node or world))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's own: RANK alone is set by other launchers too
 
 
 def test_one_process_continues_with_the_plain_command(capsys, monkeypatch):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
     assert run_training(Stopped, "tvq train")[1] == 143
     assert capsys.readouterr().err == "stopped at step 94; continue with: tvq train --resume auto --run-dir runs/r\n"

@@ -19,10 +19,10 @@ import time
 # little on an idle machine. Must be set before torch is imported; an explicit setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# subcommand name -> module (in the order `tvq --help` lists them)
 # How long a torchrun worker other than rank 0 waits before it exits on a config error that rank 0 reports.
 QUIET_RANK_WAIT_S = 10.0
 
+# subcommand name -> module (in the order `tvq --help` lists them)
 SUBCOMMANDS = {
     "version": "transformer_vq.cli.version",
     "doctor": "transformer_vq.cli.doctor",
@@ -54,6 +54,15 @@ def build_parser():
     return parser
 
 
+def quiet_worker() -> bool:
+    """Whether this process is a torchrun worker other than rank 0. A config error comes from the command line, the
+    same on every worker sharing torchrun's terminal: rank 0 alone says it, and the others wait a moment before
+    exiting (torchrun stops every worker once one exits: rank 0 was stopped unheard). Read from torchrun's own
+    variable, not ``RANK`` alone, which other launchers and job schedulers set for processes each with its own log
+    (and a ``tvq sample`` there was silent)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANK", "0") != "0"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -72,9 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         line = describe(err)
         if line is None:
             raise  # a bug: its traceback is what helps
-        # a config error comes from the command line, the same on every torchrun worker: rank 0 alone says it, and
-        # the others wait a moment first (torchrun stops every worker once one exits: rank 0 was stopped unheard)
-        if isinstance(err, ConfigError) and os.environ.get("RANK", "0") != "0":
+        if isinstance(err, ConfigError) and quiet_worker():
             time.sleep(QUIET_RANK_WAIT_S)
         else:
             print(f"error: {line}", file=sys.stderr)

@@ -147,7 +147,9 @@ def run_training(job, command: str):
         print(f"error: {err}", file=sys.stderr)
         return None, 1
     if result.exit_code:
-        if int(os.environ.get("RANK", "0")) == 0:  # every torchrun worker stops; one line says how to go on
+        from transformer_vq.cli import quiet_worker
+
+        if not quiet_worker():  # every torchrun worker stops; one line says how to go on
             print(f"stopped at step {result.step}; continue with: {continue_command(command)} --resume auto "
                   f"--run-dir {result.run_dir}", file=sys.stderr)
         return result, result.exit_code
