@@ -112,6 +112,26 @@ def test_state_carried_across_a_boundary_equals_one_call(kind):
             torch.testing.assert_close(got[name], want[name], rtol=1e-10, atol=1e-10, msg=name)
 
 
+def test_a_packed_state_continued_without_positions_continues_each_row_s_last_document():
+    """On an absolute-position model, a call (or ``generate``) that continues a packed call's state with no
+    ``position_ids`` places its tokens in each row's last document (positions 12, 13, 14 of row 0's), not at the
+    row's own positions (20, 21, 22): as the one call whose positions say so, and whatever the rows' documents."""
+    model = tiny_model(abs_pos=True)
+    with torch.no_grad():
+        model.abs_pos_scale.fill_(0.5)
+    position_ids = positions([[8, 15], [4, 19]])
+    ids = ids_for(position_ids)
+    whole = model(ids, position_ids=position_ids).logits
+    first = model(ids[:, :20], position_ids=position_ids[:, :20])
+    second = model(ids[:, 20:], first.state.detach())  # the state as training carries it
+    torch.testing.assert_close(second.logits, whole[:, 20:], rtol=TOL, atol=TOL)
+    assert second.state.positions.tolist() == [15, 19]
+    greedy = model.generate(ids[:, 20:21], 2, state=first.state, temperature=0)
+    steps = model(torch.cat([ids[:, 20:21], greedy[:, 1:2]], 1), first.state).logits
+    torch.testing.assert_close(steps[:, 0], whole[:, 20], rtol=TOL, atol=TOL)
+    assert torch.equal(greedy[:, 1:], steps.argmax(-1))
+
+
 def test_cu_seqlens_equal_position_ids():
     model = tiny_model()
     position_ids = positions([[5, 3, 9], [17]])

@@ -17,10 +17,15 @@ class ModelState:
     padded: bool = False
     """Whether the call that returned it held padding (trailing, in ``mask``): the rows' caches hold those
     positions' keys, so it is not continued (:func:`check_continued_state`)."""
+    positions: Any = None
+    """``[B]`` int64 or None: where a call gave packed documents' positions, each row's position in its last
+    document of the next token, which an absolute position embedding continues from (None: the row's, ``offset``;
+    a row's last document is the one a continuation continues)."""
 
     def detach(self) -> "ModelState":
         """A copy cut from the autograd graph (truncated backprop between training windows)."""
-        return ModelState(self.offset, [s.detach() if s is not None else None for s in self.layers], self.padded)
+        return ModelState(self.offset, [s.detach() if s is not None else None for s in self.layers], self.padded,
+                          self.positions)
 
     def nbytes(self) -> int:
         """Memory held by the states' tensors, in bytes."""

@@ -46,6 +46,21 @@ class ModelOutput:
     """``ce_loss + cfg.commit_coef * commit_loss`` (Eq. 35), when targets are given."""
 
 
+def continued_positions(state: ModelState | None, positions: torch.Tensor | None, length: int,
+                        chunks) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(positions [B, T] of this call's tokens in their documents or None (the row's own), the state's next
+    positions [B] or None)`` for an absolute position embedding: a packed call's own (``positions``), else those a
+    packed call before it left in ``state`` continued (a document continued from a state otherwise took the row's
+    positions, 19 where its own was 11), ``chunks`` placing this rank's share under context parallelism."""
+    if positions is not None:
+        return positions, positions[:, -1] + 1
+    if state is None or state.positions is None:
+        return None, None
+    start = state.positions[:, None] + (0 if chunks is None else chunks.start)
+    total = length if chunks is None else chunks.total
+    return start + torch.arange(length, device=start.device), state.positions + total
+
+
 class TransformerVQ(Codebooks, nn.Module):
     """Decoder-only Transformer-VQ.
 
@@ -120,6 +135,7 @@ class TransformerVQ(Codebooks, nn.Module):
         doc_start = document_starts(B, T, position_ids=position_ids, cu_seqlens=cu_seqlens, device=input_ids.device)
         positions = None if doc_start is None or self.abs_pos_scale is None else \
             document_positions(doc_start, position_ids)
+        positions, next_positions = continued_positions(state, positions, T, chunks)
         x, states, commit_loss = self.features(input_ids, state, mask=mask, attention=attention,
                                                context_parallel=context_parallel, doc_start=doc_start,
                                                positions=positions,
@@ -131,7 +147,7 @@ class TransformerVQ(Codebooks, nn.Module):
         else:
             logits = self.head(x)
         new_state = None if attention == "quadratic" or not self.cfg.causal else \
-            ModelState(offset + (T if chunks is None else chunks.total), states, padded)
+            ModelState(offset + (T if chunks is None else chunks.total), states, padded, next_positions)
         result = ModelOutput(logits=logits, state=new_state, commit_loss=commit_loss)
         if targets is not None:
             result.ce_loss = self._ce_loss(logits, targets, mask if loss_mask is None else loss_mask, doc_start)

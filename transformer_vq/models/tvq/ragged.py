@@ -48,7 +48,8 @@ def select_rows(state: ModelState, index: Sequence[int]) -> ModelState:
                   if isinstance(getattr(first, f.name), torch.Tensor)).device
     index_t = torch.tensor(list(index), dtype=torch.long, device=device)
     return ModelState(state.offset, [None if s is None else map_unit_state(s, lambda t: t.index_select(0, index_t))
-                                     for s in state.layers])
+                                     for s in state.layers],
+                      positions=None if state.positions is None else state.positions.index_select(0, index_t))
 
 
 def cat_rows(states: Sequence[ModelState]) -> ModelState:
@@ -74,7 +75,10 @@ def cat_rows(states: Sequence[ModelState]) -> ModelState:
             else:
                 fields[f.name] = values[0]
         layers.append(type(unit_states[0])(**fields))
-    return ModelState(states[0].offset, layers)
+    positions = [s.positions for s in states]
+    if any(p is None for p in positions) and any(p is not None for p in positions):
+        raise ValueError("only states that all hold their rows' document positions (or none does) can share a batch")
+    return ModelState(states[0].offset, layers, positions=None if positions[0] is None else torch.cat(positions))
 
 
 class RowStates:
