@@ -92,6 +92,36 @@ def test_generate_and_the_pipeline_sample_as_the_library_with_no_settings_given(
                                                                                                 temperature=0))
 
 
+def test_an_older_export_is_greedy_and_beam_search_is_do_sample_false(tmp_path):
+    """What docs/huggingface.md says of a directory exported before the generation config held the library's
+    decoding (transformers' defaults: a greedy ``generate(ids)``), and of beams under the exported ``do_sample=True``
+    (beam sampling: ``do_sample=False`` is the deterministic search)."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from transformer_vq.hf.export import save_hf
+
+    lib = tiny_model(vocab_size=256)
+    save_hf(lib, tmp_path)
+    x = torch.tensor([list(b"ROMEO:")])
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True).eval()
+    beams = [hf.generate(x, max_new_tokens=BLOCK, num_beams=3, do_sample=False) for _ in range(2)]
+    assert torch.equal(*beams)
+    sampled = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        sampled.append(hf.generate(x, max_new_tokens=BLOCK, num_beams=3))
+    assert any(not torch.equal(s, sampled[0]) for s in sampled[1:])  # beam sampling: the seed matters
+    path = tmp_path / "generation_config.json"
+    saved = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in saved.items() if k not in ("do_sample", "temperature", "top_k",
+                                                                             "top_p")}))
+    older = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True).eval()
+    torch.manual_seed(5)
+    assert torch.equal(older.generate(x, max_new_tokens=BLOCK), lib.generate(x, BLOCK, temperature=0))
+
+
 def test_prompt_read_once_then_one_token_per_step():
     hf = TransformerVQForCausalLM.from_library_model(tiny_model()).eval()
     lengths = []

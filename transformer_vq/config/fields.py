@@ -103,17 +103,22 @@ def is_integer(value) -> bool:
 
 
 def is_real(value) -> bool:
-    """Whether ``value`` is a real number: an integer (:func:`is_integer`) or a Python or numpy float."""
-    return is_integer(value) or (isinstance(value, numbers.Real) and not isinstance(value, bool))
+    """Whether ``value`` is a real number: an integer (:func:`is_integer`), a Python or numpy float, or a 0-d torch
+    or numpy array of floats (duck-typed: this package imports neither)."""
+    if is_integer(value) or (isinstance(value, numbers.Real) and not isinstance(value, bool)):
+        return True
+    dtype = getattr(value, "dtype", None)
+    return getattr(value, "ndim", None) == 0 and (getattr(dtype, "is_floating_point", None) is True
+                                                  or getattr(dtype, "kind", None) == "f")
 
 
 def as_python(value, base: type):
     """A numpy (or 0-d torch) number given for an ``int`` or ``float`` field, as the Python number it is: a config
     is compared, hashed and written as JSON, which numpy's numbers do not all survive. Anything else unchanged (its
     check refuses it)."""
-    if base is int and is_integer(value) and not isinstance(value, int):
+    if base is int and is_integer(value) and type(value) is not int:
         return operator.index(value)
-    if base is float and is_real(value) and not isinstance(value, float):
+    if base is float and is_real(value) and type(value) is not float:  # np.float64 is a float, but not Python's
         return float(value)
     return value
 

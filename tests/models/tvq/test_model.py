@@ -166,6 +166,11 @@ def test_numpy_numbers_are_sampling_settings_and_configs_hold_python_numbers():
     assert [type(v) for v in (cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens)] == [float, int, float, int]
     model_cfg = preset("tiny", d_model=np.int64(32))
     assert type(model_cfg.d_model) is int and json.loads(json.dumps(dataclasses.asdict(model_cfg)))["d_model"] == 32
+    # np.float64 is a subclass of float (it stayed np.float64), and 0-d torch and numpy floats are numbers too
+    for number in (np.float64(0.9), torch.tensor(0.9, dtype=torch.float64), np.array(0.9)):
+        cfg = SampleConfig(top_p=number, temperature=number)
+        assert (type(cfg.top_p), cfg.top_p, type(cfg.temperature)) == (float, 0.9, float), number
+    assert type(preset("tiny", max_wavelength=np.float64(1e5)).max_wavelength) is float
     # settings once accepted are remembered: a value equal to one of them but of another type is still refused
     with pytest.raises(ValueError, match=r"top_k must be an integer, got np.float32\(3.0\)"):
         sample_next_token(logits, top_k=np.float32(3))
