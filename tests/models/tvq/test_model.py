@@ -113,7 +113,14 @@ def test_a_generation_continues_from_its_returned_state_with_the_new_tokens_alon
     from_forward = model(whole[:, :-1]).state
     assert torch.equal(model.generate(whole[:, -1:], 3, state=from_forward, temperature=0)[:, 1:],
                        model.generate(whole, 3, temperature=0)[:, whole.shape[1]:])
-    assert model.generate(prompt, 0, return_state=True)[1].offset == 7  # no token sampled: the prompt's state
+    calls = []
+    hook = model.register_forward_pre_hook(lambda module, args: calls.append(args[0].shape[1]))
+    try:
+        assert model.generate(prompt, 0, return_state=True)[1].offset == 7  # no token sampled: the prompt's state
+        assert torch.equal(model.generate(prompt, 0), prompt) and list(model.stream(prompt, 0)) == []
+    finally:
+        hook.remove()
+    assert calls == [7]  # the prompt read once, for the state asked; not at all without it
     with pytest.raises(ValueError, match="return_state must be True or False, got 1"):
         model.generate(prompt, 2, return_state=1)
 

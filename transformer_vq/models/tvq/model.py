@@ -265,6 +265,8 @@ class TransformerVQ(Codebooks, nn.Module):
         if not self.cfg.causal:
             raise ValueError("sampling needs a causal model; this one is an encoder (causal=False)")
         check_sampling(temperature, top_k, top_p)  # before the prompt is read
+        if max_new_tokens == 0:  # nothing to sample: the prompt is not read (generate's return_state reads it once)
+            return
         with evaluating(self):
             out = self(input_ids, state)
             for i in range(max_new_tokens):
