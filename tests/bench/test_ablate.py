@@ -199,6 +199,25 @@ def test_a_set_of_a_field_the_cells_set_is_refused_before_anything_is_written(tm
     assert not (tmp_path / "work").exists()
 
 
+@pytest.mark.parametrize("item, advice", [
+    ("seed=7", "use --seeds"), ("train.batch_size=1", "use --batch-size"), ("seq_len=512", "use --seq-len"),
+    ("data_options={}", "use --data-option"), ("keep_ckpts=3", "a cell keeps its newest checkpoint"),
+    ("name=x", "a cell's run directory is under --work-dir"), ("sample_prompt=hi", "cells sample nothing"),
+])
+def test_a_set_of_a_field_tvq_ablate_sets_for_every_cell_is_refused_naming_its_flag(tmp_path, item, advice):
+    """A training field every cell takes from tvq ablate's own flags won over --set: a cell trained with batch 2
+    and seed 0 under --set batch_size=1 seed=7, and the report named the --set."""
+    from transformer_vq.config.ablate import CELL_TRAIN_FIELDS
+
+    settings = tiny_settings(tmp_path, overrides=("warmup_steps=1", item))  # warmup_steps: ablate leaves it
+    assert set(settings.cell_train(0, "")) <= set(CELL_TRAIN_FIELDS)  # every field it sets has its advice
+    with pytest.raises(ConfigError) as err:
+        run_ablation(settings, matrix=TINY, isolate=False, log=lambda *a: None)
+    key = item.split("=")[0].removeprefix("train.")
+    assert str(err.value) == f"--set {item}: tvq ablate sets {key} itself for every cell; {advice}"
+    assert not (tmp_path / "work").exists()
+
+
 def test_a_field_of_another_architecture_is_refused_without_advising_an_arch_flag(tmp_path):
     """tvq ablate trains Transformer-VQ cells only: it has no --arch to advise (tvq train's refusal does)."""
     with pytest.raises(ConfigError) as err:

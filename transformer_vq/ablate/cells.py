@@ -26,14 +26,7 @@ def cell_config(cfg: AblateConfig, matrix: Matrix, cell: str, seed: int, work_di
 
     Raises :class:`ConfigError` naming the matrix and the cell (e.g. a field this version of the library lacks).
     """
-    train = {
-        "run_dir": str(work_dir / "runs" / cell_id(cell, seed)), "seed": seed,
-        "data": cfg.data, "data_path": cfg.data_path, "data_options": cfg.data_options, "steps": cfg.steps,
-        "seq_len": cfg.seq_len, "update_len": cfg.update_len, "batch_size": cfg.batch_size,
-        "eval_every": cfg.resolved_eval_every,
-        "eval_tokens": cfg.eval_tokens, "ckpt_every": cfg.ckpt_every, "keep_ckpts": 1, "threads": cfg.threads,
-        "device": cfg.device, "sample_tokens": 0, "log_every": max(1, cfg.steps // 20),
-    }
+    train = cfg.cell_train(seed, str(work_dir / "runs" / cell_id(cell, seed)))
     try:  # the matrix-wide options apply to the cells they apply to (n_code to the VQ cells); a cell's own, to it
         return load_config(cfg.preset, overrides=matrix.cells[cell], shared=(*matrix.base, *cfg.overrides),
                            values={"model": {}, "train": train}, arch_flag=False)

@@ -105,6 +105,19 @@ MATRICES = {m.name: m for m in (
 """The matrices ``tvq ablate`` ships, by name."""
 
 
+# The training fields every cell takes from tvq ablate itself (AblateConfig.cell_train, and two a cell never uses),
+# each with what to do instead of --set: the flag that sets it, or why it is fixed
+CELL_TRAIN_FIELDS = {
+    "run_dir": "use --work-dir", "seed": "use --seeds", "data": "use --data", "data_path": "use --data-path",
+    "data_options": "use --data-option", "steps": "use --steps", "seq_len": "use --seq-len",
+    "update_len": "use --update-len", "batch_size": "use --batch-size", "eval_every": "use --eval-every",
+    "eval_tokens": "use --eval-tokens", "ckpt_every": "use --ckpt-every", "threads": "use --threads",
+    "device": "use --device", "keep_ckpts": "a cell keeps its newest checkpoint",
+    "log_every": "a cell logs every twentieth of --steps", "sample_tokens": "cells sample nothing",
+    "sample_prompt": "cells sample nothing", "name": "a cell's run directory is under --work-dir",
+}
+
+
 @dataclass(frozen=True, init=False)
 class AblateConfig:
     """One run of an experiment matrix: which matrix, and the data, length, steps, batch and seeds of every cell.
@@ -175,10 +188,25 @@ class AblateConfig:
         self.refuse_overridden(chosen)
         return chosen
 
+    def cell_train(self, seed: int, run_dir: str) -> dict:
+        """The training fields every cell takes from this run (its flags), at ``seed``, in ``run_dir``."""
+        return {
+            "run_dir": run_dir, "seed": seed, "data": self.data, "data_path": self.data_path,
+            "data_options": self.data_options, "steps": self.steps, "seq_len": self.seq_len,
+            "update_len": self.update_len, "batch_size": self.batch_size, "eval_every": self.resolved_eval_every,
+            "eval_tokens": self.eval_tokens, "ckpt_every": self.ckpt_every, "keep_ckpts": 1, "threads": self.threads,
+            "device": self.device, "sample_tokens": 0, "log_every": max(1, self.steps // 20),
+        }
+
     def refuse_overridden(self, matrix: Matrix) -> None:
-        """Refuse (:class:`ConfigError`) an ``--set`` of a field that a cell of ``matrix`` sets itself: the cell's
-        own value wins (it is applied after ``--set``), so the override would change nothing there, silently."""
+        """Refuse (:class:`ConfigError`) an ``--set`` of a field that a cell of ``matrix`` sets itself, or that
+        every cell takes from ``tvq ablate``'s own flags (:meth:`cell_train`): that value wins (it is applied after
+        ``--set``), so the override would change nothing, silently (and the report would still name it)."""
         given = {parse_override(item)[:2]: item for item in self.overrides}
+        for (section, key), item in given.items():
+            if section == "train" and key in CELL_TRAIN_FIELDS:
+                raise ConfigError(f"--set {item}: tvq ablate sets {key} itself for every cell; "
+                                  f"{CELL_TRAIN_FIELDS[key]}")
         for cell, items in matrix.cells.items():
             for item in items:
                 section, key, _ = parse_override(item)
