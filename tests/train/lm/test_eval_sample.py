@@ -69,6 +69,23 @@ def test_state_is_carried_across_the_split(trained_run):
     assert abs(reset - whole) > 1e-3
 
 
+@pytest.mark.parametrize("streams", [1, 2, 3, 5, 16])
+def test_streams_begin_where_the_split_s_sequences_do_so_the_result_does_not_depend_on_them(trained_run, streams):
+    """With the state reset every ``carry_tokens`` (a run's seq_len: one ImageNet64 image), the pieces read side by
+    side are whole sequences: a stream that began inside one restarted its state and positions there (an image
+    scored as two halves, and a loss that moved with ``--streams``). Here 7 sequences of 40 tokens and one of 19;
+    each read alone from a fresh state gives the same total."""
+    model, run_cfg, _ = model_from_checkpoint(str(trained_run), device="cpu")
+    tokens = np.frombuffer(open(run_cfg.train.data_path, "rb").read()[:300], dtype=np.uint8).astype(np.int64)
+    result = evaluate_tokens(model, tokens, window_len=8, streams=streams, carry_tokens=40)
+    total = 0.0
+    with torch.no_grad():
+        for start in range(0, 299, 40):
+            x = torch.from_numpy(tokens[start:start + 41])[None]
+            total += F.cross_entropy(model(x[:, :-1]).logits[0], x[0, 1:], reduction="sum").item()
+    assert result.tokens == 299 and result.loss == pytest.approx(total / 299, rel=1e-5)
+
+
 def test_eval_cli_json_matches_the_library(trained_run, capsys):
     assert main(["eval", "--ckpt", str(trained_run), "--json", "--max-tokens", "500", "--streams", "1"]) == 0
     printed = json.loads(capsys.readouterr().out)

@@ -50,7 +50,7 @@ def profile_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: in
     """
     n_pred = len(tokens) - 1
     device = next(model.parameters()).device
-    rows, mask = stream_rows(tokens, n_pred, streams, device)
+    rows, mask = stream_rows(tokens, n_pred, streams, device, align=carry_tokens)
     piece = mask.shape[1]
     history_len = carry_tokens or piece
     buckets = history_buckets(-(-history_len // block_len))

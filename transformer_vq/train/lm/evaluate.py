@@ -119,7 +119,7 @@ def evaluate_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: i
         if encoder:
             total_nll, n_pred = _masked_nll(model, tokens, window_len, streams, precision, _progress(split, progress))
         else:
-            rows, mask = stream_rows(tokens, n_pred, streams, device)
+            rows, mask = stream_rows(tokens, n_pred, streams, device, align=carry_tokens)
             total_nll = _total_nll(model, rows, mask, window_len, precision, _progress(split, progress),
                                    carry_tokens)
     seconds = time.perf_counter() - begin
@@ -131,12 +131,21 @@ def evaluate_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: i
                       carry_tokens=0 if encoder else carry_tokens)
 
 
-def stream_rows(tokens: np.ndarray, n_pred: int, streams: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def stream_rows(tokens: np.ndarray, n_pred: int, streams: int, device,
+                align: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rows, mask)``: ``(streams, piece + 1)`` token rows, where stream s predicts
     ``tokens[s*piece + 1 : (s+1)*piece + 1]``, and the ``(streams, piece)`` mask of real predictions
-    (the last stream is padded, and its padded positions are masked out of the loss)."""
+    (the last stream is padded, and its padded positions are masked out of the loss).
+
+    ``align`` > 0 (the state's reset, ``carry_tokens``): ``piece`` is a multiple of it, so every stream starts, and
+    resets its state, where one of the split's sequences begins (fewer streams where the split is short). A stream
+    starting inside one restarted its state and absolute positions there: an image scored as two halves, the
+    result depending on ``streams``."""
     streams = max(1, min(streams, n_pred))  # no empty stream
     piece = math.ceil(n_pred / streams)
+    if align:
+        piece = math.ceil(piece / align) * align
+        streams = math.ceil(n_pred / piece)
     rows = np.zeros((streams, piece + 1), dtype=np.int64)
     mask = np.zeros((streams, piece), dtype=bool)
     for s in range(streams):

@@ -131,9 +131,10 @@ def sample_image_tokens(model: torch.nn.Module, num_images: int, *, temperature:
                         progress: bool | None = None) -> torch.Tensor:
     """``[num_images, 12288]`` bytes: images sampled side by side as one batch.
 
-    An image's first subpixel is never predicted in training (a sequence starts with it and there
-    is no start token), so it is drawn uniformly from 0..255 with the seeded generator; the model
-    samples the remaining 12,287 given it. ``progress``: a progress bar over the subpixels
+    An image's first subpixel is never predicted from its own image in training (a sequence starts
+    with it and there is no start token; only the image before, whose sequence's last target it is,
+    predicts it), so it is drawn uniformly from 0..255 with the seeded generator; the model samples
+    the remaining 12,287 given it. ``progress``: a progress bar over the subpixels
     (default: when stderr is a terminal; on a CPU this takes minutes).
     """
     from transformer_vq.data.imagenet64 import IMAGE_TOKENS
