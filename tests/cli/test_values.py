@@ -105,6 +105,10 @@ JOBS = {
                                        "--max-new-tokens: must be an integer >= 0, got '-1'"),
     "sample-prompt-empty": (["sample", "--prompt", ""], "--prompt: must not be empty, got ''"),
     "sample-num-samples-zero": (["sample", "--num-samples", "0"], "--num-samples: must be a positive integer, got '0'"),
+    # greedy text draws nothing: the seed would change nothing (an image model's first subpixel takes it)
+    "sample-seed-greedy": (["sample", "--temperature", "0", "--seed", "5"],
+                           "--seed: applies only with temperature above 0, or to an image model (this run has "
+                           "temperature 0.0 and data 'text'), got 5; leave it out, or set temperature as it needs"),
 }
 
 # (a `tvq bench op`, `tvq tokenizer` or `tvq demo` command, the error line): refused before any cell runs or file is

@@ -118,6 +118,12 @@ def sampler_from_checkpoint(cfg: SampleConfig):
         raise ConfigError(f"--ckpt: {cfg.ckpt} holds an encoder (causal false), which predicts masked tokens from "
                           f"both sides and cannot generate; score it with tvq eval --ckpt {cfg.ckpt}")
     refuse_job_options(cfg, run_cfg)
+    if cfg.temperature == 0 and cfg.seed != 0 and not is_image_run(run_cfg):
+        # greedy text draws nothing; an image's first subpixel is drawn at any temperature (an OR of two
+        # conditions, which the options' ``applies`` cannot say)
+        text = (f"applies only with temperature above 0, or to an image model (this run has temperature 0.0 and "
+                f"data {run_cfg.train.data!r}), got {cfg.seed}; leave it out, or set temperature as it needs")
+        raise ConfigError(f"invalid SampleConfig: seed {text}", [("seed", text)], SampleConfig)
     return model, run_cfg, checkpoint
 
 
