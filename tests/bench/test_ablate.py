@@ -218,6 +218,23 @@ def test_a_set_of_a_field_tvq_ablate_sets_for_every_cell_is_refused_naming_its_f
     assert not (tmp_path / "work").exists()
 
 
+def test_a_set_that_applies_to_no_cell_is_refused_and_one_that_applies_to_some_is_theirs(tmp_path):
+    """mask_rate where every cell is causal trained the same model (identical losses) under a report naming it;
+    n_code applies to the VQ cells of a matrix that also has a full-attention one, and is taken."""
+    with pytest.raises(ConfigError) as err:
+        run_ablation(tiny_settings(tmp_path, overrides=("mask_rate=0.3",)), matrix=TINY, isolate=False,
+                     log=lambda *a: None)
+    assert str(err.value) == ("--set mask_rate=0.3: mask_rate applies only with causal false, and no cell of this "
+                              "run has that (causal true): it would change nothing; leave it out")
+    assert not (tmp_path / "work").exists()
+    mixed = Matrix("mixed", "vq and full", {"vq": (), "full": ("attn_type=full",)}, reference="vq",
+                   base=("block_len=8",))
+    settings = tiny_settings(tmp_path, overrides=("n_code=6",), seeds=(0,), steps=2)
+    with pytest.raises(ConfigError, match="--set n_code=6: n_code applies only with attn_type 'vq'"):
+        run_ablation(dataclasses.replace(settings, cells=("full",)), matrix=mixed, isolate=False, log=lambda *a: None)
+    assert run_ablation(settings, matrix=mixed, isolate=False, log=lambda *a: None)["cells"][0]["status"] == "done"
+
+
 def test_a_field_of_another_architecture_is_refused_without_advising_an_arch_flag(tmp_path):
     """tvq ablate trains Transformer-VQ cells only: it has no --arch to advise (tvq train's refusal does)."""
     with pytest.raises(ConfigError) as err:

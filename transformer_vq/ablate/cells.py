@@ -14,6 +14,10 @@ from pathlib import Path
 
 from transformer_vq.config import ConfigError, RunConfig, load_config
 from transformer_vq.config.ablate import AblateConfig, Matrix
+from transformer_vq.config.applies import turns_off, unmet, where_text
+from transformer_vq.config.arch import run_context
+from transformer_vq.config.fields import fields_of
+from transformer_vq.config.load import parse_override
 
 
 def cell_id(cell: str, seed: int) -> str:
@@ -32,6 +36,20 @@ def cell_config(cfg: AblateConfig, matrix: Matrix, cell: str, seed: int, work_di
                            values={"model": {}, "train": train}, arch_flag=False)
     except ConfigError as err:
         raise ConfigError(f"matrix {matrix.name!r}, cell {cell!r}: {err}") from None
+
+
+def refuse_unread(cfg: AblateConfig, configs: list[RunConfig]) -> None:
+    """Refuse (:class:`ConfigError`) an ``--set`` that applies to none of the cells about to train (``mask_rate``
+    where every cell is causal): it would change nothing, and the report would still name it. One that applies to
+    some cells is theirs (``n_code`` to the VQ cells of the attention matrix)."""
+    for item in cfg.overrides:
+        section, key, _ = parse_override(item)
+        part = getattr(configs[0], section)
+        field = fields_of(type(part))[key]
+        missed = {", ".join(unmet(field, run_context(run_cfg))) for run_cfg in configs}
+        if "" not in missed and not turns_off(field, getattr(part, key)):
+            raise ConfigError(f"--set {item}: {key} applies only with {where_text(field)}, and no cell of this run "
+                              f"has that ({'; '.join(sorted(missed))}): it would change nothing; leave it out")
 
 
 def child_command(request: Path, probe: str | None = None) -> list[str]:

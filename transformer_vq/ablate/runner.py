@@ -30,7 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from transformer_vq import fileio
-from transformer_vq.ablate.cells import cell_config, cell_id, cell_record, child_command, read_metrics, score_recall
+from transformer_vq.ablate.cells import (cell_config, cell_id, cell_record, child_command, read_metrics, refuse_unread,
+                                         score_recall)
 from transformer_vq.bench.report import report_dir
 from transformer_vq.config import ConfigError
 from transformer_vq.config.ablate import MATRICES, AblateConfig, Matrix, default_of
@@ -61,6 +62,7 @@ def run_ablation(cfg: AblateConfig, *, matrix: Matrix | None = None, isolate: bo
     work = Path(cfg.resolved_work_dir())
     jobs = [(cell, seed) for cell in matrix.cells for seed in cfg.seeds]
     configs = {job: cell_config(cfg, matrix, *job, work) for job in jobs}
+    refuse_unread(cfg, list(configs.values()))
     for run_cfg in configs.values():  # the dataset's own checks of --data-option, before any cell or report
         check_corpus_options(run_cfg.train)
     resolve_device(cfg.device)  # and the device and the report's directory: no cell trains for a run that would fail
