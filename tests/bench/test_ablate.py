@@ -229,10 +229,26 @@ def test_a_set_that_applies_to_no_cell_is_refused_and_one_that_applies_to_some_i
     assert not (tmp_path / "work").exists()
     mixed = Matrix("mixed", "vq and full", {"vq": (), "full": ("attn_type=full",)}, reference="vq",
                    base=("block_len=8",))
-    settings = tiny_settings(tmp_path, overrides=("n_code=6",), seeds=(0,), steps=2)
+    settings = tiny_settings(tmp_path, overrides=("n_code=6",), seeds=(0,), steps=2, threads=1)
     with pytest.raises(ConfigError, match="--set n_code=6: n_code applies only with attn_type 'vq'"):
         run_ablation(dataclasses.replace(settings, cells=("full",)), matrix=mixed, isolate=False, log=lambda *a: None)
-    assert run_ablation(settings, matrix=mixed, isolate=False, log=lambda *a: None)["cells"][0]["status"] == "done"
+    result = run_ablation(settings, matrix=mixed, isolate=False, log=lambda *a: None)
+    assert result["cells"][0]["status"] == "done"
+    assert result["machine"]["torch_threads"] == 1  # the cells' --threads, not the runner's own count
+
+
+def test_a_preset_that_changes_no_cell_is_said():
+    """The recall matrix's base sets every field in which tiny differs from small: --preset tiny trained small's
+    cells without a word."""
+    from transformer_vq.ablate.cells import cell_config, preset_note
+    from transformer_vq.config.ablate import MATRICES
+
+    for name, said in (("recall", True), ("codebook", False)):
+        cfg = AblateConfig(matrix=name, preset="tiny", seeds=(0,))
+        matrix = cfg.chosen(MATRICES[name])
+        configs = {(cell, 0): cell_config(cfg, matrix, cell, 0, Path("w")) for cell in matrix.cells}
+        note = preset_note(cfg, matrix, configs, Path("w"))
+        assert (note is not None) == said, name
 
 
 def test_a_field_of_another_architecture_is_refused_without_advising_an_arch_flag(tmp_path):

@@ -8,6 +8,7 @@ matrix with a probe is then scored in the same process (:func:`score_recall`, ``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -50,6 +51,20 @@ def refuse_unread(cfg: AblateConfig, configs: list[RunConfig]) -> None:
         if "" not in missed and not turns_off(field, getattr(part, key)):
             raise ConfigError(f"--set {item}: {key} applies only with {where_text(field)}, and no cell of this run "
                               f"has that ({'; '.join(sorted(missed))}): it would change nothing; leave it out")
+
+
+def preset_note(cfg: AblateConfig, matrix: Matrix, configs: dict, work_dir: Path) -> str | None:
+    """A note when ``--preset`` changes no model of ``configs`` (the run's cells, by ``(cell, seed)``): the
+    matrix's base sets every field in which it differs from the default preset (the recall matrix's tiny is its
+    small). None otherwise."""
+    default = fields_of(AblateConfig)["preset"].default
+    if cfg.preset == default:
+        return None
+    usual = dataclasses.replace(cfg, preset=default)
+    if any(cell_config(usual, matrix, *job, work_dir).model != run_cfg.model for job, run_cfg in configs.items()):
+        return None
+    return (f"note: --preset {cfg.preset} changes none of these cells: matrix {matrix.name!r} sets every field in "
+            f"which it differs from {default} (its base: {' '.join(matrix.base)})")
 
 
 def child_command(request: Path, probe: str | None = None) -> list[str]:

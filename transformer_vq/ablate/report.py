@@ -128,8 +128,11 @@ def write_ablation_report(cfg: AblateConfig, matrix: Matrix, records: list[dict]
     """Assemble the result (machine, commit, versions, settings, every cell's curves, the summary) and write it."""
     from transformer_vq.bench.machine import load_average, machine_info
 
+    machine = machine_info(measure_peak=False)
+    if cfg.threads:  # the cells' threads (each cell's process applies --threads), not this process's
+        machine["torch_threads"] = cfg.threads
     result = {"benchmark": "ablate", "matrix": dataclasses.asdict(matrix), "settings": cfg.to_dict(),
-              "command": command_line(cfg), "machine": machine_info(measure_peak=False),
+              "command": command_line(cfg), "machine": machine,
               "load_average_end": load_average(), "cells": records,
               "summary": summarize_cells(matrix, records)}
     result["paths"] = {k: str(v) for k, v in write_outputs(result, cfg.out, cfg.resolved_name()).items()}

@@ -30,8 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from transformer_vq import fileio
-from transformer_vq.ablate.cells import (cell_config, cell_id, cell_record, child_command, read_metrics, refuse_unread,
-                                         score_recall)
+from transformer_vq.ablate.cells import (cell_config, cell_id, cell_record, child_command, preset_note, read_metrics,
+                                         refuse_unread, score_recall)
 from transformer_vq.bench.report import report_dir
 from transformer_vq.config import ConfigError
 from transformer_vq.config.ablate import MATRICES, AblateConfig, Matrix, default_of
@@ -63,6 +63,9 @@ def run_ablation(cfg: AblateConfig, *, matrix: Matrix | None = None, isolate: bo
     jobs = [(cell, seed) for cell in matrix.cells for seed in cfg.seeds]
     configs = {job: cell_config(cfg, matrix, *job, work) for job in jobs}
     refuse_unread(cfg, list(configs.values()))
+    note = preset_note(cfg, matrix, configs, work)
+    if note:
+        log(note)
     for run_cfg in configs.values():  # the dataset's own checks of --data-option, before any cell or report
         check_corpus_options(run_cfg.train)
     resolve_device(cfg.device)  # and the device and the report's directory: no cell trains for a run that would fail
