@@ -82,6 +82,10 @@ TRAIN = {
     "set-unknown-section": (["--set", "unknown.key=1"], "--set: unknown config section 'unknown' in "
                                                         "'unknown.key=1'; use model.FIELD or train.FIELD"),
     "unknown-flag": (["--bogus"], "unrecognized arguments: --bogus; see tvq train --help"),
+    # read on a CPU only: on a GPU it did nothing (refused before any device is asked for, so this runs anywhere)
+    "host-memory-on-cuda": (["--device", "cuda", "--no-retain-host-memory"],
+                            "--retain-host-memory: applies only with device 'auto' or 'cpu' (this run has device "
+                            "'cuda'), got False; leave it out, or set device as it needs"),
 }
 
 # (a command on the session's trained run, the error line)

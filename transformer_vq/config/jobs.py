@@ -40,7 +40,8 @@ class EvalConfig:
     data_options: dict = option(factory=dict, help="Override a corpus loader option saved with the run, e.g. "
                                 "tokenizer=other.model (repeatable KEY=VALUE).", flag="data-option")
     streams: int | None = option(None, "Contiguous pieces of the split evaluated side by side (none: the run's "
-                                       "eval_streams; 1: the whole split as one sequence).", min=1)
+                                       "eval_streams; 1: the whole split as one sequence); an encoder's: windows "
+                                       "per forward call, memory only.", min=1)
     max_tokens: int = option(0, "Evaluate only the first N tokens (0 = all).", min=0)
     window_len: int | None = option(None, "Tokens per forward call (none: the run's update_len): memory only for a "
                                           "causal model (the carried state makes the result independent of it); "

@@ -35,7 +35,8 @@ def retain_host_memory_option():
     """The ``retain_host_memory`` field of a training config (:mod:`transformer_vq.hostmem`), shared by the trainers."""
     return option(True, "On a CPU, keep freed memory for reuse instead of returning it to the system (glibc): "
                         "tensors above 32 MiB are otherwise mapped and page-faulted afresh every step, which makes "
-                        "long sequences train 1.5-1.7x slower per token; see docs/training.md.")
+                        "long sequences train 1.5-1.7x slower per token; see docs/training.md.",
+                  applies={"device": ("auto", "cpu")})
 
 
 FSDP_ADAFACTOR = ("'adafactor' does not run with parallel 'fsdp': its factored second moment updates statistics of "
@@ -108,7 +109,8 @@ class TrainConfig:
                                 "end).", min=0)
     eval_tokens: int = option(0, "Validation tokens per evaluation (0 = the whole split).", min=0)
     eval_streams: int = option(16, "Evaluation splits the data into this many contiguous streams run as one "
-                                   "batch, state carried.", min=1)
+                                   "batch, state carried (an encoder: windows per forward call, memory only).",
+                               min=1)
     ckpt_every: int = option(200, "Save a checkpoint every this many steps (and always at the end).", min=1)
     keep_ckpts: int = option(3, "How many most recent checkpoints to keep.", min=1)
     max_nonfinite: int = option(5, "Stop when this many steps in a row have a non-finite loss or gradient.",
