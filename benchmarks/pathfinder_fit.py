@@ -9,6 +9,11 @@ Labels (``--label``): ``true``; ``ink``, whether an image has more ink than the 
 path, pooling and head are working if it is learned); ``dist``, whether the two dots are less than 14 pixels apart
 (a relation between two far tokens, which alone predicts the true label of 63% of the images).
 
+``--arch cnn`` is a control, not a sequence model: a small convolutional network (8 convolutions of 3 x 3, batch
+norm, two poolings, a global max) reading each image as the 32 x 32 grid it is. It tells whether the generator's
+task is learnable at all in minutes here (it asks nothing beyond the image: contours may cross), and so how much
+of the sequence models' failure is the raster order's: LRA's rules forbid that 2D view to the models it ranks.
+
 ``--tau-max T`` initializes the SSM's ``alpha`` at ``1 / tau``, ``tau`` log-uniform over ``[1.5, T]``, after the model's
 own initialization: the formula that became ``LongVQConfig.ema_timescale`` (which draws it inside the model's init).
 
@@ -23,6 +28,7 @@ import copy
 import json
 import math
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -49,7 +55,8 @@ tau_max.bounds = {"min": 0.0, "max": None, "min_open": False, "max_open": False}
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--arch", default="longvq", choices=("longvq", "transformer"))
+    p.add_argument("--arch", default="longvq", choices=("longvq", "transformer", "cnn"),
+                   help="cnn: the 2D control (see above)")
     p.add_argument("--n-fit", type=int_at_least(1), default=256)
     p.add_argument("--n-val", type=int_at_least(1), default=256)
     p.add_argument("--steps", type=int_at_least(1), default=100)
@@ -69,6 +76,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tau-max", type=tau_max, default=0.0,
                    help="EMA alpha = 1/tau, tau log-uniform in [1.5, tau_max] (0 = the model's own init)")
     return p.parse_args(argv)
+
+
+class GridCNN(torch.nn.Module):
+    """``--arch cnn``: the 2D control, with the classifiers' call (``model(ids, labels=)``: logits and losses)."""
+
+    def __init__(self, side: int, n_classes: int = 2, width: int = 32):
+        super().__init__()
+        self.side = side
+
+        def conv(c_in: int, c_out: int) -> list[torch.nn.Module]:
+            return [torch.nn.Conv2d(c_in, c_out, 3, padding=1), torch.nn.BatchNorm2d(c_out), torch.nn.ReLU()]
+
+        layers = conv(1, width) + sum((conv(width, width) for _ in range(5)), [])
+        layers += [torch.nn.MaxPool2d(2), *conv(width, 2 * width), torch.nn.MaxPool2d(2), *conv(2 * width, 2 * width)]
+        self.body = torch.nn.Sequential(*layers, torch.nn.AdaptiveMaxPool2d(1), torch.nn.Flatten())
+        self.head = torch.nn.Linear(2 * width, n_classes)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor | None = None, mask=None) -> SimpleNamespace:
+        """Logits of ``ids`` ``[B, side * side]`` (``mask``: all real here, as batch-norm re-estimation passes it)."""
+        pixels = ids.view(-1, 1, self.side, self.side).float() / 255
+        logits = self.head(self.body(pixels))
+        loss = None if labels is None else torch.nn.functional.cross_entropy(logits, labels)
+        return SimpleNamespace(logits=logits, loss=loss, ce_loss=loss)
+
+    def update_codebooks(self) -> None:
+        """No codebooks (the harness calls it after every step)."""
 
 
 def long_memory_init(model: torch.nn.Module, tau_max: float) -> None:
@@ -190,17 +223,20 @@ def main(argv=None) -> None:
     data = load_pathfinder(**data_options)
     cfg = CLASSIFY_PRESETS["small"].replace(**{**dict(norm="batch", dropout=0.0, causal=False, n_classes=2,
                                                       vocab_size=256), **json.loads(a.model)})
-    model = (LongVQClassifier if a.arch == "longvq" else TransformerClassifier)(cfg)
+    side = data_options.get("side", 32)
+    if a.arch == "cnn":
+        model = GridCNN(side)
+    else:
+        model = (LongVQClassifier if a.arch == "longvq" else TransformerClassifier)(cfg)
     if a.tau_max > 0:
         long_memory_init(model, a.tau_max)
-    print("params", sum(p.numel() for p in model.parameters()), cfg, flush=True)
+    print("params", sum(p.numel() for p in model.parameters()), model if a.arch == "cnn" else cfg, flush=True)
     train, validation = data.split("train"), data.split("validation")
-    side = data_options.get("side", 32)
     x, y = images(train, min(a.n_fit, len(train)), side)
     xv, yv = images(validation, min(a.n_val, len(validation)), side)
     y, yv = control_labels(a.label, x, y, xv, yv)
     print("fit label mean", y.float().mean().item(), "val label mean", yv.float().mean().item())
-    fit(a, model, cfg.norm, x, y, xv, yv)
+    fit(a, model, "batch" if a.arch == "cnn" else cfg.norm, x, y, xv, yv)
 
 
 if __name__ == "__main__":
