@@ -135,7 +135,8 @@ class TransformerVQ(Codebooks, nn.Module):
         doc_start = document_starts(B, T, position_ids=position_ids, cu_seqlens=cu_seqlens, device=input_ids.device)
         positions = None if doc_start is None or self.abs_pos_scale is None else \
             document_positions(doc_start, position_ids)
-        positions, next_positions = continued_positions(state, positions, T, chunks)
+        # (an encoder's state is refused by features(), below)
+        positions, next_positions = continued_positions(state if self.cfg.causal else None, positions, T, chunks)
         x, states, commit_loss = self.features(input_ids, state, mask=mask, attention=attention,
                                                context_parallel=context_parallel, doc_start=doc_start,
                                                positions=positions,
