@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from transformer_vq.cli import build_parser, main
-from transformer_vq.config import EvalConfig, SampleConfig, TrainConfig, TransformerVQConfig
+from transformer_vq.config import (ConfigError, EvalConfig, SampleConfig, TrainConfig, TransformerVQConfig,
+                                  parse_data_options)
 
 
 def exit_code(argv: list[str]) -> int:
@@ -290,3 +291,27 @@ def test_float_in_keeps_its_bounds_and_checks_them():
     assert float_in(0, 1, low_open=True).bounds == {"min": 0, "max": 1, "min_open": True, "max_open": False}
     with pytest.raises(ValueError, match="low 2 is above high 1"):
         float_in(2, 1)
+
+
+def commands_taking(flag: str, parser=None, words: tuple[str, ...] = ()):
+    """The words of every command (``("classify", "train")``) whose parser has ``flag``."""
+    import argparse
+
+    for action in (parser or build_parser())._actions:
+        if flag in action.option_strings:
+            yield words
+        for name, sub in action.choices.items() if isinstance(action, argparse._SubParsersAction) else ():
+            yield from commands_taking(flag, sub, (*words, name))
+
+
+def test_a_data_option_key_given_twice_is_refused_by_every_command_that_takes_one(capsys):
+    """One of the two would be dropped without a word (the last one was kept), where a repeated value of the other
+    list flags (--cells, --lengths) is refused."""
+    found = list(commands_taking("--data-option"))
+    assert {("train",), ("eval",), ("classify", "train"), ("ablate",)} <= set(found)
+    for words in found:
+        assert exit_code([*words, "--data-option", "lines=true", "--data-option", "lines=false"]) == 2, words
+        assert capsys.readouterr().err == ("error: --data-option: lines is given twice ('lines=true', then "
+                                           "'lines=false'); give each key once\n"), words
+    with pytest.raises(ConfigError, match=r"seed is given twice \('seed=1', then ' seed = 1'\)"):
+        parse_data_options(["seed=1", "n_train=2", " seed = 1"])  # the same key, even with the same value

@@ -2,6 +2,7 @@
 
 import os
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -146,3 +147,19 @@ def test_pickle_with_code_payload_is_refused_and_never_runs(tmp_path):
                                         r"\(refusing to load global (posix|os|nt)\.system"):
         load_corpus("imagenet64", data_path=root, **OPTIONS)
     assert not marker.exists()
+
+
+def test_the_conversion_says_itself_and_counts_the_images_once(tmp_path, cache_dir, capsys, monkeypatch):
+    from transformer_vq.data import progress
+
+    monkeypatch.setattr(progress, "PERIOD_S", 0.0)  # a line for every chunk of images
+    monkeypatch.setattr(progress, "on_terminal", lambda: False)
+    root = write_release(tmp_path / "in64")
+    load_corpus("imagenet64", data_path=root, **{**OPTIONS, "expected_images": (11, 3)})
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"building imagenet64 (14 images), cached at {next((cache_dir / 'imagenet64').iterdir())}"
+    counts = [f"imagenet64: {n}/14 images ({100 * n / 14:.0f}%), S, about S left" for n in (6, 11)]  # 6 + 5 train
+    assert [re.sub(r"\d+ s\b", "S", line) for line in lines[1:]] == \
+        counts + ["imagenet64: 14/14 images (100%), S", "imagenet64: built, 14 images in S"]
+    load_corpus("imagenet64", data_path=root, **OPTIONS)
+    assert capsys.readouterr().err == ""

@@ -137,3 +137,21 @@ def test_default_tokenizer_path_follows_the_training_files(tree, cache_dir):
 
 def test_word_count_of_original_text():
     assert count_words(TEST["300.txt"]) == 4
+
+
+def test_tokenizing_says_each_split_and_counts_its_books_once(tree, tokenizer, cache_dir, capsys, monkeypatch):
+    from transformer_vq.data import progress
+
+    monkeypatch.setattr(progress, "PERIOD_S", 0.0)  # a line for every batch of books
+    monkeypatch.setattr(progress, "on_terminal", lambda: False)
+    capsys.readouterr()
+    load_corpus("pg19", data_path=tree, vocab_size=400)
+    lines = capsys.readouterr().err.splitlines()
+    for split, books in (("train", TRAIN), ("validation", VALIDATION), ("test", TEST)):
+        start = next(i for i, line in enumerate(lines) if line.startswith(f"building pg19 {split} split"))
+        n = len(books)
+        assert lines[start] == (f"building pg19 {split} split ({n} book{'s' * (n > 1)}), cached at "
+                                f"{next((cache_dir / 'pg19').rglob(f'{split}.npy'))}")
+        assert lines[start + 1].startswith(f"pg19 {split} split: {n}/{n} book{'s' * (n > 1)} (100%), ")
+    load_corpus("pg19", data_path=tree, vocab_size=400)
+    assert capsys.readouterr().err == ""

@@ -114,16 +114,23 @@ def parse_data_options(items: typing.Sequence[str]) -> dict:
     """``["tokenizer=t.model", "fractions=[0.9, 0.05, 0.05]"]`` -> loader keyword options.
 
     Values are read as YAML scalars or flow lists (``4`` is an int, ``null`` is None, ``[a, b]`` a
-    list), so they are saved in config.json with their types; anything else stays a string.
+    list), so they are saved in config.json with their types; anything else stays a string. A key
+    given twice is refused, as a repeated value of the other list flags is: one of the two would be
+    dropped without a word.
     """
     import yaml
 
-    options = {}
+    options, given = {}, {}
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key.strip() or not text.strip():  # an empty value would silently be the default
             raise ConfigError(f"--data-option: {item!r} must look like KEY=VALUE, e.g. --data-option "
                               f"tokenizer=pg19.model")
+        key = key.strip()
+        if key in given:
+            raise ConfigError(f"--data-option: {key} is given twice ({given[key]!r}, then {item!r}); give each key "
+                              f"once")
+        given[key] = item
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError:
@@ -131,7 +138,7 @@ def parse_data_options(items: typing.Sequence[str]) -> dict:
         # only what JSON can hold goes into config.json (YAML would also make dates and the like)
         if not isinstance(value, (str, int, float, bool, list, type(None))):
             value = text
-        options[key.strip()] = value
+        options[key] = value
     return options
 
 

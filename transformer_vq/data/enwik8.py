@@ -26,6 +26,7 @@ from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.download import download
 from transformer_vq.data.errors import DataError
 from transformer_vq.data.options import Fractions, Positive
+from transformer_vq.data.progress import building
 from transformer_vq.data.splits import DEFAULT_FRACTIONS, byte_corpus
 
 URL = "http://mattmahoney.net/dc/enwik8.zip"
@@ -134,6 +135,7 @@ def load_enwik8(
     out = directory / key / MEMBER
     manifest = fileio.verified_manifest(out)
     if manifest is None:
+        building("enwik8", out)  # said before the work (a download, an extraction), which takes a while
         zip_path = source
         if zip_path is None:
             zip_path = directory / ZIP_NAME

@@ -28,6 +28,7 @@ from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.debian import apt_download, read_deb_file
 from transformer_vq.data.errors import DataError
 from transformer_vq.data.options import Fractions
+from transformer_vq.data.progress import building
 from transformer_vq.data.splits import DEFAULT_FRACTIONS, byte_corpus
 
 PACKAGE = "dict-gcide"
@@ -95,6 +96,7 @@ def load_gcide(
     out = directory / cache.fingerprint([source], format=1) / "gcide.txt"
     manifest = fileio.verified_manifest(out)
     if manifest is None:
+        building("gcide", out)  # said before the work (a download, an extraction), which takes a while
         facts = {"source": str(source)}
         if source.suffix == ".deb":
             deb_sha256 = fileio.file_digest(source)

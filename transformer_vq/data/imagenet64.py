@@ -36,6 +36,7 @@ from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
 from transformer_vq.data.options import Positive, Rules
+from transformer_vq.data.progress import Advance, building, no_progress
 from transformer_vq.data.safe_pickle import load_array_pickle
 
 SIDE = 64
@@ -173,8 +174,10 @@ def iter_planar_chunks(path: Path, chunk: int = CHUNK_IMAGES) -> Iterator[np.nda
             remaining -= n
 
 
-def convert(train_files: list[Path], val_file: Path, directory: Path, validation_every: int) -> dict:
-    """Write ``train.bin``, ``validation.bin``, ``test.bin`` (raster bytes) into ``directory``.
+def convert(train_files: list[Path], val_file: Path, directory: Path, validation_every: int,
+            advance: Advance = no_progress) -> dict:
+    """Write ``train.bin``, ``validation.bin``, ``test.bin`` (raster bytes) into ``directory`` (``advance`` counts
+    the images).
 
     Returns the image count per split; the files appear atomically and the counts are saved in
     ``directory/images.json`` last, which marks the conversion complete.
@@ -192,10 +195,12 @@ def convert(train_files: list[Path], val_file: Path, directory: Path, validation
                 counts["train"] += int((~held_out).sum())
                 counts["validation"] += int(held_out.sum())
                 index += len(rows)
+                advance(len(rows))
     with fileio.atomic_writer(directory / "test.bin") as test:
         for rows in iter_planar_chunks(val_file):
             test.write(planar_to_raster(rows).tobytes())
             counts["test"] += len(rows)
+            advance(len(rows))
     fileio.atomic_write_json(directory / "images.json", counts)
     return counts
 
@@ -261,9 +266,11 @@ def load_imagenet64(
     directory = converted_dir(train_files, val_file, validation_every, cache_dir)
     counts = converted_counts(directory)
     if counts is None:
-        if expected_images is not None:
-            check_image_counts(root, train_files, val_file, expected_images)
-        counts = convert(train_files, val_file, directory, validation_every)
+        total = sum(expected_images) if expected_images is not None else None  # what the check below makes sure of
+        with building("imagenet64", directory, total, "image") as advance:
+            if expected_images is not None:
+                check_image_counts(root, train_files, val_file, expected_images)
+            counts = convert(train_files, val_file, directory, validation_every, advance)
     for split, n in counts.items():
         if n == 0:
             raise DataError(f"the ImageNet64 {split} split is empty (too few images under {root}); {GET_IT}")

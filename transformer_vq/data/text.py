@@ -21,6 +21,7 @@ from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
 from transformer_vq.data.options import Fractions
+from transformer_vq.data.progress import Advance, building, no_progress
 from transformer_vq.data.splits import DEFAULT_FRACTIONS, byte_corpus
 
 
@@ -48,8 +49,8 @@ def line_starts(path: Path) -> np.ndarray:
     return np.concatenate([[0], after_newline[after_newline < len(data)]]).astype(np.int64)
 
 
-def concatenate_files(files: Sequence[Path], out: Path, **facts) -> dict:
-    """Concatenate ``files`` into ``out`` atomically and write its manifest.
+def concatenate_files(files: Sequence[Path], out: Path, advance: Advance = no_progress, **facts) -> dict:
+    """Concatenate ``files`` into ``out`` atomically (``advance`` counts them) and write its manifest.
 
     The manifest records each file's relative name and the byte offset where it starts (the
     document boundaries) besides the size and SHA-256 of ``out``. Returns the manifest.
@@ -63,6 +64,7 @@ def concatenate_files(files: Sequence[Path], out: Path, **facts) -> dict:
                 while chunk := source.read(fileio.CHUNK):
                     sink.write(chunk)
                     offset += len(chunk)
+            advance(1)
     return fileio.write_manifest(out, doc_starts=starts, **facts)
 
 
@@ -109,7 +111,8 @@ def load_text(
     manifest = fileio.verified_manifest(out)
     if manifest is None:
         names = [f.relative_to(path).as_posix() for f in files]
-        manifest = concatenate_files(files, out, source=str(path.resolve()), names=names)
+        with building(f"text of {path}", out, len(files), "file") as advance:
+            manifest = concatenate_files(files, out, advance, source=str(path.resolve()), names=names)
     return byte_corpus(
         "text",
         out,

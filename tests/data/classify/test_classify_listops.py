@@ -108,6 +108,18 @@ def test_release_tsv_files_load(tmp_path):
     ("Source\tTarget\n[MAX 1 [FIRST 2 ] ]\t1\n", r"basic_train.tsv:2: unknown ListOps token '\[FIRST'"),
     ("Source\tTarget\n[MAX 1 ]\t12\n", r"basic_train.tsv:2: the target '12' is not a digit 0-9"),
     ("Source\tTarget\n", r"basic_train.tsv holds no examples"),
+    # a damaged or truncated file: the expression is checked, and its label against its value
+    ("Source\tTarget\n[MAX 2 9\t9\n", r"basic_train.tsv:2: the expression is malformed: the expression is "
+                                      r"incomplete \(an operator is not closed\)"),
+    ("Source\tTarget\n( ( [MAX 2 ) 9 )\t9\n", r"basic_train.tsv:2: the expression is malformed: the expression is "
+                                              r"incomplete"),
+    ("Source\tTarget\n[MAX 2 9 ] ]\t9\n", r"basic_train.tsv:2: the expression is malformed: token 4 closes no "
+                                          r"operator with arguments"),
+    ("Source\tTarget\n[MAX 2 9 ] 2\t9\n", r"basic_train.tsv:2: .*: a token follows a complete expression"),
+    ("Source\tTarget\n\t3\n", r"basic_train.tsv:2: the expression is malformed: the expression is empty"),
+    ("Source\tTarget\n[MAX 2 9 ]\t9\n[MAX 2 9 ]\t3\n", r"basic_train.tsv:3: the target is 3, but the expression's "
+                                                      r"value is 9 \(a label of the release is its expression's "
+                                                      r"value\); pass --data-path"),
 ])
 def test_malformed_release_files(tmp_path, content, message):
     write_tsv(tmp_path / "basic_val.tsv", [("[MAX 1 ]", 1)])
@@ -128,3 +140,19 @@ def test_missing_release_file_and_bad_options(tmp_path):
                                  "max_args=VALUE with such a value, or leave it out (default 10)")
     with pytest.raises(DataError, match=r"only 0 distinct expressions of 50 < length < 60 found"):
         listops.generate(1, seed=0, min_length=50, max_length=60, max_depth=2, max_args=3)
+
+
+@pytest.mark.parametrize("source, value", [
+    ("( ( ( ( ( [MED 1 ) 2 ) 3 ) 8 ) ] )", 2),  # LRA's int(np.median): 2.5 truncated, not rounded
+    ("( ( ( ( [MED 9 ) 8 ) 1 ) ] )", 8),
+    ("( ( ( [SM 9 ) 9 ) ] )", 8),  # the sum modulo 10
+    ("( ( ( [MIN 3 ) ( ( ( [MAX 0 ) 7 ) ] ) ) ] )", 3),
+])
+def test_release_labels_are_checked_with_lras_semantics(tmp_path, source, value):
+    for name in ("basic_train.tsv", "basic_val.tsv", "basic_test.tsv"):
+        write_tsv(tmp_path / name, [(source, value)])
+    assert list(load_classification("listops", data_path=tmp_path).splits["train"].labels) == [value]
+    (tmp_path / "basic_train.tsv").write_text(f"Source\tTarget\n{source}\t{(value + 1) % 10}\n")
+    with pytest.raises(DataError, match=rf"basic_train.tsv:2: the target is {(value + 1) % 10}, but the "
+                                        rf"expression's value is {value}"):
+        load_classification("listops", data_path=tmp_path)

@@ -24,6 +24,7 @@ from transformer_vq.data.classify.release import find_release_files
 from transformer_vq.data.classify.store import ExamplesWriter, cached_splits
 from transformer_vq.data.errors import DataError
 from transformer_vq.data.options import Positive
+from transformer_vq.data.progress import Advance, no_progress
 
 SEPARATOR_ID = 256
 RELEASE_FILES = {"train": "new_aan_pairs.train.tsv", "validation": "new_aan_pairs.eval.tsv",
@@ -41,9 +42,9 @@ def encode_pair(first: str, second: str, max_doc_len: int) -> np.ndarray:
                            np.frombuffer(second_bytes, dtype=np.uint8)]).astype(np.uint16)
 
 
-def read_tsv(path: Path, max_doc_len: int, scratch: Path) -> Examples:
+def read_tsv(path: Path, max_doc_len: int, scratch: Path, advance: Advance = no_progress) -> Examples:
     """The pairs and labels of one released TSV file, streamed through a token file at ``scratch``
-    (``DataError`` naming file and line)."""
+    (``DataError`` naming file and line; ``advance`` counts the pairs)."""
     try:
         with open(path, encoding="utf-8", errors="surrogateescape", newline="\n") as handle, \
                 ExamplesWriter(scratch, np.uint16) as out:
@@ -55,6 +56,7 @@ def read_tsv(path: Path, max_doc_len: int, scratch: Path) -> Examples:
                 if fields[0] not in LABELS:
                     raise DataError(f"{path}:{number}: the label {fields[0][:20]!r} is not 0 or 1; {GET_IT}")
                 out.append(encode_pair(fields[3], fields[4], max_doc_len), LABELS[fields[0]])
+                advance(1)
     except OSError as exc:
         raise DataError(f"cannot read {path} ({exc}); {GET_IT}") from exc
     if not len(out):
@@ -68,8 +70,9 @@ def load_aan(data_path: str | os.PathLike | None = None, *, cache_dir: str | os.
     files = find_release_files(data_path, RELEASE_FILES, what="aan", get_it=GET_IT)
     options = {"max_doc_len": max_doc_len, "format": 1}
     splits = cached_splits("aan", files.values(), options,
-                           lambda scratch: {s: read_tsv(files[s], max_doc_len, scratch / s) for s in SPLITS},
-                           cache_dir)
+                           lambda scratch, advance: {s: read_tsv(files[s], max_doc_len, scratch / s, advance)
+                                                     for s in SPLITS},
+                           cache_dir, unit="pair")
     return ClassificationData("aan", splits, vocab_size=SEPARATOR_ID + 1, n_classes=2, max_len=2 * max_doc_len + 1,
                               class_names=("not linked", "linked"),
                               metadata={"source": str(Path(data_path)), "tokenization": "bytes",

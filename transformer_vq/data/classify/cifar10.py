@@ -95,7 +95,7 @@ def load_cifar10(data_path: str | os.PathLike | None = None, *, cache_dir: str |
     files = find_release(data_path)
     inputs = [p for paths in files.values() for p in paths]
     stored = cached_splits("cifar10", inputs, {"grayscale": bool(grayscale), "format": 1},
-                           lambda _: convert(files, grayscale), cache_dir, splits=("train", "test"))
+                           lambda *_: convert(files, grayscale), cache_dir, splits=("train", "test"))
     train, validation = holdout(stored["train"], validation_size, "cifar10")
     channels = 1 if grayscale else CHANNELS
     return ClassificationData("cifar10", {"train": train, "validation": validation, "test": stored["test"]},

@@ -120,7 +120,7 @@ def load_fashion_mnist(data_path: str | os.PathLike | None = None, *, cache_dir:
                        use_dpkg: bool | None = None) -> ClassificationData:
     """Fashion-MNIST as 784-token sequences (10 classes), fetched with apt on first use."""
     source = find_source(data_path, cache_dir, apt_command)
-    stored = cached_splits("fashion-mnist", [source], {"format": 1}, lambda _: convert(source, use_dpkg), cache_dir,
+    stored = cached_splits("fashion-mnist", [source], {"format": 1}, lambda *_: convert(source, use_dpkg), cache_dir,
                            splits=("train", "test"))
     train, validation = holdout(stored["train"], validation_size, "fashion-mnist")
     return ClassificationData("fashion-mnist", {"train": train, "validation": validation, "test": stored["test"]},

@@ -24,6 +24,7 @@ from transformer_vq.data.classify.examples import ClassificationData, Examples, 
 from transformer_vq.data.classify.store import cached_splits
 from transformer_vq.data.errors import DataError
 from transformer_vq.data.options import NonNegative, Positive
+from transformer_vq.data.progress import Advance, no_progress
 
 LABELS = {"neg": 0, "pos": 1}
 MEMBER = re.compile(r"(?:^|/)(train|test)/(neg|pos)/(\d+)_(\d+)\.txt$")
@@ -51,11 +52,13 @@ def reviews(source: Path) -> Iterator[tuple[str, int, int, bytes]]:
         raise DataError(f"cannot read {source} as a tar archive ({exc}); {GET_IT}") from exc
 
 
-def convert(source: Path, max_len: int, seed: int) -> dict[str, Examples]:
-    """Train (in an order drawn from ``seed``) and test examples, each review truncated to ``max_len`` bytes."""
+def convert(source: Path, max_len: int, seed: int, advance: Advance = no_progress) -> dict[str, Examples]:
+    """Train (in an order drawn from ``seed``) and test examples, each review truncated to ``max_len`` bytes
+    (``advance`` counts the reviews read)."""
     found: dict[str, list[tuple[int, int, np.ndarray]]] = {"train": [], "test": []}
     for split, label, review_id, text in reviews(source):
         found[split].append((label, review_id, np.frombuffer(text[:max_len], dtype=np.uint8)))
+        advance(1)
     splits = {}
     for split, items in found.items():
         if not items or len({label for label, _, _ in items}) < 2:
@@ -77,8 +80,8 @@ def load_imdb(data_path: str | os.PathLike | None = None, *, cache_dir: str | os
     if not source.exists():
         raise DataError(f"{source} does not exist; {GET_IT}")
     options = {"max_len": max_len, "seed": seed, "format": 1}
-    stored = cached_splits("imdb", [source], options, lambda _: convert(source, max_len, seed), cache_dir,
-                           splits=("train", "test"))
+    stored = cached_splits("imdb", [source], options, lambda _, advance: convert(source, max_len, seed, advance),
+                           cache_dir, splits=("train", "test"), unit="review")
     train, validation = holdout(stored["train"], validation_size, "imdb")
     return ClassificationData("imdb", {"train": train, "validation": validation, "test": stored["test"]},
                               vocab_size=256, n_classes=2, max_len=max_len, class_names=("negative", "positive"),

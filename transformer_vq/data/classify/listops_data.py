@@ -5,7 +5,8 @@ with LRA's sizes (96,000 / 2,000 / 2,000) and limits unless options say otherwis
 cache. With ``data_path`` (the release's ``listops-1000`` directory, or any directory holding the
 files) the splits are ``basic_train.tsv``, ``basic_val.tsv`` and ``basic_test.tsv``: a header line
 ``Source<TAB>Target``, then one expression and its value per line. They are parsed line by line
-into the cache once and memory-mapped afterwards.
+into the cache once and memory-mapped afterwards; a line whose expression is malformed (unbalanced
+brackets) or whose label is not its value is refused with its file and line.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from transformer_vq.data.classify.release import find_release_files
 from transformer_vq.data.classify.store import ExamplesWriter, cached_splits
 from transformer_vq.data.errors import DataError
 from transformer_vq.data.options import WITHOUT_PATH, NonNegative, Positive, Rules
+from transformer_vq.data.progress import Advance, no_progress
 
 RELEASE_FILES = {"train": "basic_train.tsv", "validation": "basic_val.tsv", "test": "basic_test.tsv"}
 HEADER = "Source\tTarget"
@@ -30,9 +32,9 @@ GET_IT = ("pass --data-path with the directory of LRA's listops-1000 release (ba
           "basic_test.tsv), or leave --data-path out to generate ListOps")
 
 
-def read_tsv(path: Path, scratch: Path) -> Examples:
+def read_tsv(path: Path, scratch: Path, advance: Advance = no_progress) -> Examples:
     """The expressions and labels of one released TSV file, streamed through a token file at
-    ``scratch`` (``DataError`` naming file and line)."""
+    ``scratch`` (``DataError`` naming file and line; ``advance`` counts the lines)."""
     try:
         with open(path, encoding="utf-8") as handle, ExamplesWriter(scratch, np.uint8) as out:
             header = handle.readline().rstrip("\r\n")
@@ -40,21 +42,38 @@ def read_tsv(path: Path, scratch: Path) -> Examples:
                 raise DataError(f"{path}: the first line is {header[:40]!r}, expected the header "
                                 f"'Source<TAB>Target'; {GET_IT}")
             for number, line in enumerate(handle, start=2):
-                fields = line.rstrip("\r\n").split("\t")
-                if len(fields) != 2:
-                    raise DataError(f"{path}:{number}: expected 2 tab-separated fields, got {len(fields)}; {GET_IT}")
-                try:
-                    tokens = listops.encode(fields[0])
-                except KeyError as exc:
-                    raise DataError(f"{path}:{number}: unknown ListOps token {exc.args[0]!r}; {GET_IT}") from None
-                if not fields[1].strip().isdigit() or int(fields[1]) >= listops.N_CLASSES:
-                    raise DataError(f"{path}:{number}: the target {fields[1][:20]!r} is not a digit 0-9; {GET_IT}")
-                out.append(tokens, int(fields[1]))
+                out.append(*parse_line(line, f"{path}:{number}"))
+                advance(1)
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"cannot read {path} ({exc}); {GET_IT}") from exc
     if not len(out):
         raise DataError(f"{path} holds no examples; {GET_IT}")
     return out.finish()
+
+
+def parse_line(line: str, where: str) -> tuple[list[int], int]:
+    """The token ids and label of one line of a released file (``where``: its file:line, for the ``DataError``).
+
+    A truncated or damaged file must not train on corrupt examples: the expression has to be well formed and its
+    label to be its value, as every label of LRA's release is (``listops.evaluate`` is LRA's ``to_value``).
+    """
+    fields = line.rstrip("\r\n").split("\t")
+    if len(fields) != 2:
+        raise DataError(f"{where}: expected 2 tab-separated fields, got {len(fields)}; {GET_IT}")
+    try:
+        tokens = listops.encode(fields[0])
+    except KeyError as exc:
+        raise DataError(f"{where}: unknown ListOps token {exc.args[0]!r}; {GET_IT}") from None
+    if not fields[1].strip().isdigit() or int(fields[1]) >= listops.N_CLASSES:
+        raise DataError(f"{where}: the target {fields[1][:20]!r} is not a digit 0-9; {GET_IT}")
+    try:
+        value = listops.evaluate(tokens)
+    except ValueError as exc:
+        raise DataError(f"{where}: the expression is malformed: {exc}; {GET_IT}") from None
+    if value != int(fields[1]):
+        raise DataError(f"{where}: the target is {int(fields[1])}, but the expression's value is {value} (a label "
+                        f"of the release is its expression's value); {GET_IT}")
+    return tokens, value
 
 
 GeneratedCount = Annotated[Positive, WITHOUT_PATH]
@@ -73,8 +92,10 @@ def load_listops(data_path: str | os.PathLike | None = None, *, cache_dir: str |
     """
     if data_path is not None:
         files = find_release_files(data_path, RELEASE_FILES, what="ListOps", get_it=GET_IT)
-        splits = cached_splits("listops", files.values(), {"format": 1},
-                               lambda scratch: {s: read_tsv(files[s], scratch / s) for s in SPLITS}, cache_dir)
+        # format 2 checks every line's expression and label: a cache of format 1 may hold what it refuses
+        splits = cached_splits("listops", files.values(), {"format": 2},
+                               lambda scratch, advance: {s: read_tsv(files[s], scratch / s, advance) for s in SPLITS},
+                               cache_dir, unit="line")
         max_len = max(int(e.lengths.max()) for e in splits.values())
         metadata = {"source": str(Path(data_path)), "generated": False}
     else:
@@ -82,7 +103,8 @@ def load_listops(data_path: str | os.PathLike | None = None, *, cache_dir: str |
         options = dict(seed=seed, max_depth=max_depth, max_args=max_args, min_length=min_length,
                        max_length=max_length)
         key = {"generator": "lra-listops-1", "sizes": sizes, **options}
-        splits = cached_splits("listops", (), key, lambda _: generated_splits(sizes, options), cache_dir)
+        splits = cached_splits("listops", (), key, lambda _, advance: generated_splits(sizes, options, advance),
+                               cache_dir, total=sum(sizes.values()), unit="expression")
         max_len = max_length - 1
         metadata = {"generated": True, **key}
     return ClassificationData("listops", splits, vocab_size=len(listops.VOCAB), n_classes=listops.N_CLASSES,
@@ -90,9 +112,9 @@ def load_listops(data_path: str | os.PathLike | None = None, *, cache_dir: str |
                               metadata=metadata)
 
 
-def generated_splits(sizes: dict[str, int], options: dict) -> dict[str, Examples]:
-    """Generate ``sum(sizes)`` distinct expressions and cut them into the splits in order."""
-    sequences = listops.generate(sum(sizes.values()), **options)
+def generated_splits(sizes: dict[str, int], options: dict, advance: Advance = no_progress) -> dict[str, Examples]:
+    """Generate ``sum(sizes)`` distinct expressions (``advance`` counts them) and cut them into the splits in order."""
+    sequences = listops.generate(sum(sizes.values()), advance=advance, **options)
     splits, start = {}, 0
     for split in SPLITS:
         part = sequences[start:start + sizes[split]]

@@ -31,6 +31,7 @@ from transformer_vq.data.classify.pathfinder_release import CLASS_NAMES, DIFFICU
 from transformer_vq.data.classify.store import cached_splits
 from transformer_vq.data.errors import DataError
 from transformer_vq.data.options import WITH_PATH, WITHOUT_PATH, NonNegative, Positive, Rules
+from transformer_vq.data.progress import Advance, no_progress
 
 INK = 255
 MAX_SIDE = 256
@@ -130,8 +131,8 @@ def render(side: int, strokes: list[np.ndarray], dots: np.ndarray) -> np.ndarray
 
 
 def generate(n: int, *, seed: int, split: str, side: int = 32, dashes: int = 8, distractors: int = 4,
-             curvature: float = 0.35) -> Examples:
-    """``n`` images of ``split``, image ``i`` drawn from the seed ``(seed, split, i)``."""
+             curvature: float = 0.35, advance: Advance = no_progress) -> Examples:
+    """``n`` images of ``split``, image ``i`` drawn from the seed ``(seed, split, i)`` (``advance`` counts them)."""
     split_id = SPLITS.index(split)
     images = np.zeros((n, side * side), dtype=np.uint8)
     labels = np.zeros(n, dtype=np.int64)
@@ -139,6 +140,7 @@ def generate(n: int, *, seed: int, split: str, side: int = 32, dashes: int = 8, 
         labels[i], strokes, dots = layout(np.random.default_rng([seed, split_id, i]), side, dashes, distractors,
                                           curvature)
         images[i] = render(side, strokes, dots).reshape(-1)
+        advance(1)
     return Examples.fixed(images, labels)
 
 
@@ -164,7 +166,9 @@ def load_pathfinder(data_path: str | os.PathLike | None = None, *, cache_dir: st
     options = dict(seed=seed, side=side, dashes=dashes, distractors=distractors, curvature=curvature)
     key = {"generator": "pathfinder-style-1", "sizes": sizes, **options}
     splits = cached_splits("pathfinder", (), key,
-                           lambda _: {s: generate(sizes[s], split=s, **options) for s in SPLITS}, cache_dir)
+                           lambda _, advance: {s: generate(sizes[s], split=s, advance=advance, **options)
+                                               for s in SPLITS},
+                           cache_dir, total=sum(sizes.values()), unit="image")
     return ClassificationData("pathfinder", splits, vocab_size=256, n_classes=2, max_len=side * side,
                               class_names=CLASS_NAMES,
                               metadata={"generated": True, "image_shape": [side, side, 1], **key})

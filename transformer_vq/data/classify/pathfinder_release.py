@@ -21,6 +21,7 @@ from transformer_vq.config.choices import SPLITS
 from transformer_vq.data.classify.examples import ClassificationData, Examples
 from transformer_vq.data.classify.store import cached_splits
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.progress import Advance, no_progress
 from transformer_vq.data.splits import split_bounds
 
 CLASS_NAMES = ("disconnected", "connected")  # label 0 and 1, in the release's metadata as in the generator's
@@ -74,8 +75,8 @@ def read_image(path: Path) -> np.ndarray:
     return pixels
 
 
-def convert(entries: list[tuple[Path, int]]) -> dict[str, Examples]:
-    """Decode every image and cut the list 80/10/10 into the splits."""
+def convert(entries: list[tuple[Path, int]], advance: Advance = no_progress) -> dict[str, Examples]:
+    """Decode every image (``advance`` counts them) and cut the list 80/10/10 into the splits."""
     first = read_image(entries[0][0])
     images = np.zeros((len(entries), first.size), dtype=np.uint8)
     for i, (path, _) in enumerate(entries):
@@ -84,6 +85,7 @@ def convert(entries: list[tuple[Path, int]]) -> dict[str, Examples]:
             raise DataError(f"{path} is {pixels.shape[0]}x{pixels.shape[1]}, but {entries[0][0]} is "
                             f"{first.shape[0]}x{first.shape[1]}; mixed resolutions: {GET_IT}")
         images[i] = pixels.reshape(-1)
+        advance(1)
     labels = np.array([label for _, label in entries], dtype=np.int64)
     bounds = split_bounds(len(entries), FRACTIONS, name="the pathfinder release", min_split_tokens=1)
     return {split: Examples.fixed(images[a:b], labels[a:b]) for split, (a, b) in bounds.items()}
@@ -95,7 +97,8 @@ def load_release(data_path: str | os.PathLike, *, cache_dir: str | os.PathLike |
     folder = difficulty_dir(data_path, difficulty)
     entries = read_metadata(folder)
     # the whole folder: its metadata and every image they name
-    splits = cached_splits("pathfinder", [folder], {"format": 1}, lambda _: convert(entries), cache_dir)
+    splits = cached_splits("pathfinder", [folder], {"format": 1}, lambda _, advance: convert(entries, advance),
+                           cache_dir, total=len(entries), unit="image")
     side = int(round(np.sqrt(splits["train"].lengths[0])))
     return ClassificationData("pathfinder", splits, vocab_size=256, n_classes=2, max_len=side * side,
                               class_names=CLASS_NAMES,

@@ -5,7 +5,8 @@ result depends only on the input files and options, so it is written once into t
 directory, under their :func:`~transformer_vq.data.cache.fingerprint`, and memory-mapped afterwards. Each
 split is three ``.npy`` files (``tokens``, ``offsets``, ``labels``: an
 :class:`~transformer_vq.data.classify.examples.Examples`) in a directory written atomically with a
-checksum manifest; a directory that fails its manifest is rebuilt.
+checksum manifest; a directory that fails its manifest is rebuilt. A build says so, and how far it has come
+(:func:`~transformer_vq.data.progress.building`); a load from the cache says nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from transformer_vq import fileio
 from transformer_vq.config.choices import SPLITS
 from transformer_vq.data import cache
 from transformer_vq.data.classify.examples import Examples
+from transformer_vq.data.progress import Advance, building
 
 PARTS = ("tokens", "offsets", "labels")
 
@@ -64,11 +66,13 @@ class ExamplesWriter:
 
 
 def cached_splits(name: str, inputs: Iterable[Path], options: Mapping,
-                  build: Callable[[Path], Mapping[str, Examples]], cache_dir: str | os.PathLike | None = None,
-                  splits: tuple[str, ...] = SPLITS) -> dict[str, Examples]:
-    """The ``splits`` of ``name`` built by ``build(scratch)`` from the files ``inputs`` (a directory: every file
-    below it) with ``options``: from the cache when present and intact, else built, saved and then memory-mapped.
-    ``scratch`` is a directory for :class:`ExamplesWriter` files, removed once the splits are saved."""
+                  build: Callable[[Path, Advance], Mapping[str, Examples]], cache_dir: str | os.PathLike | None = None,
+                  splits: tuple[str, ...] = SPLITS, *, total: int | None = None,
+                  unit: str | None = None) -> dict[str, Examples]:
+    """The ``splits`` of ``name`` built by ``build(scratch, advance)`` from the files ``inputs`` (a directory: every
+    file below it) with ``options``: from the cache when present and intact, else built, saved and then
+    memory-mapped. ``scratch`` is a directory for :class:`ExamplesWriter` files, removed once the splits are saved;
+    ``advance(n)`` counts ``n`` more of the build's ``total`` items of ``unit`` (None: a build too quick to count)."""
     inputs = list(inputs)
     root = cache.dataset_dir(name, cache_dir)
     directory = root / cache.fingerprint(inputs, **options)
@@ -76,7 +80,8 @@ def cached_splits(name: str, inputs: Iterable[Path], options: Mapping,
     if not directory.is_dir() or fileio.check_dir_manifest(directory, names) is not None:
         with tempfile.TemporaryDirectory(prefix=".scratch-", dir=root) as scratch, \
                 fileio.atomic_directory(directory) as tmp:
-            built = build(Path(scratch))
+            with building(name, directory, total, unit) as advance:
+                built = build(Path(scratch), advance)
             for split in splits:
                 for part in PARTS:  # np.save writes a memory map through, without loading it
                     np.save(tmp / f"{split}.{part}.npy", getattr(built[split], part))

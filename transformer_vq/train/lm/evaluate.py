@@ -28,7 +28,6 @@ logits over V tokens scores ``V ** (n_tokens / n_words)``.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -41,6 +40,7 @@ from transformer_vq.config.jobs import job_config
 from transformer_vq.data.batches import check_vocab
 from transformer_vq.data.metrics import (bits_per_byte, bpb_unit, corpus_tokens_per_byte, corpus_tokens_per_word,
                                          word_perplexity)
+from transformer_vq.data.progress import on_terminal
 from transformer_vq.data.recall import spec_of
 from transformer_vq.train.checkpoint.store import run_dir_of
 from transformer_vq.train.device import use_threads
@@ -158,7 +158,7 @@ def stream_rows(tokens: np.ndarray, n_pred: int, streams: int, device,
 def _progress(split: str, progress: bool | None):
     """Wraps the window starts in a progress bar when asked (default: when stderr is a terminal)."""
     if progress is None:
-        progress = sys.stderr.isatty()
+        progress = on_terminal()
     if not progress:
         return lambda starts: starts
     from tqdm import tqdm

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import codecs
 import os
-import sys
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -20,6 +19,7 @@ from transformer_vq.config.arch import refuse_job_options
 from transformer_vq.config.choices import IMAGE_CORPORA
 from transformer_vq.config.jobs import job_config
 from transformer_vq.data.codec import BYTE_VOCAB, decode_bytes
+from transformer_vq.data.progress import on_terminal
 from transformer_vq.train.checkpoint.store import run_dir_of
 from transformer_vq.train.device import use_threads
 from transformer_vq.nn.inference import evaluating
@@ -153,7 +153,7 @@ def sample_image_tokens(model: torch.nn.Module, num_images: int, *, temperature:
     tokens = model.stream(first, IMAGE_TOKENS - 1, temperature=temperature, top_k=top_k, top_p=top_p,
                           generator=generator)
     if progress is None:
-        progress = sys.stderr.isatty()
+        progress = on_terminal()
     if progress:
         from tqdm import tqdm
 
