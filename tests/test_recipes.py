@@ -3,13 +3,15 @@ user's fields, to encoders only, recorded in the run config; and the command lin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from transformer_vq.cli import main
-from transformer_vq.config import ClassifyConfig, LongVQConfig, classify_config
-from transformer_vq.config.recipes import CLASSIFY_RECIPES, find_recipe
+from transformer_vq.config import ClassifyConfig, ClassifyTrainConfig, LongVQConfig, classify_config
+from transformer_vq.config.longvq import CLASSIFY_PRESETS
+from transformer_vq.config.recipes import CLASSIFY_RECIPES, Recipe, find_recipe
 
 DIGITS = find_recipe("longvq", "digits")
 
@@ -63,6 +65,28 @@ def test_a_resumed_configs_recipe_record_drops_the_fields_given_now():
     resumed = build(base=base, model={"dropout": 0.1}, train={"lr": 3e-3})
     assert (resumed.model.dropout, resumed.train.lr, resumed.train.grad_clip) == (0.1, 3e-3, 1.0)
     assert resumed.recipe == {"model": {"norm": "batch"}, "train": {"grad_clip": 1.0}}
+
+
+def test_a_recipe_field_that_does_not_apply_is_left_out():
+    """A recipe's field that the user's choices leave unread, where the user's own would be refused (grad_clip:
+    adamw's only), is left out, not refused: the config keeps the field's default and the run neither records it nor
+    announces it (it recorded and announced grad_clip 1.0 under adafactor). A resumed run's record drops it too."""
+    cfg = build(train={"data": "digits", "optimizer": "adafactor"})
+    assert cfg.recipe == {"model": dict(DIGITS.model), "train": {"lr": 1e-2}}
+    assert (cfg.train.lr, cfg.train.grad_clip) == (1e-2, ClassifyTrainConfig.__dataclass_fields__["grad_clip"].default)
+    assert build(base=cfg, train={"steps": 5}).recipe == cfg.recipe
+    # a run recorded before: the field stays the run's, its record goes
+    old = dataclasses.replace(cfg, recipe={**cfg.recipe, "train": dict(DIGITS.train)})
+    assert build(base=old, train={"steps": 5}).recipe == cfg.recipe
+
+
+def test_a_recipe_field_the_arch_does_not_read_is_left_out(monkeypatch):
+    """The same for a field the recipe's architecture refuses (a Transformer classifier has no blocks)."""
+    monkeypatch.setitem(CLASSIFY_RECIPES, ("transformer", "digits"), Recipe(model={"block_len": 64, "dropout": 0.0},
+                                                                            train={"lr": 1e-2}))
+    cfg = build(train={"data": "digits", "arch": "transformer"})
+    assert cfg.recipe == {"model": {"dropout": 0.0}, "train": {"lr": 1e-2}}
+    assert (cfg.model.block_len, cfg.model.dropout) == (CLASSIFY_PRESETS["small"].block_len, 0.0)
 
 
 def test_listops_takes_its_recipe():

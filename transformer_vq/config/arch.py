@@ -200,12 +200,19 @@ def refuse_given(arch: Arch, given: Mapping[type, Iterable[str]], context: Mappi
     the names of its fields the user gave; ``context`` the run's fields, flat (:mod:`transformer_vq.config.applies`).
     The problems of one config class are reported together, the first class with any first."""
     for cls, names in given.items():
-        names = set(names) & set(fields_of(cls))
-        found = [(name, _not_read(arch, name)) for name in sorted(names & set(arch.refused_options))]
-        found += given_problems(cls, names - set(arch.refused_options), context)
+        found = not_applying(arch, cls, names, context)
         if found:
             detail = "; ".join(f"{name} {text}" for name, text in found)
             raise ConfigError(f"invalid {cls.__name__}: {detail}", found, cls)
+
+
+def not_applying(arch: Arch, cls: type, names: Iterable[str], context: Mapping[str, object]) -> list[tuple[str, str]]:
+    """``(field, why)`` for each field of ``cls`` named in ``names`` that does not apply to ``arch`` or under
+    ``context``: what :func:`refuse_given` refuses of the user's fields, and what a classifier recipe leaves out of
+    its own (:func:`~transformer_vq.config.classify.classify_config`)."""
+    names = set(names) & set(fields_of(cls))
+    found = [(name, _not_read(arch, name)) for name in sorted(names & set(arch.refused_options))]
+    return found + given_problems(cls, names - set(arch.refused_options), context)
 
 
 def _not_read(arch: Arch, name: str) -> str:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from transformer_vq.config.choices import CLASSIFY_DATASETS, DEVICES, OPTIMIZERS, PRECISIONS, SPLITS
 from transformer_vq.config.fields import ConfigError, build, check, option, png_path_problem
-from transformer_vq.config.arch import (ARCHS, CLASSIFY_ARCHS, DEFAULT_PRESET, find_arch, refuse_given, run_arch,
-                                        run_context)
+from transformer_vq.config.arch import (ARCHS, CLASSIFY_ARCHS, DEFAULT_PRESET, find_arch, not_applying, refuse_given,
+                                        run_arch, run_context)
 from transformer_vq.config.longvq import CLASSIFY_PRESETS, LongVQConfig
 from transformer_vq.config.recipes import find_recipe
 from transformer_vq.config.jobs import threads_option
@@ -137,8 +137,9 @@ def classify_config(*, n_classes: int, vocab_size: int, preset: str | None = Non
     false unless ``model`` says otherwise) with the training fields' defaults; else (no preset) the ``small`` preset
     with the recipe of the run's arch and dataset (:mod:`transformer_vq.config.recipes`) where there is one (an
     encoder's: not when ``model`` makes it causal). ``recipe`` records the recipe's fields still in effect (a
-    resumed run's, less those ``model``, ``train`` or ``preset`` replace). A field of ``model`` or ``train`` that the
-    classifier does not read is refused (:func:`~transformer_vq.config.arch.refuse_given`)."""
+    resumed run's, less those ``model``, ``train`` or ``preset`` replace, and less those that do not apply under the
+    user's choices: :func:`applying_recipe`). A field of ``model`` or ``train`` that the classifier does not read is
+    refused (:func:`~transformer_vq.config.arch.refuse_given`)."""
     model, train = dict(model or {}), dict(train or {})
     given = sorted(set(model) & set(FROM_DATA))
     if given:
@@ -148,19 +149,43 @@ def classify_config(*, n_classes: int, vocab_size: int, preset: str | None = Non
     if base is not None:
         # a preset replaces every model field, so none of the recipe's model fields is left in effect
         recipe = recipe_left(base.recipe, None if preset is not None else model, train)
-        start = base.model.to_dict() if preset is None else preset_start(preset, {})
-        start_train = base.train.to_dict()
     else:
         plain = build(ClassifyTrainConfig, train, "train")  # the arch and dataset the recipe is looked up by
         # recipes are tuned for encoders (batch norm would let a causal model see later tokens)
         found = find_recipe(plain.arch, plain.data) if preset is None and not model.get("causal") else None
         recipe = {} if found is None else recipe_left({"model": found.model, "train": found.train}, model, train)
-        start, start_train = preset_start(preset, recipe.get("model", {})), recipe.get("train", {})
-    model_cfg = build(LongVQConfig, {**start, **model, "n_classes": n_classes, "vocab_size": vocab_size}, "model")
-    cfg = ClassifyConfig(model=model_cfg, train=build(ClassifyTrainConfig, {**start_train, **train}, "train"),
-                         recipe=recipe)
+
+    def make(kept: dict) -> ClassifyConfig:
+        """The config with the recipe's fields ``kept``: a new run starts from them, a resumed one (whose saved
+        fields hold them already) only records them."""
+        if base is not None:
+            start = base.model.to_dict() if preset is None else preset_start(preset, {})
+            start_train = base.train.to_dict()
+        else:
+            start, start_train = preset_start(preset, kept.get("model", {})), kept.get("train", {})
+        model_cfg = build(LongVQConfig, {**start, **model, "n_classes": n_classes, "vocab_size": vocab_size}, "model")
+        return ClassifyConfig(model=model_cfg, train=build(ClassifyTrainConfig, {**start_train, **train}, "train"),
+                              recipe=kept)
+
+    cfg = applying_recipe(recipe, make)
     refuse_given(find_arch("classify", cfg.arch), {LongVQConfig: model, ClassifyTrainConfig: train}, run_context(cfg))
     return cfg
+
+
+def applying_recipe(recipe: dict, make) -> ClassifyConfig:
+    """``make(recipe)``, the config built with ``recipe``'s fields, less those that do not apply in it, where the
+    same field given by the user is refused (:func:`~transformer_vq.config.arch.not_applying`: ``grad_clip`` under
+    ``--optimizer adafactor``, which never reads it). Not refused, as the user did not give them, but left out, so
+    that a run neither records nor announces a setting it never reads. Again until none is left out: a field left
+    out can be the condition of another."""
+    while True:
+        cfg = make(recipe)
+        arch, context = find_arch("classify", cfg.arch), run_context(cfg)
+        unread = {name for cls, part in ((LongVQConfig, "model"), (ClassifyTrainConfig, "train"))
+                  for name, _ in not_applying(arch, cls, recipe.get(part, {}), context)}
+        if not unread:
+            return cfg
+        recipe = {part: {k: v for k, v in fields.items() if k not in unread} for part, fields in recipe.items()}
 
 
 def preset_start(preset: str | None, recipe_model: dict) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 
 import pytest
@@ -202,3 +203,68 @@ def test_a_dataset_other_than_the_configs_is_refused(tmp_path, loaded, named):
         **TRAIN, "data": name, "data_options": {k: str(v) for k, v in options.items()}, "steps": 1, "eval_every": 0,
         "run_dir": str(tmp_path / "r")})
     assert classify_train(same, data=data).exit_code == 0
+
+
+def listops_release(folder, seed: int):
+    """A small ListOps release (LRA's basic_{train,val,test}.tsv) of 24 + 8 + 8 expressions drawn with ``seed``."""
+    from transformer_vq.data.classify import listops
+
+    folder.mkdir()
+    for name, n in (("basic_train.tsv", 24), ("basic_val.tsv", 8), ("basic_test.tsv", 8)):
+        expressions = listops.generate(n, seed=seed, max_depth=3, min_length=5, max_length=40)
+        seed += 1
+        rows = [f"{listops.decode(e)}\t{label}" for e, label in zip(expressions, listops.labelled(expressions))]
+        (folder / name).write_text("Source\tTarget\n" + "\n".join(rows) + "\n")
+    return folder
+
+
+def listops_run(data_path, run_dir, steps: int):
+    return classify_config(n_classes=10, vocab_size=20, preset="tiny", train={
+        **TRAIN, "data": "listops", "data_path": str(data_path), "steps": steps, "batch_size": 4, "eval_every": 2,
+        "ckpt_every": 2, "run_dir": str(run_dir)})
+
+
+@pytest.fixture
+def releases(tmp_path, monkeypatch):
+    """Two ListOps releases of the same sizes, the first also copied elsewhere (moved), and a run dir."""
+    monkeypatch.setenv("TVQ_CACHE_DIR", str(tmp_path / "cache"))
+    first = listops_release(tmp_path / "first", seed=1)
+    moved = tmp_path / "elsewhere" / "first"
+    shutil.copytree(first, moved)
+    return first, listops_release(tmp_path / "other", seed=11), moved, tmp_path / "run"
+
+
+def test_a_resume_on_another_dataset_is_refused_and_a_moved_one_is_the_same(releases):
+    """The checkpoint records its dataset (name, split sizes, a hash of every label and length and of sampled
+    examples): a resume on another release (here of the same sizes; it went on training on it and compared its
+    validation with the best of the first's) is refused, naming both, before anything is written; the same release
+    moved elsewhere resumes (as a language model's corpus does: tests/train/test_resume_fields.py)."""
+    first, other, moved, run_dir = releases
+    assert classify_train(listops_run(first, run_dir, 2)).exit_code == 0
+    saved = latest_checkpoint(run_dir / "checkpoints").state["dataset"]
+    assert set(saved) == {"name", "examples", "sample_sha256", "data_path"}
+    assert saved["examples"] == {"train": 24, "validation": 8, "test": 8}
+    config = (run_dir / "config.json").read_text()
+    with pytest.raises(ConfigError) as err:
+        classify_train(listops_run(other, run_dir, 4), resume="auto")
+    assert str(err.value) == (f"--data-path: the run in {run_dir} was trained on the listops dataset of 24 training "
+                              f"examples read from {first} and this run reads the listops dataset of 24 training "
+                              f"examples read from {other}, which differs: a resumed run continues on its own dataset "
+                              f"(moved elsewhere, it is recognized by its examples); resume with it, or start a new "
+                              f"run (--run-dir)")
+    assert (run_dir / "config.json").read_text() == config and latest_checkpoint(run_dir / "checkpoints").step == 2
+    resumed = classify_train(listops_run(moved, run_dir, 4), resume="auto")
+    assert (resumed.exit_code, resumed.step) == (0, 4)
+    assert latest_checkpoint(run_dir / "checkpoints").state["dataset"]["data_path"] == str(moved)
+
+
+def test_a_checkpoint_saved_without_its_datasets_identity_resumes(releases, monkeypatch):
+    """A checkpoint of before the dataset's identity was saved has nothing to compare: it resumes, as it did."""
+    first, other, _, run_dir = releases
+    saving = ClassifyTrainer.checkpoint_state
+    with monkeypatch.context() as patch:
+        patch.setattr(ClassifyTrainer, "checkpoint_state",
+                      lambda self: {k: v for k, v in saving(self).items() if k != "dataset"})
+        assert classify_train(listops_run(first, run_dir, 2)).exit_code == 0
+    assert "dataset" not in latest_checkpoint(run_dir / "checkpoints").state
+    assert classify_train(listops_run(other, run_dir, 4), resume="auto").exit_code == 0

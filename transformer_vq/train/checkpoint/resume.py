@@ -145,6 +145,27 @@ def refuse_changed_fields(saved_train: dict, train, path) -> None:
                               f"with another --run-dir")
 
 
+def check_same_data(saved: dict, here: dict, run_dir, *, noun: str, unit: str) -> None:
+    """Refuse (:class:`ConfigError`) to resume on other data than the checkpoint's, which the fields a run keeps
+    (:func:`refuse_changed_fields`) cannot tell: another ``--data-path``, or a file changed in place. ``saved`` and
+    ``here``: the identities a task saves in each checkpoint (a language model's corpus, a classifier's dataset):
+    ``name``, each split's size in ``unit`` ("tokens", "examples"), ``sample_sha256`` (a hash of sampled pieces) and
+    ``data_path``, which only the message reads: data moved to another path is the same. Otherwise the saved data
+    position, the validation split and every later figure would belong to other data; ``noun`` names the data in
+    the message ("corpus", "dataset")."""
+    if all(saved.get(key) == here[key] for key in ("name", unit, "sample_sha256")):
+        return
+
+    def described(identity: dict) -> str:
+        path = identity.get("data_path")
+        return (f"the {identity['name']} {noun} of {identity.get(unit, {}).get('train', 0):,} training {unit}"
+                + (f" read from {path}" if path else ""))
+
+    raise ConfigError(f"--data-path: the run in {run_dir} was trained on {described(saved)} and this run reads "
+                      f"{described(here)}, which differs: a resumed run continues on its own {noun} (moved "
+                      f"elsewhere, it is recognized by its {unit}); resume with it, or start a new run (--run-dir)")
+
+
 def _with_defaults(train, options: dict) -> dict:
     """``options`` of ``train``'s dataset with the loader's declared defaults filled in, as JSON would save them
     (as given where the dataset is unknown or refuses them: the resume reports that itself)."""

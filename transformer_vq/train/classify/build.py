@@ -60,6 +60,34 @@ def describe_data(identity: dict, other: dict | None) -> str:
     return f"{identity['data']!r} with {', '.join(differ)}"
 
 
+SAMPLED_EXAMPLES = 64
+"""A dataset's fingerprint reads the tokens of this many evenly spaced examples of each split."""
+
+
+def dataset_fingerprint(data) -> dict:
+    """What identifies a classification dataset's examples, small enough to save in every checkpoint: its name, each
+    split's number of examples and a SHA-256 of every label and length and of the tokens of evenly spaced examples
+    (milliseconds on 100,000 examples: a few bytes an example, and 64 examples' tokens a split). A resumed run
+    compares it with its checkpoint's (:func:`~transformer_vq.train.checkpoint.resume.check_same_data`, as a language
+    model's corpus, :func:`~transformer_vq.data.corpus.corpus_fingerprint`), so that it continues on the dataset it
+    was trained on: a release moved to another path is the same, another one (or a generated dataset where a release
+    was read) is not. Sampled, so an edit inside an unsampled example that keeps its length and label can pass."""
+    import hashlib
+
+    import numpy as np
+
+    digest, sizes = hashlib.sha256(), {}
+    for name in sorted(data.splits):
+        examples = data.splits[name]
+        sizes[name] = len(examples)
+        digest.update(name.encode())
+        for column in (examples.labels, examples.lengths):
+            digest.update(np.ascontiguousarray(column, dtype=np.int64).tobytes())
+        for index in np.unique(np.linspace(0, len(examples) - 1, num=SAMPLED_EXAMPLES, dtype=np.int64)):
+            digest.update(np.ascontiguousarray(examples[int(index)][0], dtype=np.int64).tobytes())
+    return {"name": data.name, "examples": sizes, "sample_sha256": digest.hexdigest()}
+
+
 def build_classifier(cfg: ClassifyConfig) -> torch.nn.Module:
     """The classifier ``cfg.train.arch`` names (the registry's, :mod:`transformer_vq.config.arch`), built from
     ``cfg.model``."""

@@ -10,7 +10,8 @@ Per step::
     and loss on validation; a new best is saved to RUN/best/
 
 Checkpoints hold, beside the engine's part, the data position and the best validation so far, so a resumed run
-continues bit for bit. docs/longvq.md, "Classification".
+continues bit for bit, and the dataset's identity, so that it continues on the same examples (another dataset is
+refused; the same one moved is not). docs/longvq.md, "Classification".
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ import torch
 from transformer_vq.config import ClassifyConfig, ConfigError
 from transformer_vq.data.classify import ClassBatches
 from transformer_vq.train.checkpoint.errors import CheckpointError
-from transformer_vq.train.checkpoint.resume import check_resume
+from transformer_vq.train.checkpoint.resume import check_resume, check_same_data
 from transformer_vq.train.checkpoint.rundir import hold_run_dir, writing
 from transformer_vq.train.checkpoint.store import BEST_DIR, Checkpoint, save_checkpoint
 from transformer_vq.train.classify.build import (build_classifier, check_data_fits, check_data_named,
-                                                 classify_config_of, load_classify_data)
+                                                 classify_config_of, dataset_fingerprint, load_classify_data)
 from transformer_vq.train.classify.evaluate import ClassifyEvalResult, evaluate_examples, refresh_batch_norm
 from transformer_vq.train.device import training_device
 from transformer_vq.train.parallel.distributed import Distributed
@@ -78,6 +79,8 @@ class ClassifyTrainer(Trainer):
         tc = cfg.train
         self.data = data if data is not None else load_classify_data(tc)
         check_data_fits(cfg, self.data)
+        # what identifies the dataset, saved in every checkpoint and compared on resume (the dataset never changes)
+        self.data_identity = {**dataset_fingerprint(self.data), "data_path": tc.data_path}
         self.batches = ClassBatches(self.data.split("train"), batch_size=tc.batch_size, seed=tc.seed,
                                     pad_id=self.data.pad_id)
         super().__init__(cfg, Distributed(), device, lambda: build_classifier(cfg))
@@ -95,7 +98,7 @@ class ClassifyTrainer(Trainer):
         return {"accuracy": (step.output.logits.argmax(dim=-1) == self.labels).double().mean().item()}
 
     def checkpoint_state(self) -> dict:
-        return {"data": self.batches.state_dict(), "best": self.best}
+        return {"data": self.batches.state_dict(), "best": self.best, "dataset": self.data_identity}
 
     def check_checkpoint(self, ckpt: Checkpoint) -> None:
         saved = classify_config_of(ckpt).train.arch
@@ -105,6 +108,10 @@ class ClassifyTrainer(Trainer):
                                   f"--run-dir")
 
     def load_checkpoint_state(self, state: dict, skip: frozenset) -> None:
+        if "data" not in skip and "dataset" in state:  # absent from checkpoints of before it was saved
+            # another --data-path (or a generated dataset where a release was read): the saved data position, the
+            # validation split and the best validation it compares with would belong to other examples
+            check_same_data(state["dataset"], self.data_identity, self.run_dir, noun="dataset", unit="examples")
         self.best = state["best"]
         if "data" not in skip:
             self.batches.load_state_dict(state["data"])

@@ -26,7 +26,7 @@ from transformer_vq.config import ConfigError, RunConfig
 from transformer_vq.data.batches import check_decodable, check_vocab, corpus_batches, packed_documents
 from transformer_vq.data.corpus import corpus_fingerprint
 from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte, corpus_tokens_per_word
-from transformer_vq.train.checkpoint.resume import check_resume
+from transformer_vq.train.checkpoint.resume import check_resume, check_same_data
 from transformer_vq.train.checkpoint.rundir import hold_run_dir
 from transformer_vq.train.device import training_device
 from transformer_vq.train.lm.build import build_model, check_corpus_options, load_corpus_for, save_run_tokenizer
@@ -258,24 +258,11 @@ class LMTrainer(Trainer):
 
 def check_same_corpus(saved: dict, here: dict, run_dir, packed: bool = False) -> None:
     """Refuse to resume on another corpus than the checkpoint's (``saved`` and ``here``: a
-    :func:`corpus_fingerprint` and its ``data_path``): the data position, the validation split and every later figure
-    would belong to another text. A run that packs documents (``packed``) keeps their boundaries too (checked where
-    the checkpoint recorded them)."""
-    identity = ("name", "tokens", "sample_sha256")
-    same = all(saved.get(key) == here[key] for key in identity)
-    if same and packed and "documents_sha256" in saved and saved["documents_sha256"] != here["documents_sha256"]:
+    :func:`corpus_fingerprint` and its ``data_path``; :func:`check_same_data`, which a classifier's dataset shares).
+    A run that packs documents (``packed``) keeps their boundaries too (checked where the checkpoint recorded them)."""
+    check_same_data(saved, here, run_dir, noun="corpus", unit="tokens")
+    if packed and "documents_sha256" in saved and saved["documents_sha256"] != here["documents_sha256"]:
         raise ConfigError(f"--data-path: the run in {run_dir} packs documents (--pack), and this run reads its "
                           f"corpus cut into other documents (the same tokens, other files or lines): its sequences "
                           f"would be packed otherwise from the saved position; resume with the corpus as it was, "
                           f"or start a new run (--run-dir)")
-    if same:
-        return
-
-    def described(identity: dict) -> str:
-        path = identity.get("data_path")
-        return (f"the {identity['name']} corpus of {identity['tokens'].get('train', 0):,} training tokens"
-                + (f" read from {path}" if path else ""))
-
-    raise ConfigError(f"--data-path: the run in {run_dir} was trained on {described(saved)} and this run reads "
-                      f"{described(here)}, which differs: a resumed run continues on its own corpus (moved "
-                      f"elsewhere, it is recognized by its tokens); resume with it, or start a new run (--run-dir)")
