@@ -1,5 +1,5 @@
-"""Where per-step metrics go: ``metrics.jsonl``, TensorBoard event files, and the console
-(a tqdm progress bar on a terminal, plain lines every ``log_every`` steps otherwise)."""
+"""Where per-step metrics go: ``metrics.jsonl``, TensorBoard event files, and the console: stdout, where a run's
+lines go (a tqdm progress bar when stdout is a terminal, plain lines every ``log_every`` steps otherwise)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,9 @@ class MetricsLogger:
         if sys.stdout.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total_steps, initial=start_step, unit="step")
+            # drawn where the check looked: on tqdm's default stderr, `tvq train 2> errors.log` on a terminal
+            # showed no progress at all (the bar went to the file, the lines were off)
+            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", file=sys.stdout)
 
     def log_step(self, metrics: dict) -> None:
         """Record the metrics of one optimizer step (``metrics["step"]`` counts from 1)."""
