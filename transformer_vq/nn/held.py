@@ -12,6 +12,11 @@ step's weights whenever the address was reused — a timing-dependent ~1e-4 erro
 A comparison costs one read of the sources, a small fraction of the derivation it saves (``W_r`` is ``Dm x H Dk``;
 its table is ``P`` times that in multiply-adds), and on a GPU one synchronization, which decoding does per token
 anyway.
+
+The ``key`` a caller gives is completed with the autocast state of the sources' devices: a build runs under the
+caller's autocast (its matmuls then return bfloat16 or float16), so a value built inside ``torch.autocast`` is not the
+one a float32 call would build from the same tensors. Keyed by the caller's dtype alone (the float32 codebook's), a
+float32 decoding after a bfloat16 one read the bfloat16 code-pair table: logits 4e-3 off, greedy tokens changed.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class HeldValue:
         is held: the graph computes the value each call."""
         if torch.compiler.is_compiling():
             return build()
+        key = (key, _autocast_state(sources))
         if self._sources is None or self._key != key or not _same(self._sources, sources):
             value = build()
             self._sources, self._key, self._value = tuple(s.detach().clone() for s in sources), key, value
@@ -43,6 +49,12 @@ class HeldValue:
     def clear(self) -> None:
         """Drop the held value and the copies of its sources."""
         self._sources, self._key, self._value = None, None, None
+
+
+def _autocast_state(sources: Sequence[torch.Tensor]) -> tuple:
+    """Whether autocast is on, and to which dtype, for each device type of ``sources``: what a build's dtypes follow."""
+    kinds = sorted({s.device.type for s in sources})
+    return tuple((kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)) for kind in kinds)
 
 
 def _same(held: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> bool:

@@ -110,3 +110,26 @@ def test_held_value_rebuilds_on_any_change_of_its_sources():
     assert held.get([nan], key="y", build=build) == 7  # NaN equals nothing: never served stale
     held.clear()
     assert held.get([a], key="y", build=build) == 8
+
+
+@pytest.mark.parametrize("first", ["bfloat16", "float32"])
+def test_a_held_table_is_not_served_across_an_autocast_switch(first):
+    """A table built inside ``torch.autocast`` is bfloat16 arithmetic: a float32 call after it (and an autocast call
+    after a float32 one) builds its own, so each equals what a model that never held anything returns."""
+    torch.manual_seed(0)
+    fresh = TransformerVQ(preset("tiny", n_layers=2, block_len=4, quantize_queries=True)).eval()
+    with torch.no_grad():
+        for unit in fresh.units:
+            unit.v_r.normal_()
+            unit.u.normal_()
+    used = TransformerVQ(fresh.cfg).eval()
+    used.load_state_dict(fresh.state_dict())
+    ids = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(3))  # past the 2L = 8 window
+
+    def call(model, dtype):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+            return model(ids).logits
+
+    second = "float32" if first == "bfloat16" else "bfloat16"
+    call(used, first)
+    torch.testing.assert_close(call(used, second), call(fresh, second), rtol=0, atol=0)
