@@ -125,6 +125,25 @@ def test_a_generation_continues_from_its_returned_state_with_the_new_tokens_alon
         model.generate(prompt, 2, return_state=1)
 
 
+def test_a_stream_checks_its_arguments_at_the_call_and_holds_no_mode_between_tokens():
+    """A bad argument is refused where the stream is made, not at its first token; between two tokens the model is in
+    its own mode (a training step there trains), and each token is still sampled in eval mode: the tokens are the
+    greedy generation's."""
+    model = tiny_model().train()
+    prompt = torch.randint(0, 64, (2, 5))
+    for bad in (dict(max_new_tokens=-1), dict(max_new_tokens=2, temperature=-1.0), dict(max_new_tokens=2, top_p=2)):
+        with pytest.raises(ValueError):
+            model.stream(prompt, **bad)  # no next(): the call itself refuses
+    modes = []
+    model.register_forward_pre_hook(lambda module, args: modes.append(module.training))
+    tokens = model.stream(prompt, 3, temperature=0)
+    first = next(tokens)
+    assert model.training  # between two tokens: the model's own mode
+    rest = list(tokens)
+    assert modes == [False, False, False] and model.training
+    assert torch.equal(torch.stack([first, *rest], dim=1), model.generate(prompt, 3, temperature=0)[:, 5:])
+
+
 def test_nucleus_and_top_k_keep_the_right_tokens():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     gen = torch.Generator().manual_seed(0)

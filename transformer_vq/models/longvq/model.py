@@ -103,3 +103,4 @@ class LongVQLM(Codebooks, nn.Module):
     stream = TransformerVQ.stream
     generate = TransformerVQ.generate
     _sampled = TransformerVQ._sampled
+    _sampling_steps = TransformerVQ._sampling_steps

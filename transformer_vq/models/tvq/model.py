@@ -224,19 +224,20 @@ class TransformerVQ(Codebooks, nn.Module):
 
     # ------------------------------------------------------------------ sampling
 
-    @torch.no_grad()
     def stream(self, input_ids: torch.Tensor, max_new_tokens: int, *, state: ModelState | None = None,
                temperature: float = 1.0, top_k: int | None = None, top_p: float = 1.0,
                generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:
         """Yield ``max_new_tokens`` sampled tokens (``[B]`` each) continuing ``input_ids`` ``[B, T]``.
 
         The prompt is read once; each new token then costs one linear-time step with the carried state,
-        whatever the context length. The model is in eval mode while sampling. ``state``: the state this model
+        whatever the context length. The arguments are checked at the call, not at the first token. Each step runs
+        in eval mode without gradients, and the model is back in its own mode between two tokens: a stream may be
+        held across training steps (they get dropout and codebook statistics). ``state``: the state this model
         returned for the earlier tokens of the same rows (``generate(..., return_state=True)`` or a forward call);
         ``input_ids`` then holds only the tokens after them, and nothing before is read again.
         """
-        for token, _ in self._sampled(input_ids, max_new_tokens, state, temperature, top_k, top_p, generator):
-            yield token
+        steps = self._sampled(input_ids, max_new_tokens, state, temperature, top_k, top_p, generator)
+        return (token for token, _ in steps)
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, state: ModelState | None = None,
@@ -259,20 +260,26 @@ class TransformerVQ(Codebooks, nn.Module):
             return ids, self(new[-1] if new else input_ids, before).state
 
     def _sampled(self, input_ids, max_new_tokens, state, temperature, top_k, top_p, generator):
-        """``(token, state)`` per sampled token: the state has read every token before that one."""
+        """An iterator of ``(token, state)`` per sampled token, the state having read every token before that one;
+        the arguments are checked now, before the prompt is read."""
         if not is_integer(max_new_tokens) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         max_new_tokens = operator.index(max_new_tokens)
         if not self.cfg.causal:
             raise ValueError("sampling needs a causal model; this one is an encoder (causal=False)")
-        check_sampling(temperature, top_k, top_p)  # before the prompt is read
+        check_sampling(temperature, top_k, top_p)
+        return self._sampling_steps(input_ids, max_new_tokens, state, temperature, top_k, top_p, generator)
+
+    @torch.no_grad()
+    def _sampling_steps(self, input_ids, max_new_tokens, state, temperature, top_k, top_p, generator):
         if max_new_tokens == 0:  # nothing to sample: the prompt is not read (generate's return_state reads it once)
             return
-        with evaluating(self):
+        with evaluating(self):  # per step, not across a yield: the caller may train between two tokens
             out = self(input_ids, state)
-            for i in range(max_new_tokens):
-                token = sample_next_token(out.logits[:, -1], temperature=temperature, top_k=top_k,
-                                          top_p=top_p, generator=generator)
-                yield token, out.state
-                if i + 1 < max_new_tokens:
+        for i in range(max_new_tokens):
+            token = sample_next_token(out.logits[:, -1], temperature=temperature, top_k=top_k,
+                                      top_p=top_p, generator=generator)
+            yield token, out.state
+            if i + 1 < max_new_tokens:
+                with evaluating(self):
                     out = self(token[:, None], out.state)
