@@ -56,6 +56,15 @@ def test_dict_round_trip_and_unknown_keys():
         TransformerVQConfig.from_dict({"n_layer": 3})
 
 
+@pytest.mark.parametrize("values, match", [({"modle": {"d_model": 64}}, "unknown section\\(s\\) 'modle'"),
+                                           ({"model": 3}, "values\\['model'\\] must be a mapping")])
+def test_typed_values_of_an_unknown_section_are_a_config_error(values, match):
+    from transformer_vq.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=match):  # was a bare KeyError: 'modle'
+        load_config(values=values)
+
+
 def test_presets():
     assert preset("enwik8").d_v == 2 * preset("enwik8").d_model
     assert preset("pg19").vocab_size == 32000 and preset("pg19").tie_embeddings

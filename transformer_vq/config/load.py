@@ -59,7 +59,13 @@ def load_config(preset: str | None = None, file: str | Path | None = None,
         merged[section][key] = value
         if item not in shared:
             given[section].add(key)
+    unknown = sorted(set(values or {}) - set(SECTIONS))
+    if unknown:  # as a config file's top-level keys are checked
+        raise ConfigError(f"values: unknown section(s) {', '.join(map(repr, unknown))}; the sections are "
+                          f"{', '.join(map(repr, SECTIONS))}")
     for section, typed in (values or {}).items():
+        if not isinstance(typed, dict):
+            raise ConfigError(f"values[{section!r}] must be a mapping of field: value, got {typed!r}")
         merged[section].update(typed)
         given[section].update(typed)
     name = preset or loaded.get("preset")
