@@ -153,7 +153,10 @@ class VectorQuantizer(nn.Module):
         """One EMA k-means step from the accumulated statistics, then clear them.
 
         ``ema_count <- gamma ema_count + (1 - gamma) count`` and likewise for the sums, so a code that
-        received no keys keeps its codeword while its count decays geometrically.
+        received no keys keeps its codeword while its count decays geometrically, until the count reaches the
+        0.01 floor of :attr:`codebook` (``ln 0.01 / ln gamma`` idle updates: 459 at gamma 0.99); from then on
+        the sum alone decays and the codeword shrinks towards the origin by ``gamma`` per update, as in the
+        authors' code (``c_sum / clip(c_count, 0.01)``); a ``dead_code_restart`` below that re-seeds the code first.
         """
         gamma = self.ema_rate
         self.ema_count.mul_(gamma).add_(self.acc_count, alpha=1 - gamma)
