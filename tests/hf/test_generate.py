@@ -158,6 +158,14 @@ def test_several_samples_per_prompt_repeat_the_state():
     assert torch.equal(got, ref)
 
 
+def test_a_beam_search_cache_is_not_continued_and_the_refusal_says_why():
+    """Beam search's cache holds its beams, not the sequences it returns: continuing them is refused, saying so."""
+    hf = TransformerVQForCausalLM.from_library_model(tiny_model()).eval()
+    out = hf.generate(prompt(batch=1), max_new_tokens=4, num_beams=3, do_sample=False, return_dict_in_generate=True)
+    with pytest.raises(ValueError, match="the cache holds 3 rows, input_ids 1: .*beam search holds its num_beams"):
+        hf.generate(out.sequences, max_new_tokens=2, do_sample=False, **{CACHE_FIELD: getattr(out, CACHE_FIELD)})
+
+
 def test_cache_continues_a_sequence():
     """A cache passed back continues the same sequences, as the library's state does."""
     lib = tiny_model()

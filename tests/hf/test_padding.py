@@ -168,3 +168,16 @@ def test_an_all_padding_call_is_refused():
     _, hf = pair()
     with pytest.raises(ValueError, match="holds no real token"):
         hf(torch.zeros(2, 3, dtype=torch.long), attention_mask=torch.zeros(2, 3, dtype=torch.long))
+
+
+def test_a_generation_with_a_row_of_padding_alone_is_refused_naming_the_row():
+    """An empty prompt among others (``tok(["", "ROMEO:"], padding=True)``): nothing conditions the row's first token,
+    as for an empty prompt alone. It drew from all-zero logits and failed a step later, blaming the cache."""
+    _, hf = pair()
+    ids, mask = padded(prompts((4, 6)), "left")
+    mask[0] = 0
+    with pytest.raises(ValueError, match="row 0 of the batch holds no real token"):
+        hf.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+    mask[1] = 0
+    with pytest.raises(ValueError, match="rows 0, 1 of the batch hold no real token"):
+        hf.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False)

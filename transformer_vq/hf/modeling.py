@@ -17,16 +17,17 @@ from pathlib import Path
 
 import torch
 from transformers import GenerationMixin, PreTrainedModel
-from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from transformer_vq.fileio import make_readable
 from transformer_vq.hf.cache import TransformerVQCache
+from transformer_vq.hf.calls import (ASSISTED, NEW_TOKENS_ALONE, plan_call, refuse_empty_rows, refuse_unsupported,
+                                     resolve_cache)
 from transformer_vq.hf.configuration import MODEL_FIELDS, TransformerVQHFConfig
 from transformer_vq.models.tvq.gau import GatedAttentionUnit
 from transformer_vq.models.tvq.model import TransformerVQ
-from transformer_vq.models.tvq.ragged import RowStates, plan_segments, run_segments
+from transformer_vq.models.tvq.ragged import run_segments
 from transformer_vq.nn.inputs import IGNORE_INDEX, check_token_ids
-from transformer_vq.ops.documents import FLATTENING_KEYS, flattened_positions
 
 # The remote code every saved directory carries (transformer_vq/hf/remote_code.py under the name transformers
 # expects) and the auto classes config.json's auto_map sends to its classes: trust_remote_code=True loads the
@@ -91,6 +92,7 @@ class TransformerVQPreTrainedModel(PreTrainedModel):
         self.config.auto_map = dict(AUTO_MAP)
         result = super().save_pretrained(save_directory, *args, **kwargs)
         shutil.copyfile(REMOTE_CODE_SOURCE, Path(save_directory) / REMOTE_CODE_FILE)
+        make_readable(save_directory)  # safetensors' owner-only weights, beside a readable config
         return result
 
     def check_config(self) -> None:
@@ -166,12 +168,14 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
 
     def generate(self, *args, **kwargs):
         """``GenerationMixin.generate``, refusing first a cache that consumed other columns than the sequence's
-        first (:meth:`TransformerVQCache.check_consumed`), and assisted decoding with its reason (transformers' own
-        check says the model has no cache, which it has)."""
+        first (:meth:`TransformerVQCache.check_consumed`), a row of the batch without a real token
+        (:func:`refuse_empty_rows`), and assisted decoding with its reason (transformers' own check says the model
+        has no cache, which it has)."""
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         input_ids = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
         if isinstance(cache, TransformerVQCache) and isinstance(input_ids, torch.Tensor):
             cache.check_consumed(input_ids)
+        refuse_empty_rows(kwargs.get("attention_mask"))
         config = kwargs.get("generation_config")
         asked = [name for name in ASSISTED if kwargs.get(name) is not None or getattr(config, name, None) is not None]
         if asked:
@@ -272,123 +276,6 @@ class TransformerVQForCausalLM(TransformerVQPreTrainedModel, GenerationMixin):
                                         **{CACHE_FIELD: new_cache})
         # return_dict False (the argument, else the config's): the tuple of the set fields, as transformers' models
         return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
-
-
-def resolve_cache(cache, past_key_values, kwargs: dict) -> TransformerVQCache | None:
-    """The cache under whichever keyword it came. A ``transformers`` cache under a keyword this model does not know
-    is refused by name: ignoring it would compute every step from an empty state and give wrong tokens silently."""
-    unknown = sorted(name for name, value in kwargs.items() if isinstance(value, Cache))
-    if unknown:
-        raise ValueError(f"a cache arrived under the keyword(s) {unknown}, which TransformerVQForCausalLM does not "
-                         f"know (it reads `cache` or `past_key_values`); this transformers version passes the state "
-                         f"under a new name: please report it with the output of `tvq doctor`")
-    if cache is not None and past_key_values is not None and cache is not past_key_values:
-        raise ValueError("pass the cache once: as `cache` or as `past_key_values`, not both")
-    cache = cache if cache is not None else past_key_values
-    if cache is not None and not isinstance(cache, TransformerVQCache):
-        raise ValueError(f"the cache must be a TransformerVQCache (or None), got {type(cache).__name__}; "
-                         f"Transformer-VQ carries its attention state, not keys and values")
-    return cache
-
-
-# The refusal of generate(new_tokens, cache=...): generate runs the columns of input_ids past the cache's length, so
-# of the new tokens alone it runs none (transformers 5.24 passes forward no column, 5.0 an empty cache_position).
-NEW_TOKENS_ALONE = ("input_ids holds no token that the cache has not consumed: to continue with generate, pass the "
-                    "whole sequence (past and new tokens, e.g. out.sequences) with the cache, not the new tokens alone")
-
-# generate's options of assisted (speculative) decoding, which needs a cache that drops tokens.
-ASSISTED = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")
-
-# Keywords transformers may pass that change nothing here when false or None, each refused (with why) when set.
-REFUSED_WHEN_SET = {
-    "output_attentions": "the linear-time attention never forms the weights",
-    "output_hidden_states": "use model.model.features(input_ids) for the residual stream",
-    "inputs_embeds": "the model reads token ids",
-    "token_type_ids": "the model has no token types",
-    "head_mask": "the model has no per-head masks (its attention is single-head per group, and the linear-time path "
-                 "never forms the weights a mask would scale)",
-}
-# Keywords generate passes through to forward whatever their value, for its own use (the stopping criteria's
-# tokenizer, stop_strings; the step counter): they say nothing about what forward computes.
-PASSED_THROUGH = ("is_first_iteration", "tokenizer", "assistant_tokenizer")
-
-
-def refuse_unsupported(input_ids, kwargs: dict) -> None:
-    """Say why not, rather than ignore a request: attention weights and hidden states are never formed by the
-    linear-time path, and the model reads token ids only."""
-    if input_ids is None:
-        raise ValueError("input_ids are required: the model reads token ids (inputs_embeds are not supported)")
-    asked = {name: value for name, value in kwargs.items()
-             if name not in (*PASSED_THROUGH, *FLATTENING_KEYS) and value is not None and value is not False}
-    for name, why in REFUSED_WHEN_SET.items():
-        if name in asked:
-            raise ValueError(f"{name} is not supported: {why}")
-    if asked:
-        raise TypeError(f"TransformerVQForCausalLM.forward does not take {sorted(asked)}")
-
-
-def plan_call(cache: TransformerVQCache | None, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-              position_ids: torch.Tensor | None, cache_position: torch.Tensor | None, kwargs: dict | None = None):
-    """``(row states, columns the cache consumed, segments)`` of a forward call: its columns, rows and positions
-    (or those DataCollatorWithFlattening's keys in ``kwargs`` imply) checked against the cache, then cut into the
-    segments each row's real tokens run as (:func:`~transformer_vq.models.tvq.ragged.plan_segments`)."""
-    B, T = input_ids.shape
-    columns = 0 if cache is None else cache.get_seq_length()
-    check_continuation(columns, T, attention_mask, cache_position)
-    if cache is not None and cache.is_initialized and cache.batch_size != B:
-        raise ValueError(f"the cache holds {cache.batch_size} rows, input_ids {B}")
-    rows = cache.rows if cache is not None and cache.rows is not None else RowStates(B)
-    position_ids = flattened_positions(position_ids, kwargs or {}, B, T, mask=attention_mask, continued=columns,
-                                       device=input_ids.device)
-    check_restarts(attention_mask, position_ids, T, rows.offsets())
-    mask = None if attention_mask is None else attention_mask[:, -T:]
-    return rows, columns, plan_segments(rows.offsets(), T, mask=mask, positions=position_ids)
-
-
-def check_continuation(columns: int, length: int, attention_mask: torch.Tensor | None,
-                       cache_position: torch.Tensor | None) -> None:
-    """Refuse a call whose columns contradict the cache: above all one that continues a sequence without its state."""
-    if length == 0 and columns:  # what generate (5.24) runs of input_ids no longer than the cache: no column
-        raise ValueError(NEW_TOKENS_ALONE)
-    past = None
-    if attention_mask is not None:
-        if attention_mask.dim() != 2:
-            raise ValueError(f"attention_mask must be [batch, past + length] (2-D, zeros for padding), got shape "
-                             f"{list(attention_mask.shape)}")
-        if attention_mask.shape[1] < length:
-            raise ValueError(f"attention_mask covers {attention_mask.shape[1]} columns, fewer than the "
-                             f"{length} of input_ids")
-        past, source = attention_mask.shape[1] - length, "attention_mask"
-    if cache_position is not None:
-        past, source = int(cache_position.reshape(-1)[0]), "cache_position"
-    if past is None or past == columns:
-        return
-    if columns == 0:
-        raise ValueError(f"this call continues sequences of {past} earlier columns ({source} says so) but no "
-                         f"state of them arrived: pass the TransformerVQCache the previous call returned (as "
-                         f"`cache` or `past_key_values`)")
-    raise ValueError(f"{source} says {past} columns came before this call, but the cache has consumed {columns}")
-
-
-def check_restarts(attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None, length: int,
-                   offsets: list[int]) -> None:
-    """Refuse a row that says both "continue" and "start anew": its state holds earlier tokens and its attention mask
-    marks earlier columns real, yet its first token of this call is at position 0 (a new sequence, which would be
-    read from an empty state while the cache and the mask said it continues)."""
-    if position_ids is None or attention_mask is None or attention_mask.shape[1] <= length or not any(offsets):
-        return
-    now = attention_mask[:, -length:].bool()
-    first = now.to(torch.int8).argmax(dim=1, keepdim=True)  # each row's first real column of this call
-    restarts = now.any(dim=1) & (position_ids.gather(1, first).squeeze(1) == 0)
-    continues = attention_mask[:, :-length].bool().any(dim=1) & torch.tensor([o > 0 for o in offsets],
-                                                                             device=attention_mask.device)
-    bad = (restarts & continues).nonzero()
-    if len(bad):
-        row = int(bad[0])
-        raise ValueError(f"row {row}: position_ids restart at 0, but its attention_mask marks earlier columns real and "
-                         f"the cache holds {offsets[row]} tokens of it; to start a new sequence, call without the "
-                         f"cache (or mask the earlier columns out), to continue it, count its positions on from "
-                         f"{offsets[row]}")
 
 
 def kept_logits(logits: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
