@@ -26,6 +26,18 @@ def test_atomic_directory_replaces_only_on_success(tmp_path):
     assert sorted(p.name for p in final.iterdir()) == ["b.txt"]
 
 
+def test_an_atomic_directory_s_files_are_readable_whoever_wrote_them(tmp_path):
+    """A file another library wrote owner-only (safetensors 0.8's model.safetensors) gets the mode of the library's
+    own files, in subdirectories too."""
+    with fileio.atomic_directory(tmp_path / "out") as tmp:
+        (tmp / "sub").mkdir()
+        for path in (tmp / "weights", tmp / "sub" / "more"):
+            path.write_bytes(b"x")
+            path.chmod(0o600)
+    assert {path.name: path.stat().st_mode & 0o777 for path in (tmp_path / "out").rglob("*") if path.is_file()} == \
+        {"weights": 0o644, "more": 0o644}
+
+
 def test_interrupted_deletion_never_leaves_a_half_deleted_directory(tmp_path, monkeypatch):
     victim = tmp_path / "step_00000001"
     victim.mkdir()

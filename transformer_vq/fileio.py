@@ -123,9 +123,9 @@ def atomic_write_json(path: str | os.PathLike, obj) -> None:
 def atomic_directory(final: str | os.PathLike) -> Iterator[Path]:
     """Yield an empty temporary directory that replaces ``final`` once the ``with`` block completes.
 
-    On success every file in it is fsynced and it is renamed to ``final`` (a directory already there,
-    e.g. the same checkpoint saved again, is moved aside first and then removed); on any exception
-    the temporary directory is deleted and ``final`` is untouched.
+    On success every file in it is fsynced, made readable like any file (:func:`make_readable`), and it is renamed
+    to ``final`` (a directory already there, e.g. the same checkpoint saved again, is moved aside first and then
+    removed); on any exception the temporary directory is deleted and ``final`` is untouched.
     """
     final = Path(final)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
@@ -134,6 +134,7 @@ def atomic_directory(final: str | os.PathLike) -> Iterator[Path]:
         for file in tmp.iterdir():
             if file.is_file():
                 _fsync_file(file)
+        make_readable(tmp)
         fsync_dir(tmp)
         os.chmod(tmp, 0o755)  # mkdtemp creates owner-only directories
         old = _move_to_trash(final) if final.exists() else None
@@ -144,6 +145,15 @@ def atomic_directory(final: str | os.PathLike) -> Iterator[Path]:
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def make_readable(directory: str | os.PathLike) -> None:
+    """Give every file under ``directory`` the mode :func:`atomic_writer` gives its files (0644). Writers of other
+    libraries may leave owner-only files (safetensors 0.8 writes ``model.safetensors`` through a private temporary
+    file, 0600): in a shared model store nobody else could read the weights beside a readable config."""
+    for path in Path(directory).rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, 0o644)
 
 
 def _move_to_trash(path: Path) -> Path:

@@ -54,6 +54,7 @@ def test_save_and_load_give_the_same_logits_and_buffers(tmp_path, auto):
         quantizer.updates_unused.fill_(3.0)
     TransformerVQForCausalLM.from_library_model(lib).save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").is_file()
+    assert (tmp_path / "model.safetensors").stat().st_mode & 0o777 == 0o644  # safetensors 0.8 alone leaves 0600
     loaded = auto.from_pretrained(tmp_path)
     assert isinstance(loaded, TransformerVQForCausalLM) and not loaded.training
     state = loaded.model.state_dict()
