@@ -93,3 +93,12 @@ def test_ablate_exits_non_zero_naming_every_failed_training(tmp_path, capsys, mo
                                          "rerun the same command to retry them"]
     summary[1]["failed"] = []
     assert main(["ablate", "--matrix", "attention", "--seeds", "0", "1"]) == 0
+
+
+def test_a_run_without_codebooks_is_refused_naming_the_commands_that_read_it(tmp_path, capsys):
+    cfg = RunConfig(model=preset("tiny", n_layers=1, attn_type="full"), train=TrainConfig(update_len=16))
+    save_checkpoint(tmp_path / "run" / "checkpoints", step=1, model=TransformerVQ(cfg.model), config=cfg.to_dict(),
+                    state={}, keep=1)
+    assert main(["codebook", "--ckpt", str(tmp_path / "run")]) != 0
+    err = capsys.readouterr().err
+    assert "has no codebook (attn_type 'full')" in err and "for this run use tvq eval, tvq export, tvq sample" in err

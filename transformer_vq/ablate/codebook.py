@@ -65,8 +65,10 @@ def codebook_report(ckpt: str | Path) -> dict:
             units.append({"unit": owners.index(owner), "kind": "query" if attribute.startswith("query") else "key",
                           "group": group, **usage(quantizer.ema_count[group], quantizer.updates_unused[group])})
     if not units:
+        serves = ", ".join(f"tvq {c}" for c in sorted(arch.commands - {"codebook"}))
         raise CheckpointError(f"the model of {found.path} has no codebook (attn_type "
-                              f"{found.config['model'].get('attn_type')!r}); tvq codebook reads VQ models")
+                              f"{found.config['model'].get('attn_type')!r}); tvq codebook reads VQ models; for this "
+                              f"run use {serves}")
     return {"checkpoint": str(found.path), "step": found.step, "units": units}
 
 

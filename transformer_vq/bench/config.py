@@ -231,8 +231,8 @@ class DecodeBenchConfig(BenchConfig):
     model: TransformerVQConfig = option(factory=lambda: BENCH_MODEL,
                                         help="The model; each of --models sets its attn_type.")
     contexts: tuple[int, ...] = option((1024, 8192, 65536), "Context lengths read before generating.", **LENGTHS)
-    models: tuple[str, ...] = option(("vq", "full"), "attn_type of each model (head type shga).",
-                                     choices=ATTN_TYPES)
+    models: tuple[str, ...] = option(("vq", "full"), "attn_type of each model (the rest, the head type too, is the "
+                                                     "model's: --head-type ...).", choices=ATTN_TYPES)
     new_tokens: int = option(16, "Tokens generated per cell; the median step time is reported.", min=1)
     prompt_chunk: int = option(8192, "Prompt tokens per call while reading the context (the state is carried "
                                      "between calls).", min=1)

@@ -207,8 +207,8 @@ def decode_table(result: dict) -> str:
     cfg, m = result["config"], result["config"]["model"]
     lines = [
         f"### Decoding: per-token latency of `generate` after a context of C tokens, {cfg['precision']}, "
-        f"d_model={m['d_model']} n_layers={m['n_layers']} S={m['n_code']} L={m['block_len']}, "
-        f"median of {cfg['new_tokens']} tokens",
+        f"d_model={m['d_model']} n_layers={m['n_layers']} {m['head_type']} n_head={m['n_head']} S={m['n_code']} "
+        f"L={m['block_len']}, median of {cfg['new_tokens']} tokens",
         "",
         "| model | context | ms / token | vs shortest context | state size | peak RSS (rise) per token "
         f"| RSS after token {cfg['new_tokens']} - after token 1 |",
