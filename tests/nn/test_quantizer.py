@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -114,6 +115,34 @@ def test_dead_code_restart_reseeds_from_recent_keys():
     for code in (0, 2):
         assert any(torch.allclose(vq.codebook[0, code], key) for key in keys[0, 0])
     assert vq.updates_unused[0].tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_workers_restart_each_dead_code_with_one_real_key_from_the_slot_s_worker(world_size):
+    """Under data or context parallelism each summed reservoir slot holds one worker's key (slot c: worker c mod N),
+    so a dead code restarts at a key some worker saw, identical on every worker; averaged over the workers, it was the
+    mean of N unrelated keys."""
+    torch.manual_seed(0)
+    S = 6
+    first = quantizer(S=S, dead_code_restart=1).train()
+    workers = [first] + [copy.deepcopy(first) for _ in range(world_size - 1)]  # replicas, as DDP's
+    keys = [torch.randn(1, 1, 5, 2) * 0.1 + 5.0 + 10.0 * rank for rank in range(world_size)]  # far from every code
+    for worker, k in zip(workers, keys):
+        worker(k)
+    summed = [torch.zeros_like(t) for t in workers[0].stats()]
+    for rank, worker in enumerate(workers):
+        for total, t in zip(summed, worker.stats(rank, world_size)):
+            total.add_(t)  # what all_reduce(SUM) does
+    for worker in workers:
+        for mine, total in zip(worker.stats(), summed):
+            mine.copy_(total)
+        worker.update()
+    codebook = workers[0].codebook
+    assert all(torch.equal(worker.codebook, codebook) for worker in workers)
+    dead = (summed[1][0] == 0).nonzero().flatten().tolist()  # the codes no key went to (acc_count summed)
+    assert dead
+    for code in dead:  # restarted at a key of its slot's worker, not at a mean over the workers
+        assert any(torch.allclose(codebook[0, code], key) for key in keys[code % world_size][0, 0])
 
 
 def test_restart_is_off_by_default():

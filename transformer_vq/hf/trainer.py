@@ -19,6 +19,6 @@ class CodebookCallback(TrainerCallback):
     def on_optimizer_step(self, args, state, control, model=None, **kwargs):
         library = model.model  # the wrapped TransformerVQ
         if dist.is_available() and dist.is_initialized():
-            for tensor in library.codebook_stats():
+            for tensor in library.codebook_stats(dist.get_rank(), dist.get_world_size()):
                 dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         library.update_codebooks()

@@ -29,9 +29,10 @@ class Codebooks:
     def _query_quantizers(self) -> list[VectorQuantizer]:
         return []
 
-    def codebook_stats(self) -> list[torch.Tensor]:
-        """Every quantizer's accumulated statistics: all-reduce (SUM) them across workers before updating."""
-        return [t for quantizer in self.quantizers for t in quantizer.stats()]
+    def codebook_stats(self, rank: int = 0, world_size: int = 1) -> list[torch.Tensor]:
+        """Every quantizer's accumulated statistics: all-reduce (SUM) them across the ``world_size`` workers before
+        updating, each passing its ``rank`` (:meth:`VectorQuantizer.stats`: who contributes which recent key)."""
+        return [t for quantizer in self.quantizers for t in quantizer.stats(rank, world_size)]
 
     def update_codebooks(self) -> None:
         """Apply one EMA step to every codebook from the accumulated statistics (after the optimizer step)."""

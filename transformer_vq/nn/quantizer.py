@@ -82,7 +82,7 @@ class VectorQuantizer(nn.Module):
         self.register_buffer("acc_sum", torch.zeros(n_group, n_code, dim), persistent=False)
         self.register_buffer("acc_count", torch.zeros(n_group, n_code), persistent=False)
         self.register_buffer("acc_recent", torch.zeros(n_group, n_code, dim), persistent=False)
-        self.register_buffer("acc_recent_n", torch.zeros(n_group, 1), persistent=False)
+        self.register_buffer("acc_recent_n", torch.zeros(n_group, n_code), persistent=False)  # keys per slot
         self.register_buffer("last_count", torch.zeros(n_group, n_code), persistent=False)
 
     @property
@@ -144,8 +144,17 @@ class VectorQuantizer(nn.Module):
                 self.acc_recent.copy_(keys[:, pick])
                 self.acc_recent_n.fill_(1.0)
 
-    def stats(self) -> list[torch.Tensor]:
-        """The accumulated statistics, to all-reduce (SUM) across data-parallel workers before ``update``."""
+    def stats(self, rank: int = 0, world_size: int = 1) -> list[torch.Tensor]:
+        """The accumulated statistics, to all-reduce (SUM) across the ``world_size`` data-parallel (and context-
+        parallel) workers before ``update``; ``rank`` is this worker's. Each worker keeps its recent keys only in the
+        slots it owns (slot ``c`` on worker ``c mod world_size``), so that after the sum every slot holds one real key:
+        summed and divided by the worker count, a dead code was re-seeded with the mean of unrelated keys, and codes
+        restarted at once bunched at the mean key, the more the more workers."""
+        if world_size > 1:
+            mine = (torch.arange(self.n_code, device=self.acc_recent.device) % world_size == rank).to(
+                self.acc_recent.dtype)
+            self.acc_recent.mul_(mine[None, :, None])
+            self.acc_recent_n.mul_(mine[None, :])
         return [self.acc_sum, self.acc_count, self.acc_recent, self.acc_recent_n]
 
     @torch.no_grad()
@@ -171,10 +180,10 @@ class VectorQuantizer(nn.Module):
     @torch.no_grad()
     def _restart_dead_codes(self) -> None:
         dead = self.updates_unused >= self.dead_code_restart  # (G, S)
-        have_keys = self.acc_recent_n > 0  # (G, 1): workers that contributed recent keys
+        have_keys = self.acc_recent_n > 0  # (G, S): the slot's worker drew a key
         dead = dead & have_keys
         if dead.any():
-            # With several workers the all-reduced reservoir is a sum over them: use its average.
+            # one key per slot, the one its worker drew (stats); the division is a no-op kept for a sum of several
             recent = self.acc_recent / self.acc_recent_n.clamp(min=1.0).unsqueeze(-1)
             self.ema_sum[dead] = recent[dead]
             self.ema_count[dead] = 1.0

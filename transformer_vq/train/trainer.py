@@ -235,7 +235,7 @@ class Trainer:
             else nonfinite_names(self.model.named_parameters())
         if bad:  # identical weights on every worker: all of them stop here
             raise nonfinite_weights_error(self.step + 1, bad, lr)
-        self.dist.all_reduce_sum_(self.model.codebook_stats())
+        self.dist.all_reduce_sum_(self.model.codebook_stats(self.dist.rank, self.dist.world_size))
         self.model.update_codebooks()
         self.nonfinite_run = 0
 
