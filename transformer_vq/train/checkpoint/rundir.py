@@ -20,6 +20,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import socket
 import time
@@ -59,16 +60,54 @@ def disk_error(err: OSError, path: Path, doing: str) -> RunDirError:
     if err.errno in (errno.ENOTDIR, errno.EEXIST) or (path.exists() and not path.is_dir()):
         return RunDirError(f"cannot {doing}: run directory {path} is a file, not a directory; pass another "
                            f"--run-dir, or move the file away")
-    return RunDirError(f"cannot {doing} in run directory {path}: {err.strerror or err}; pass another --run-dir")
+    return RunDirError(f"cannot {doing} in run directory {path}: {err.strerror or err} ({free_space(path)} free "
+                       f"on its disk; nothing saved before was changed); pass another --run-dir")
 
 
 @contextlib.contextmanager
 def writing(path: Path, doing: str) -> Iterator[None]:
-    """Turn an ``OSError`` raised inside the block into a :class:`RunDirError` about run directory ``path``."""
+    """Turn a failed write inside the block (an ``OSError``, or another library's error around one:
+    :func:`os_error_of`) into a :class:`RunDirError` about run directory ``path``; anything else passes."""
     try:
         yield
-    except OSError as err:
-        raise disk_error(err, Path(path), doing) from None
+    except Exception as err:
+        cause = os_error_of(err)
+        if cause is None:
+            raise
+        raise disk_error(cause, Path(path), doing) from None
+
+
+# The writers a checkpoint goes through do not all raise an OSError when the disk is full: safetensors raises its
+# SafetensorError ("I/O error: No space left on device (os error 28)"), torch.save's zip writer a RuntimeError that
+# has lost the errno ("[enforce fail at inline_container.cc] unexpected pos ..."), torch.distributed.checkpoint a
+# CheckpointException holding each rank's error. Each showed a traceback where the user needs one line.
+_OS_ERROR_CODE = re.compile(r"\(os error (\d+)\)")
+_TORCH_FILE_WRITER = ("PytorchStreamWriter", "inline_container.cc")
+
+
+def os_error_of(err: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``err``: itself, one in its chain (``__cause__``, ``__context__``, a
+    ``CheckpointException``'s per-rank ``failures``), one its message gives the code of (``(os error 28)``), or an
+    ``EIO`` for torch's file writer, which keeps no code; ``None`` when ``err`` is not a failed write."""
+    pending, seen = [err], set()
+    while pending:
+        error = pending.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, OSError):
+            return error
+        message = str(error)
+        code = _OS_ERROR_CODE.search(message)
+        if code:
+            return OSError(int(code.group(1)), os.strerror(int(code.group(1))))
+        if isinstance(error, RuntimeError) and any(mark in message for mark in _TORCH_FILE_WRITER):
+            return OSError(errno.EIO, f"torch's file writer failed ({message.splitlines()[0].strip()})")
+        failures = getattr(error, "failures", None)
+        if isinstance(failures, dict):
+            pending += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+        pending += [error.__cause__, error.__context__]
+    return None
 
 
 def make_run_dir(path: Path) -> None:
