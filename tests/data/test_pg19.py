@@ -88,21 +88,58 @@ def test_too_small_vocabulary(tree, tmp_path):
         train_pg19_tokenizer(tree, tmp_path / "x.model", vocab_size=100)
     with pytest.raises(DataError, match="Vocabulary size is smaller than required_chars.*Use a larger --vocab-size"):
         train_pg19_tokenizer(tree, tmp_path / "x.model", vocab_size=300)
+    with pytest.raises(DataError, match="max_sentences=100 is too small: SentencePiece samples more than 100 lines"):
+        train_pg19_tokenizer(tree, tmp_path / "x.model", vocab_size=350, max_sentences=100)
 
 
-def test_missing_tokenizer_says_to_run_tvq_tokenizer(tree):
-    with pytest.raises(DataError, match=rf"no 32000-piece tokenizer has been trained for {tree} yet: run "
-                                        rf"`tvq tokenizer --data-path {tree} --vocab-size 32000` first"):
+def test_a_size_the_text_cannot_reach_is_refused_not_trained_smaller(tree, tmp_path, cache_dir):
+    """SentencePiece's soft limit gave fewer pieces than asked without a word, saved in the cache under the size
+    asked (where vocab_size=N then found a tokenizer of another size)."""
+    with pytest.raises(DataError) as error:
+        train_pg19_tokenizer(tree, vocab_size=5000, num_threads=1)
+    message = str(error.value)
+    reached = int(message.split("at most ")[1].split()[0])
+    lines = sum(len(text.split("\n")) for text in TRAIN.values())
+    assert message == (f"--vocab-size 5000 is more than the training text supports: SentencePiece can form at most "
+                       f"{reached} pieces from its {lines} lines; pass --vocab-size {reached} or less, or train on "
+                       f"more text (nothing was saved)")
+    assert not list((cache_dir / "pg19").glob("tokenizer-*"))
+    with pytest.raises(DataError, match=rf"from the 200 lines sampled \(--max-sentences\) of its {lines}; pass "
+                                        rf"--vocab-size \d+ or less, or raise --max-sentences \(nothing was saved\)"):
+        train_pg19_tokenizer(tree, tmp_path / "x.model", vocab_size=5000, max_sentences=200, num_threads=1)
+    assert train_pg19_tokenizer(tree, vocab_size=reached, num_threads=1).vocab_size == reached
+
+
+def test_an_existing_out_is_refused_not_overwritten(tree, tmp_path):
+    model = tmp_path / "x.model"
+    first = train_pg19_tokenizer(tree, model, vocab_size=350, num_threads=1)
+    with pytest.raises(DataError, match=r"--out: .*x.model exists already; pass a new path, or remove it first "
+                                        r"\(nothing is overwritten\)"):
+        train_pg19_tokenizer(tree, model, vocab_size=400, num_threads=1)
+    assert ExactTokenizer.load(model).sha256 == first.sha256
+    with pytest.raises(DataError, match="is a directory; pass the path of the .model file to write"):
+        train_pg19_tokenizer(tree, tmp_path, vocab_size=350, num_threads=1)
+
+
+def test_missing_tokenizer_says_where_it_looked_and_how_to_use_one_saved_elsewhere(tree, cache_dir):
+    """Not only "train a 32,000-piece one" (and a Python call): the tokenizer may exist elsewhere (`tvq tokenizer --out`
+    or --cache-dir), and `tvq train` takes it with --data-option tokenizer=PATH."""
+    with pytest.raises(DataError) as error:
         load_corpus("pg19", data_path=tree)
+    assert str(error.value) == (
+        f"no 32000-piece tokenizer has been trained for {tree} yet: none is in {cache_dir / 'pg19'}, where `tvq "
+        f"tokenizer --data-path {tree}` saves it. Use one saved elsewhere (`tvq tokenizer --out` or --cache-dir) with "
+        f"--data-option tokenizer=PATH (Python: load_corpus('pg19', ..., tokenizer=PATH)), or train it: `tvq "
+        f"tokenizer --data-path {tree} --vocab-size 32000`")
 
 
 def test_the_only_trained_tokenizer_is_found(tree):
     train_pg19_tokenizer(tree, vocab_size=350, num_threads=1)
     assert load_corpus("pg19", data_path=tree).vocab_size == 350  # no vocab_size needed
-    with pytest.raises(DataError, match="no 400-piece tokenizer"):
+    with pytest.raises(DataError, match=r"no 400-piece tokenizer has been trained for .* yet \(trained here: 350; "):
         load_corpus("pg19", data_path=tree, vocab_size=400)
     train_pg19_tokenizer(tree, vocab_size=400, num_threads=1)
-    with pytest.raises(DataError, match=r"\(trained sizes: 350, 400; choose one with vocab_size=N\)"):
+    with pytest.raises(DataError, match=r"\(trained here: 350, 400; choose one with --data-option vocab_size=N\)"):
         load_corpus("pg19", data_path=tree)
     bogus = tree / "bogus.model"
     bogus.write_bytes(b"not a model")

@@ -1,7 +1,10 @@
 """`tvq tokenizer`: train the SentencePiece BPE tokenizer for PG-19 on its training books.
 
 The model is saved where ``tvq train --data pg19 --data-path ROOT`` looks for it (in the user
-cache, named after the training files and the vocabulary size) unless ``--out`` says otherwise.
+cache, named after the training files and the vocabulary size) unless ``--out`` (a new file: an existing one is
+refused) or ``--cache-dir`` says otherwise; the ``next:`` line then passes it by path, with
+``--data-option tokenizer=PATH``. A ``--vocab-size`` the training text cannot reach is refused, naming the most it
+can.
 """
 
 from __future__ import annotations
@@ -42,9 +45,27 @@ def run(args) -> int:
         return 2
     print(f"trained a {tokenizer.vocab_size}-piece BPE tokenizer in {time.perf_counter() - start:.1f}s")
     print(f"saved {tokenizer.path} (sha256 {tokenizer.sha256})")
-    if cfg.out is None:
-        print(f"next: tvq train --data pg19 --data-path {cfg.data_path} --preset pg19")
-    else:
-        print(f"use it from Python: load_corpus('pg19', data_path={cfg.data_path!r}, "
-              f"tokenizer={str(tokenizer.path)!r}); `tvq train` finds only the default location (omit --out)")
+    print(f"next: {train_command(cfg, tokenizer)}")
     return 0
+
+
+def train_command(cfg, tokenizer) -> str:
+    """The ``tvq train`` command that trains on the tree with ``tokenizer``: chosen by its size when ``tvq train``
+    finds it in the cache (it reads ``$TVQ_CACHE_DIR``; it has no ``--cache-dir``), else by its path; the model's
+    ``--vocab-size`` when it is not the ``pg19`` preset's 32,000."""
+    import shlex
+
+    from transformer_vq.data.errors import DataError
+    from transformer_vq.data.pg19 import DEFAULT_VOCAB_SIZE, find_tokenizer
+
+    size = tokenizer.vocab_size
+    try:  # the lookup `--data-option vocab_size=N` makes (an unwritable default cache finds nothing)
+        found = find_tokenizer(cfg.data_path, size).resolve() == tokenizer.path.resolve()
+    except DataError:
+        found = False
+    if found:
+        option = f" --data-option vocab_size={size}" if size != DEFAULT_VOCAB_SIZE else ""
+    else:
+        option = f" --data-option tokenizer={shlex.quote(str(tokenizer.path))}"
+    vocab = f" --vocab-size {size}" if size != DEFAULT_VOCAB_SIZE else ""
+    return f"tvq train --data pg19 --data-path {shlex.quote(cfg.data_path)}{option} --preset pg19{vocab}"

@@ -96,9 +96,12 @@ class TokenizerConfig:
     data_path: str | None = option(None, "PG-19 root with train/, validation/ and test/ directories (required).")
     vocab_size: int = option(32000, "Number of pieces (32000 in the paper; the 256 byte pieces need at least "
                                     "300).", min=300)
-    max_sentences: int = option(10_000_000, "Lines sampled for training, bounding memory.", min=1)
-    out: str | None = option(None, "Where to save the .model (none: the cache, where pg19 loading finds it).")
-    cache_dir: str | None = option(None, "Cache root (none: $TVQ_CACHE_DIR or ~/.cache/transformer-vq).")
+    max_sentences: int = option(10_000_000, "Lines sampled for training, bounding memory (SentencePiece samples "
+                                            "more than 100).", min=101)
+    out: str | None = option(None, "Where to save the .model, a new file (an existing one is refused; none: the "
+                                   "cache, where pg19 loading finds it).")
+    cache_dir: str | None = option(None, "Cache root (none: $TVQ_CACHE_DIR or ~/.cache/transformer-vq); tvq train "
+                                         "reads $TVQ_CACHE_DIR only: the next: line passes the file by path.")
     threads: int | None = option(None, "Trainer threads (none: all CPUs).", min=1)
 
     def __post_init__(self):

@@ -81,7 +81,8 @@ def find_tokenizer(data_path: str | os.PathLike, vocab_size: int | None = None,
     """The tokenizer ``tvq tokenizer`` saved for the PG-19 tree at ``data_path``.
 
     With ``vocab_size`` given, that one; otherwise the 32,000-piece one when it exists, else the
-    only one trained for this tree. Raises :class:`DataError` saying how to train it when absent.
+    only one trained for this tree. Raises :class:`DataError` when absent, saying where it looked, how to use one
+    saved elsewhere (``--data-option tokenizer=PATH``) and how to train it.
     """
     wanted = default_tokenizer_path(data_path, vocab_size or DEFAULT_VOCAB_SIZE, cache_dir)
     if wanted.is_file():
@@ -90,14 +91,23 @@ def find_tokenizer(data_path: str | os.PathLike, vocab_size: int | None = None,
     trained = sorted(wanted.parent.glob(f"tokenizer-*-{key}"))
     if vocab_size is None and len(trained) == 1:
         return trained[0]
-    sizes = [p.name.split("-")[1] for p in trained]
-    found = f" (trained sizes: {', '.join(sizes)}; choose one with vocab_size=N)" if len(trained) > 1 else ""
+    sizes = ", ".join(p.name.split("-")[1] for p in trained)
     size = vocab_size or DEFAULT_VOCAB_SIZE
+    found = f" (trained here: {sizes}; choose one with --data-option vocab_size=N)" if trained else ""
     raise DataError(
-        f"no {size}-piece tokenizer has been trained for {data_path} yet{found}: run "
-        f"`tvq tokenizer --data-path {data_path} --vocab-size {size}` first "
-        f"(from Python, load_corpus('pg19', ..., tokenizer=PATH) uses a model saved elsewhere)"
+        f"no {size}-piece tokenizer has been trained for {data_path} yet{found}: none is in {wanted.parent}, where "
+        f"`tvq tokenizer --data-path {data_path}` saves it. Use one saved elsewhere (`tvq tokenizer --out` or "
+        f"--cache-dir) with --data-option tokenizer=PATH (Python: load_corpus('pg19', ..., tokenizer=PATH)), or "
+        f"train it: `tvq tokenizer --data-path {data_path} --vocab-size {size}`"
     )
+
+
+def check_new_file(out: Path) -> None:
+    """Refuse an ``--out`` that exists: nothing is overwritten (as ``tvq export`` refuses an ``--out`` with files)."""
+    if out.is_dir():
+        raise DataError(f"--out: {out} is a directory; pass the path of the .model file to write")
+    if out.exists():
+        raise DataError(f"--out: {out} exists already; pass a new path, or remove it first (nothing is overwritten)")
 
 
 def train_pg19_tokenizer(
@@ -109,8 +119,11 @@ def train_pg19_tokenizer(
     cache_dir: str | os.PathLike | None = None,
     num_threads: int | None = None,
 ) -> ExactTokenizer:
-    """Train the PG-19 BPE tokenizer on the training books; saved at ``out`` or the default path."""
+    """Train the PG-19 BPE tokenizer on the training books; saved at ``out`` or the default path (the cache, where
+    :func:`load_pg19` finds it). An ``out`` that exists is refused: nothing there is ever overwritten."""
     files = split_files(data_path, "train")
+    if out is not None:
+        check_new_file(Path(out))
     out = Path(out) if out is not None else default_tokenizer_path(data_path, vocab_size, cache_dir)
     return train_tokenizer(
         training_lines(files), out, vocab_size=vocab_size, max_sentences=max_sentences,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -45,7 +46,9 @@ TRAINER_OPTIONS = dict(
     eos_id=EOD_ID,
     bos_id=-1,
     pad_id=-1,
-    hard_vocab_limit=False,  # small test corpora may not support the requested size
+    # a text too small for the size asked is refused (see train_tokenizer), never given fewer pieces in silence: the
+    # size names the file, selects it (vocab_size=N) and must equal the model's --vocab-size
+    hard_vocab_limit=True,
     max_sentence_length=1 << 16,
     shuffle_input_sentence=True,
 )
@@ -123,6 +126,38 @@ class ExactTokenizer:
         return self.sp.decode([int(i) for i in ids])
 
 
+# SentencePiece's refusal of a vocabulary the text cannot reach (hard_vocab_limit): "... Vocabulary size too high
+# (100000). Please set it to a value <= 330."
+TOO_HIGH = re.compile(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)")
+
+
+class _Counted:
+    """An iterator over the lines of training text that counts those read (SentencePiece reads them all, sampling
+    ``max_sentences`` of them as it goes)."""
+
+    def __init__(self, lines: Iterable[str]):
+        self.lines, self.count = iter(lines), 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        line = next(self.lines)
+        self.count += 1
+        return line
+
+
+def too_large_message(vocab_size: int, reached: int, lines: int, max_sentences: int) -> str:
+    """Why ``vocab_size`` pieces cannot be trained from ``lines`` lines that support ``reached``."""
+    if lines > max_sentences:
+        source = f"the {max_sentences:,} lines sampled (--max-sentences) of its {lines:,}"
+        remedy = "raise --max-sentences"
+    else:
+        source, remedy = f"its {lines:,} lines", "train on more text"
+    return (f"--vocab-size {vocab_size} is more than the training text supports: SentencePiece can form at most "
+            f"{reached} pieces from {source}; pass --vocab-size {reached} or less, or {remedy} (nothing was saved)")
+
+
 def train_tokenizer(
     lines: Iterable[str],
     out: str | os.PathLike,
@@ -139,7 +174,8 @@ def train_tokenizer(
         lines: training text, one line per item (without the newline).
         out: the ``.model`` file to write; a manifest ``out.json`` records its checksum, the
             settings and ``facts``.
-        vocab_size: number of pieces (32,000 in the paper).
+        vocab_size: number of pieces (32,000 in the paper); exactly that many, or :class:`DataError` when the
+            text cannot form that many (naming the most it can), never fewer.
         max_sentences: at most this many lines are sampled for training (bounds memory).
         num_threads: trainer threads (default: all CPUs).
         seed: SentencePiece's random seed, for reproducible sampling.
@@ -148,11 +184,14 @@ def train_tokenizer(
 
     if vocab_size < 300:
         raise DataError(f"vocab_size={vocab_size} is too small: the 256 byte pieces alone need room; use at least 300")
+    if max_sentences <= 100:  # SentencePiece's own refusal names neither the option nor the bound
+        raise DataError(f"max_sentences={max_sentences} is too small: SentencePiece samples more than 100 lines")
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
+    lines = _Counted(lines)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(lines),
+            sentence_iterator=lines,
             model_writer=model,
             vocab_size=vocab_size,
             input_sentence_size=max_sentences,
@@ -161,6 +200,9 @@ def train_tokenizer(
             **TRAINER_OPTIONS,
         )
     except RuntimeError as exc:
+        reached = TOO_HIGH.search(str(exc))
+        if reached:
+            raise DataError(too_large_message(vocab_size, int(reached.group(1)), lines.count, max_sentences)) from exc
         raise DataError(f"SentencePiece training failed ({exc}). Use a larger --vocab-size (it must cover the 256 "
                         f"byte pieces plus every distinct character), and check the training text is not "
                         "empty") from exc
