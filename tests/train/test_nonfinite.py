@@ -121,3 +121,26 @@ def test_step_that_makes_weights_non_finite_stops_without_saving(corpus_file, tm
         "and start again or resume with --resume auto"
     )
     assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_")] == ["step_00000002"]
+
+
+def test_a_window_that_poisons_the_carried_state_skips_one_step_not_the_batch(corpus_file, tmp_path, capsys):
+    """NaN activations in one window leave its carried state NaN; carried on, every later window of the batch read it
+    and was skipped (and a checkpoint mid-batch saved it). The state is dropped instead: one step skipped, then the
+    batch's next windows start afresh and train."""
+    run_dir = tmp_path / "run"
+    cfg = tiny_config(corpus_file, run_dir, "steps=8", "seq_len=64", "update_len=16", "warmup_steps=100")
+    model = TransformerVQ(cfg.model)
+    calls = []
+
+    def poison(module, args, out):  # the 2nd window of the 1st batch: its state goes to windows 3 and 4
+        if module.training:
+            calls.append(1)
+            return out * float("nan") if len(calls) == 2 else out
+        return out
+
+    model.embed.register_forward_hook(poison)
+    train(cfg, model=model)
+    rows = [r for r in read_metrics(run_dir) if "skipped" in r]
+    assert [r["step"] for r in rows if r["skipped"]] == [2]
+    assert all(math.isfinite(r["loss"]) for r in rows if not r["skipped"])
+    assert "step 2: the window left the carried attention state non-finite" in capsys.readouterr().out

@@ -71,6 +71,20 @@ def plain_rows(plain) -> int | None:
     return None
 
 
+def all_finite(obj) -> bool:
+    """Whether every floating tensor in ``obj`` (a carried state: a tree of dataclasses, lists, tuples and dicts) is
+    finite."""
+    if isinstance(obj, torch.Tensor):
+        return not obj.is_floating_point() or bool(torch.isfinite(obj).all())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return all(all_finite(getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    if isinstance(obj, (list, tuple)):
+        return all(all_finite(x) for x in obj)
+    if isinstance(obj, dict):
+        return all(all_finite(x) for x in obj.values())
+    return True
+
+
 def _dataclass_type(name: str) -> type:
     module_name, _, qualname = name.partition(":")
     if not (module_name == "transformer_vq" or module_name.startswith("transformer_vq.")):

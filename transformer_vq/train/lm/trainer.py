@@ -30,7 +30,7 @@ from transformer_vq.train.checkpoint.resume import check_resume, check_same_data
 from transformer_vq.train.checkpoint.rundir import hold_run_dir
 from transformer_vq.train.device import training_device
 from transformer_vq.train.lm.build import build_model, check_corpus_options, load_corpus_for, save_run_tokenizer
-from transformer_vq.train.lm.carry import from_plain, plain_rows, to_plain
+from transformer_vq.train.lm.carry import all_finite, from_plain, plain_rows, to_plain
 from transformer_vq.train.lm.evaluate import EvalResult, evaluate_tokens, trained_history
 from transformer_vq.train.lm.objective import masked_window
 from transformer_vq.train.lm.sample import is_image_run, stream_text
@@ -172,7 +172,22 @@ class LMTrainer(Trainer):
     def after_step(self, step: Step, ce_loss: float) -> dict:
         state = step.output.state
         self.carry = None if state is None else state.detach()
+        if self.skip_reason is not None:  # the same on every worker: the collective below is entered by all
+            self._drop_nonfinite_carry()
         return {"bits_per_byte": finite_or_none(bits_per_byte(ce_loss, self.train_tokens_per_byte))}
+
+    def _drop_nonfinite_carry(self) -> None:
+        """After a skipped step, drop the carried state if the window left it non-finite on any worker: every later
+        window of the batch read it, was non-finite and was skipped too, until the run stopped (``max_nonfinite``),
+        and a checkpoint in between saved it, so a resume stopped again. The batch's next windows then start their
+        sequences afresh, as at a sequence's start (on every worker: they stay in step)."""
+        bad = torch.tensor([float(self.carry is not None and not all_finite(self.carry))], dtype=torch.float64,
+                           device=self.device)
+        self.dist.all_reduce_sum_([bad])
+        if bad.item() > 0:
+            self.carry = None
+            self.log(f"step {self.step}: the window left the carried attention state non-finite: the batch's next "
+                     f"windows start their sequences afresh")
 
     # ---- checkpoints -------------------------------------------------------------------------------
 
