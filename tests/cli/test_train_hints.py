@@ -66,3 +66,20 @@ def test_a_run_on_the_user_s_text_suggests_no_shakespeare_prompt(corpus, tmp_pat
     next_line = capsys.readouterr().out.splitlines()[-1]
     assert next_line.startswith("next: tvq eval --ckpt ") and "ROMEO" not in next_line, next_line
     assert next_line.endswith(f"tvq sample --ckpt {tmp_path / 'run'}"), next_line
+
+
+def test_a_training_error_is_said_by_rank_0_and_by_another_worker_only_after_a_wait(capsys, monkeypatch):
+    """The guard that stops a training decides on every worker alike: one line, not one per worker."""
+    import transformer_vq.cli as cli
+    from transformer_vq.train import TrainingError
+
+    def job():
+        raise TrainingError("5 non-finite steps in a row; lower --lr")
+
+    waits = []
+    monkeypatch.setattr(cli.time, "sleep", lambda seconds: waits.append((seconds, capsys.readouterr().err)))
+    for rank in (1, 0):
+        _torchrun_worker(monkeypatch, rank=rank, world=2)
+        assert run_training(job, "tvq train") == (None, 1)
+        assert capsys.readouterr().err == "error: 5 non-finite steps in a row; lower --lr\n"
+    assert waits == [(cli.QUIET_RANK_WAIT_S, "")]  # rank 1's; torchrun stops it there once rank 0 has exited

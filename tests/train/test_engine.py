@@ -160,3 +160,27 @@ def test_a_resume_to_fewer_steps_than_done_is_refused(config):
     run(config())
     with pytest.raises(ConfigError, match="already at step 6 and --steps is 4; give --steps 6 to finish it"):
         run(config(steps=4), resume="auto")
+
+
+@pytest.mark.parametrize("model, warning", [
+    ("tvq", None),
+    ("tvq dropout", "warning: the checkpoint was saved by 1 worker, this run has 2: the random draws of dropsin, "
+                    "droplyr continue from new seeds"),
+    ("longvq", "warning: the checkpoint was saved by 1 worker, this run has 2: the random draws of dropout continue "
+               "from new seeds"),
+])
+def test_another_worker_count_warns_only_of_what_draws_at_random(model, warning):
+    """A resume on another number of workers reseeds the workers' random streams: said only where the model draws
+    from them in training (the tiny preset draws nothing: a warning about dropout there misled), in the singular for
+    one worker."""
+    from transformer_vq.config.longvq import longvq_preset
+    from transformer_vq.config.model import preset
+    from transformer_vq.train.rng import rng_state
+
+    cfg = {"tvq": preset("tiny"), "tvq dropout": preset("tiny", dropsin=0.1, droplyr=0.2),
+           "longvq": longvq_preset("tiny", dropout=0.1)}[model]
+    said = []
+    trainer = SimpleNamespace(dist=Distributed(rank=1, world_size=2), cfg=SimpleNamespace(model=cfg),
+                              tc=SimpleNamespace(seed=0), step=3, log=said.append)
+    Trainer._restore_rng(trainer, [rng_state()])
+    assert said == ([warning] if warning else [])

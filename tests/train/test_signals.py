@@ -67,3 +67,77 @@ def test_a_child_started_to_stop_with_its_parent_gets_sigterm_when_the_parent_is
         time.sleep(0.1)
     os.kill(child, signal.SIGKILL)
     pytest.fail("the child outlived its killed parent")
+
+
+LAUNCHER = """
+import os, subprocess, sys, threading, time
+for _ in range(2):  # torchrun's agent and tvq ablate's runner have threads besides the one that starts the child
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+env = {k: v for k, v in os.environ.items() if k not in ("TVQ_STOP_WITH_PARENT", "TORCHELASTIC_RUN_ID")}
+env[NAME] = str(os.getpid()) if NAME == "TVQ_STOP_WITH_PARENT" else "none"
+child = subprocess.Popen([sys.executable, "-c", COUNTER], env=env)
+time.sleep(60)
+"""
+COUNTER = """
+import signal, time
+from transformer_vq.train.signals import stop_with_parent
+got = []
+signal.signal(signal.SIGTERM, lambda *a: got.append(time.time()))  # a training's StopRequest: saves, then exits
+stop_with_parent()
+print("armed", flush=True)
+deadline = time.time() + 20
+while time.time() < deadline and not (got and time.time() > got[0] + 2):  # 2 s more for a second signal
+    time.sleep(0.05)
+print(len(got), flush=True)
+"""
+
+
+@pytest.mark.parametrize("name", ["TVQ_STOP_WITH_PARENT", "TORCHELASTIC_RUN_ID"], ids=["ablate", "torchrun"])
+def test_a_launcher_with_threads_killed_sends_its_child_one_sigterm(name):
+    """torchrun's workers stop (saving first) when the launcher is killed, as tvq ablate's trainings do, and get one
+    SIGTERM: a second one stops a training at once, mid-save (Linux's parent-death signal came once per thread of
+    the dying parent)."""
+    import subprocess
+    import sys
+
+    launcher = subprocess.Popen([sys.executable, "-c", f"NAME = {name!r}\nCOUNTER = {COUNTER!r}\n{LAUNCHER}"],
+                                stdout=subprocess.PIPE, text=True)
+    assert launcher.stdout.readline() == "armed\n"  # the child shares its launcher's stdout
+    launcher.kill()
+    launcher.wait()
+    assert launcher.stdout.readline() == "1\n"  # the child's count of SIGTERMs, 2 s after the first
+
+
+def test_a_parent_dying_after_the_training_loop_sends_nothing(monkeypatch):
+    """A training whose loop has ended ends by itself: a late SIGTERM (torchrun's workers each notice the launcher's
+    death in their own second, and the first one's stop ends the others' loops) killed a worker after its save,
+    before it said how to continue; before a loop, the signal ends the process."""
+    import os
+
+    from transformer_vq.train import signals
+
+    sent = []
+    monkeypatch.setattr(signals.os, "kill", lambda pid, sig: sent.append(sig))
+    monkeypatch.setattr(signals.StopRequest, "left", 0)
+    gone = os.getppid() + 1  # a parent that is not ours: dead
+    signals._watch_parent(gone)
+    with signals.StopRequest():
+        signals._watch_parent(gone)
+    signals._watch_parent(gone)
+    assert sent == [signal.SIGTERM, signal.SIGTERM]
+
+
+def test_only_the_announcing_worker_says_a_signal_arrived(capsys):
+    import os
+
+    from transformer_vq.train.signals import StopRequest
+
+    """Under torchrun every worker gets the signal and rank 0 alone says so (each worker said it once)."""
+    for announce, said in ((False, ""), (True, "SIGTERM received: finishing the current step")):
+        with StopRequest(announce=announce) as stop:
+            os.kill(os.getpid(), signal.SIGTERM)
+            deadline = time.time() + 5
+            while stop.signum is None and time.time() < deadline:
+                time.sleep(0.01)
+        err = capsys.readouterr().err
+        assert stop.signum == signal.SIGTERM and ((said in err) if announce else err == "")

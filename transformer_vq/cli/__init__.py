@@ -4,7 +4,8 @@ Each subcommand lives in its own module of this package, which defines
 ``add_parser(subparsers)`` (registering its arguments) and ``run(args) -> int``.
 Modules import heavy dependencies inside ``run`` so that ``tvq --help`` stays fast. Errors are answered in
 one place, :func:`main` (see ``transformer_vq.cli.errors``): a user error or an environment problem is one line
-``error: ...`` and exit status 2, Ctrl-C is 130, a bug shows its traceback.
+``error: ...`` and exit status 2 (under torchrun said once, :func:`say_error`), Ctrl-C is 130, a bug shows its
+traceback.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import time
 # little on an idle machine. Must be set before torch is imported; an explicit setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# How long a torchrun worker other than rank 0 waits before it exits on a config error that rank 0 reports.
+# How long a torchrun worker other than rank 0 waits, on an error every worker meets alike, for torchrun to stop it
+# once rank 0 has said it and exited (see say_error).
 QUIET_RANK_WAIT_S = 10.0
 
 # subcommand name -> module (in the order `tvq --help` lists them)
@@ -54,13 +56,28 @@ def build_parser():
     return parser
 
 
+def torchrun_worker() -> bool:
+    """Whether torchrun started this process, read from torchrun's own variable, not ``RANK`` alone, which other
+    launchers and job schedulers set for processes each with its own log (and a ``tvq sample`` there was silent)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
 def quiet_worker() -> bool:
-    """Whether this process is a torchrun worker other than rank 0. A config error comes from the command line, the
-    same on every worker sharing torchrun's terminal: rank 0 alone says it, and the others wait a moment before
-    exiting (torchrun stops every worker once one exits: rank 0 was stopped unheard). Read from torchrun's own
-    variable, not ``RANK`` alone, which other launchers and job schedulers set for processes each with its own log
-    (and a ``tvq sample`` there was silent)."""
-    return "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANK", "0") != "0"
+    """Whether this process is a torchrun worker other than rank 0: it leaves to rank 0 what every worker would say
+    alike on torchrun's one terminal (:func:`say_error`, the line that continues a stopped run)."""
+    return torchrun_worker() and os.environ.get("RANK", "0") != "0"
+
+
+def say_error(line: str, *, every_worker: bool) -> None:
+    """Print ``error: LINE`` for an error that ends the command. Under torchrun one that ``every_worker`` meets alike
+    (a refusal of the command line, config, data, run directory or checkpoint, decided the same way by all; a
+    training stopped by its guard) is rank 0's to say: the other workers wait :data:`QUIET_RANK_WAIT_S` first, in
+    which torchrun stops them once rank 0 has exited (it stops every worker when one exits, so one that exited first
+    cut rank 0 off unheard). A worker still running after the wait says it anyway: rank 0 did not stop, so the
+    error was this worker's own. An error of the machine (a disk, memory, a GPU) may be one worker's: said at once."""
+    if every_worker and quiet_worker():
+        time.sleep(QUIET_RANK_WAIT_S)
+    print(f"error: {line}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,22 +86,22 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "_run", None) is None:
         parser.print_help()
         return 0
+    if torchrun_worker():  # torchrun killed (even by SIGKILL) stops its workers, each saving first
+        from transformer_vq.train.signals import stop_with_parent
+
+        stop_with_parent()
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:  # a second Ctrl-C, or one outside training's own handler: say so, no traceback
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as err:
-        from transformer_vq.cli.errors import describe
-        from transformer_vq.config import ConfigError
+        from transformer_vq.cli.errors import describe, user_error_types
 
         line = describe(err)
         if line is None:
             raise  # a bug: its traceback is what helps
-        if isinstance(err, ConfigError) and quiet_worker():
-            time.sleep(QUIET_RANK_WAIT_S)
-        else:
-            print(f"error: {line}", file=sys.stderr)
+        say_error(line, every_worker=isinstance(err, user_error_types()))
         return 2
 
 

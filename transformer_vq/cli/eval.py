@@ -28,7 +28,9 @@ def run(args) -> int:
     from transformer_vq.config import EvalConfig
     from transformer_vq.config.flags import given
     from transformer_vq.train import evaluate
+    from transformer_vq.train.parallel.distributed import one_process
 
+    one_process("tvq eval runs")
     cfg = EvalConfig(**given(args, EvalConfig))
     check_device(cfg.device)
     result = evaluate(cfg)

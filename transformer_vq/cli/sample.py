@@ -24,7 +24,9 @@ def run(args) -> int:
     from transformer_vq.train import sample
     from transformer_vq.train.checkpoint import find_checkpoint
     from transformer_vq.train.lm.sample import is_image_run, sample_images
+    from transformer_vq.train.parallel.distributed import one_process
 
+    one_process("tvq sample runs")
     cfg = SampleConfig(**given(args, SampleConfig))
     check_device(cfg.device)
     found = find_checkpoint(cfg.ckpt)

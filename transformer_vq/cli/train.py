@@ -77,6 +77,11 @@ def _arch_name(text: str) -> str:
 def build_config(args):
     """The run config the arguments describe. Resuming without --preset / --config continues the run's
     saved config (its config.json), with the flags and --set applied on top."""
+    return _config_and_base(args)[0]
+
+
+def _config_and_base(args):
+    """``(the run config, the saved config of the run it continues or None)``: see :func:`build_config`."""
     import dataclasses
 
     from transformer_vq.config import LongVQConfig, TrainConfig, TransformerVQConfig, load_config
@@ -93,7 +98,7 @@ def build_config(args):
         # on top of the options of the config file (or of the run being resumed)
         train = dataclasses.replace(cfg.train, data_options={**cfg.train.data_options, **options})
         cfg = dataclasses.replace(cfg, train=train)
-    return cfg
+    return cfg, base
 
 
 def _train_sets(args) -> dict:
@@ -135,20 +140,29 @@ def _check_data_named(args, values, base, file_train: dict) -> None:
                           "directory; shakespeare, enwik8, pg19, imagenet64 or gcide for a downloaded copy)")
 
 
+def check_workers_of(cfg, resumed: bool) -> None:
+    """Refuse, before the corpus is read, a batch the torchrun workers cannot share out; for a ``resumed`` run, which
+    keeps its batch_size, naming the numbers of workers that can."""
+    from transformer_vq.data.batches import check_workers
+
+    world, cp = int(os.environ.get("WORLD_SIZE", "1")), cfg.train.context_parallel
+    if world % cp == 0:  # else the training refuses the split, naming both
+        check_workers(cfg.train.batch_size, world // cp, kept=resumed, context_parallel=cp)
+
+
 def run_training(job, command: str):
     """``(result, exit status)`` of a training job (``job()`` runs it): status 1 with an ``error:`` line for a
     :class:`~transformer_vq.train.TrainingError`, the run's own status with the line that continues it for a run
     stopped by a signal, ``None`` when it finished (then ``result`` is the job's)."""
+    from transformer_vq.cli import quiet_worker, say_error
     from transformer_vq.train import TrainingError
 
     try:
         result = job()
     except TrainingError as err:
-        print(f"error: {err}", file=sys.stderr)
+        say_error(str(err), every_worker=True)  # the guard's decision, taken by all workers together
         return None, 1
     if result.exit_code:
-        from transformer_vq.cli import quiet_worker
-
         if not quiet_worker():  # every torchrun worker stops; one line says how to go on
             print(f"stopped at step {result.step}; continue with: {continue_command(command)} --resume auto "
                   f"--run-dir {result.run_dir}", file=sys.stderr)
@@ -182,8 +196,9 @@ def run(args) -> int:
     from transformer_vq.cli.errors import check_device
     from transformer_vq.train import train
 
-    cfg = build_config(args)
+    cfg, base = _config_and_base(args)
     check_device(cfg.train.device, cfg.model)
+    check_workers_of(cfg, resumed=base is not None)
     result, status = run_training(lambda: train(cfg, resume=args.resume), "tvq train")
     if status is not None:
         return status

@@ -43,11 +43,7 @@ class TokenBatches:
     def __init__(self, tokens: np.ndarray, *, batch_size: int, seq_len: int, seed: int = 0, rank: int = 0,
                  world_size: int = 1, vocab_size: int | None = None, split: str = "train",
                  documents: np.ndarray | None = None):
-        if batch_size % world_size != 0:
-            raise ValueError(
-                f"batch_size={batch_size} must be a multiple of the number of data-parallel workers ({world_size}); "
-                f"set batch_size to a multiple of {world_size}"
-            )
+        check_workers(batch_size, world_size)
         n_tokens = len(tokens)
         n_windows = max(n_tokens - 1, 0) // seq_len
         if n_windows < batch_size:
@@ -115,6 +111,27 @@ class TokenBatches:
         check_resume(state, self, ("seed", "batch_size", "seq_len", "n_windows"))
         self.epoch = int(state["epoch"])
         self.index = int(state["index"])
+
+
+def check_workers(batch_size: int, workers: int, *, kept: bool = False, context_parallel: int = 1) -> None:
+    """Refuse (``ValueError``) a global batch of ``batch_size`` rows that ``workers`` data-parallel workers cannot
+    share out evenly. ``kept``: the batch size is a resumed run's, which the resume keeps (another is refused), so
+    the way out is another number of workers, the nearest that divide it (torchrun's ``--nproc_per_node``: each
+    times ``context_parallel``), or one process."""
+    if batch_size % workers == 0:
+        return
+    if not kept:
+        raise ValueError(f"batch_size={batch_size} must be a multiple of the number of data-parallel workers "
+                         f"({workers}); set batch_size to a multiple of {workers}")
+    fits = [n for n in range(2, batch_size + 1) if batch_size % n == 0]
+    near = [n for n in fits if n < workers][-1:] + [n for n in fits if n > workers][:1]
+    how = "in one process (without torchrun" + (", with --context-parallel 1)" if context_parallel > 1 else ")")
+    if near:
+        cp = f", with --context-parallel {context_parallel}" if context_parallel > 1 else ""
+        counts = " or ".join(str(n * context_parallel) for n in near)
+        how = f"with a number of workers that divides {batch_size} (torchrun --nproc_per_node {counts}{cp}) or {how}"
+    raise ValueError(f"batch_size={batch_size}, which the resumed run keeps, must be a multiple of the number of "
+                     f"data-parallel workers ({workers}): resume it {how}")
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:

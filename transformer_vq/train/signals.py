@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import signal
 import sys
@@ -13,15 +11,22 @@ import time
 
 class StopRequest:
     """Turns the first SIGTERM / SIGINT into a request to stop after the current step; a second
-    signal gets the previous behaviour back (e.g. Ctrl-C twice interrupts at once)."""
+    signal gets the previous behaviour back (e.g. Ctrl-C twice interrupts at once). ``announce``: whether this
+    process says so (under torchrun rank 0 only: every worker gets the signal, and the run stops as one)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    entered = 0
+    """Training loops of this process inside their request now."""
+    left = 0
+    """Training loops of this process that have ended (stopped or finished)."""
 
-    def __init__(self):
+    def __init__(self, announce: bool = True):
         self.signum: int | None = None
+        self.announce = announce
         self._previous = {}
 
     def __enter__(self):
+        StopRequest.entered += 1
         if threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -30,8 +35,9 @@ class StopRequest:
     def _handle(self, signum, frame):
         self.signum = signum
         self._restore()
-        print(f"\n{signal.Signals(signum).name} received: finishing the current step, then saving and exiting",
-              file=sys.stderr, flush=True)
+        if self.announce:
+            print(f"\n{signal.Signals(signum).name} received: finishing the current step, then saving and exiting",
+                  file=sys.stderr, flush=True)
 
     def _restore(self):
         for sig, handler in self._previous.items():
@@ -40,36 +46,43 @@ class StopRequest:
 
     def __exit__(self, *exc):
         self._restore()
+        StopRequest.entered -= 1
+        StopRequest.left += 1
 
 
 PARENT_ENV = "TVQ_STOP_WITH_PARENT"
 """Set by a process that starts trainings as children (``tvq ablate``) to its pid: see :func:`stop_with_parent`."""
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+TORCHRUN_ENV = "TORCHELASTIC_RUN_ID"
+"""Set by torchrun for every worker it starts (``RANK`` alone is set by other launchers too)."""
+_WATCHED: set[int] = set()
+"""The parents :func:`stop_with_parent` watches already."""
 
 
 def stop_with_parent() -> None:
-    """Make this process receive SIGTERM when the parent named by :data:`PARENT_ENV` dies, even by SIGKILL, so a
-    training started by a killed ``tvq ablate`` saves and stops instead of running on unseen beside the rerun.
+    """Make this process receive SIGTERM when the parent that started it dies, even by SIGKILL, so a training
+    started by a killed ``tvq ablate`` or ``torchrun`` saves and stops instead of running on unseen beside the rerun
+    (torchrun's workers lead sessions of their own: its death reached none of them). The parent is the one
+    :data:`PARENT_ENV` names, else, in a torchrun worker (:data:`TORCHRUN_ENV`), torchrun's agent, which starts its
+    workers itself; no other process is armed.
 
-    Linux delivers it (``prctl(PR_SET_PDEATHSIG)``); elsewhere a daemon thread watches the parent pid every
-    second. A parent that died before this call is noticed at once."""
-    parent = os.environ.get(PARENT_ENV)
-    if not parent:
+    A daemon thread watches the parent pid every second and sends one SIGTERM; a parent that died before this call is
+    noticed at once. None once the training loop has ended: the process ends by itself, and torchrun's workers notice
+    the death each in its own second, so the others may have stopped already for the first one's signal (a late
+    SIGTERM killed one after its save, before it said how to continue). Not Linux's ``prctl(PR_SET_PDEATHSIG)``:
+    the kernel sends that signal again each time it re-parents the child, through every thread of a dying parent
+    with several (torchrun's agent and ``tvq ablate``'s runner have several), and the second SIGTERM ended the
+    training mid-save, as a second signal does."""
+    named = os.environ.get(PARENT_ENV)
+    if not named and TORCHRUN_ENV not in os.environ:
         return
-    parent = int(parent)
-    armed = False
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            armed = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0
-    if not armed:
+    parent = int(named) if named else os.getppid()
+    if parent not in _WATCHED:  # armed once (the command line arms a torchrun worker, ablate's cell its child)
+        _WATCHED.add(parent)
         threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="stop-with-parent").start()
-    if os.getppid() != parent:  # died before the signal was armed
-        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _watch_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(1.0)
-    os.kill(os.getpid(), signal.SIGTERM)
+    if StopRequest.entered or not StopRequest.left:  # a training stops after its step; before one, the process ends
+        os.kill(os.getpid(), signal.SIGTERM)

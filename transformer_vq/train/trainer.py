@@ -114,7 +114,7 @@ class Trainer:
         self.step = 0
         self.nonfinite_run = 0
         self.skip_reason: str | None = None  # why the last step was skipped
-        self.stop = StopRequest()  # entered (handling signals) while the loop runs
+        self.stop = StopRequest(announce=dist.is_main)  # entered (handling signals) while the loop runs
         self.logger: MetricsLogger | None = None  # the main process's, while the loop runs
         self.validation = None  # the last validation of this call (on the workers that evaluate)
         self.validated_at: int | None = None  # its step (on every worker)
@@ -152,8 +152,7 @@ class Trainer:
         raise NotImplementedError
 
     def stop_requested(self) -> bool:
-        """Whether this worker asks to stop after the current step (a SIGTERM / SIGINT arrived); the engine stops
-        when any worker asks."""
+        """Whether this worker asks to stop after this step (a SIGTERM / SIGINT came); the engine stops if any asks."""
         return self.stop.signum is not None
 
     def check_checkpoint(self, ckpt: Checkpoint) -> None:
@@ -305,11 +304,13 @@ class Trainer:
 
     def _restore_rng(self, saved: list) -> None:
         if len(saved) == self.dist.world_size:
-            set_rng_state(saved[self.dist.rank])
-            return
-        self.log(f"warning: the checkpoint was saved by {len(saved)} workers, this run has {self.dist.world_size}: "
-                 f"random streams (dropout) restart from new seeds")
+            return set_rng_state(saved[self.dist.rank])
         torch.manual_seed(self.tc.seed * 1_000_003 + 1 + self.dist.rank + 7919 * self.step)
+        drawn = [name for name in ("dropsin", "dropres", "droplyr", "dropout", "dead_code_restart")
+                 if getattr(self.cfg.model, name, 0)]  # what draws from them in training; else nothing changes
+        if drawn:
+            self.log(f"warning: the checkpoint was saved by {len(saved)} worker{'s' * (len(saved) != 1)}, this run "
+                     f"has {self.dist.world_size}: the random draws of {', '.join(drawn)} continue from new seeds")
 
     # ---- the loop ------------------------------------------------------------------------------------
 

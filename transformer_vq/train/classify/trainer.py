@@ -16,12 +16,11 @@ refused; the same one moved is not). docs/longvq.md, "Classification".
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
-from transformer_vq.config import ClassifyConfig, ConfigError
+from transformer_vq.config import ClassifyConfig
 from transformer_vq.data.classify import ClassBatches
 from transformer_vq.train.checkpoint.errors import CheckpointError
 from transformer_vq.train.checkpoint.resume import check_resume, check_same_data
@@ -31,7 +30,7 @@ from transformer_vq.train.classify.build import (build_classifier, check_data_fi
                                                  classify_config_of, dataset_fingerprint, load_classify_data)
 from transformer_vq.train.classify.evaluate import ClassifyEvalResult, evaluate_examples, refresh_batch_norm
 from transformer_vq.train.device import training_device
-from transformer_vq.train.parallel.distributed import Distributed
+from transformer_vq.train.parallel.distributed import Distributed, one_process
 from transformer_vq.train.trainer import RunResult, Step, Trainer
 
 @dataclass
@@ -58,8 +57,7 @@ def classify_train(cfg: ClassifyConfig, *, resume: str | None = None, data=None,
     Raises :class:`~transformer_vq.train.guard.TrainingError`, :class:`CheckpointError` (``RunDirError`` for an
     unusable or busy run directory), ``ConfigError`` or the data layer's ``DataError``, each with a message.
     """
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError("tvq classify trains in one process; run it without torchrun")
+    one_process("tvq classify trains")
     check_resume(cfg.train.resolved_run_dir(), resume, cfg.train)  # before the dataset (when not given) is made
     if data is not None:  # before the run directory is touched
         check_data_named(cfg.train, data)

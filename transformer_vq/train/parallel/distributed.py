@@ -27,6 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from transformer_vq.config import ConfigError
+
 
 @dataclass(frozen=True)
 class Distributed:
@@ -83,6 +85,13 @@ class Distributed:
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
+
+
+def one_process(command: str) -> None:
+    """Refuse (``ConfigError``) to run ``command`` (``"tvq eval runs"``) in a process torchrun started among others:
+    each would do the whole job again, and print it again."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError(f"{command} in one process; run it without torchrun")
 
 
 def setup_distributed(device_type: str, parallel: str = "ddp", context_parallel: int = 1) -> Distributed:
