@@ -162,6 +162,24 @@ def test_a_resume_to_fewer_steps_than_done_is_refused(config):
         run(config(steps=4), resume="auto")
 
 
+def test_a_resume_that_trains_longer_says_the_schedule_moves(config, capsys):
+    """More --steps recompute the cosine over the new total: the decayed learning rate rises, with no new warmup,
+    and the resume says so with both rates (the plan's, then the new one's)."""
+    from transformer_vq.train.optim import lr_factor
+
+    run(config())
+    capsys.readouterr()
+    run(config(steps=12), resume="auto")
+    tc = config(steps=12).train
+
+    def lr(total):
+        return tc.peak_lr * lr_factor(6, warmup_steps=tc.warmup_steps, total_steps=total, final_ratio=tc.final_lr_ratio)
+
+    assert (f"note: steps 6 -> 12: the warmup-cosine schedule is recomputed over 12 steps, so the learning rate at "
+            f"step 7 is {lr(12):.3g} where the run's plan had {lr(6):.3g} (no new warmup)") in capsys.readouterr().out
+    assert lr(12) > lr(6)
+
+
 @pytest.mark.parametrize("model, warning", [
     ("tvq", None),
     ("tvq dropout", "warning: the checkpoint was saved by 1 worker, this run has 2: the random draws of dropsin, "

@@ -61,6 +61,23 @@ def warmup_note(*, warmup_steps: int, total_steps: int) -> str | None:
             f"cosine schedule")
 
 
+def stretched_schedule_note(saved_steps, cfg: TrainConfig, step: int) -> str | None:
+    """A note when a resume changes ``steps``, the cosine's horizon (else None): the schedule is recomputed over the
+    new total, so the learning rate of the next step moves, up when a decayed run is trained longer, without a new
+    warmup (the authors' launcher trained extra steps at the final rate instead); the user hears it here, not from
+    the loss."""
+    if not isinstance(saved_steps, int) or saved_steps == cfg.steps:
+        return None
+
+    def lr(total: int) -> float:
+        return cfg.peak_lr * lr_factor(step, warmup_steps=cfg.warmup_steps, total_steps=total,
+                                       final_ratio=cfg.final_lr_ratio)
+
+    return (f"note: steps {saved_steps} -> {cfg.steps}: the warmup-cosine schedule is recomputed over {cfg.steps} "
+            f"steps, so the learning rate at step {step + 1} is {lr(cfg.steps):.3g} where the run's plan had "
+            f"{lr(saved_steps):.3g} (no new warmup)")
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
     """Warmup + cosine schedule; call ``scheduler.step()`` once per optimizer step (skipped ones too)."""
     return torch.optim.lr_scheduler.LambdaLR(

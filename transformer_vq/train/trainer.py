@@ -52,7 +52,7 @@ from transformer_vq.train.checkpoint.store import (CHECKPOINTS_DIR, Checkpoint, 
 from transformer_vq.train.finite import nonfinite_names
 from transformer_vq.train.guard import nonfinite_weights_error, skip_reason, too_many_skipped_error
 from transformer_vq.train.metrics import MetricsLogger, finite_or_none
-from transformer_vq.train.optim import build_optimizer, build_scheduler, warmup_note
+from transformer_vq.train.optim import build_optimizer, build_scheduler, stretched_schedule_note, warmup_note
 from transformer_vq.train.parallel.distributed import Distributed, data_parallel
 from transformer_vq.train.parallel.fsdp import nonfinite_shards, shard_model, to_float
 from transformer_vq.train.rng import rng_state, set_rng_state
@@ -281,7 +281,7 @@ class Trainer:
         state = ckpt.state
         ckpt.load_training_state(self.model, self.optimizer, sharded=self.dist.fsdp)
         self.scheduler.load_state_dict(state["scheduler"])
-        self._apply_schedule_of_config()
+        self._apply_schedule_of_config(ckpt.config.get("train", {}))
         self.step, self.nonfinite_run = ckpt.step, int(state["nonfinite_run"])
         self.validated_at = state.get("validated_at")  # absent from checkpoints of before it was saved
         if "rng" not in skip:
@@ -290,11 +290,11 @@ class Trainer:
         self.log(f"resumed from {ckpt.path} at step {self.step}")
         return True
 
-    def _apply_schedule_of_config(self) -> None:
-        """The optimizer's and the scheduler's saved states bring back the peak learning rate and the weight decay
-        they were saved with; flags given with --resume apply on top of the saved config (docs/training.md), so this
-        run's config sets them again, at the point of the schedule the checkpoint reached (a no-op without such
-        flags). The lr a diverged run was told to lower takes effect."""
+    def _apply_schedule_of_config(self, saved: dict) -> None:
+        """Set this run's peak lr and weight decay (flags given with --resume apply on top of the saved ones) at the
+        point of the schedule reached: a lowered lr takes effect, a ``steps`` other than ``saved``'s is said."""
+        if note := stretched_schedule_note(saved.get("steps"), self.tc, self.scheduler.last_epoch):
+            self.log(note)
         peak, groups = self.tc.peak_lr, self.optimizer.param_groups
         factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
         for group, weight_decay in zip(groups, (self.tc.weight_decay, 0.0)):  # optim.param_groups' order
