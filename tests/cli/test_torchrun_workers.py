@@ -92,3 +92,13 @@ def test_classify_refuses_torchrun_in_the_same_words(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match=r"^tvq classify trains in one process; run it without torchrun$"):
         classify_train(classify_config(n_classes=2, vocab_size=8, preset="tiny"))
+
+
+def test_tvq_classify_train_refuses_torchrun_before_reading_its_dataset(capsys, worker, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("the dataset was read")
+
+    monkeypatch.setattr("transformer_vq.cli.classify.build_config", never)
+    worker.become(rank=0, world=2)
+    assert error_line(capsys, ["classify", "train", "--data", "digits"]) == \
+        "error: tvq classify trains in one process; run it without torchrun"

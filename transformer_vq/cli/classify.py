@@ -102,7 +102,9 @@ def _train(args) -> int:
     from transformer_vq.cli.train import run_training
     from transformer_vq.train.checkpoint import BEST_DIR
     from transformer_vq.train.classify import classify_train
+    from transformer_vq.train.parallel.distributed import one_process
 
+    one_process("tvq classify trains")  # before the dataset is read (classify_train says it too, for Python callers)
     cfg, data = build_config(args)
     check_device(cfg.train.device)
     result, status = run_training(lambda: classify_train(cfg, resume=args.resume, data=data), "tvq classify train")
