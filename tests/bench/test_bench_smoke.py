@@ -7,6 +7,8 @@ cells over budget are reported as skipped, and that the command line writes the 
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 
 import pytest
 import torch
@@ -381,7 +383,8 @@ def test_cli_exits_non_zero_naming_every_failed_cell(tmp_path, capsys, monkeypat
     assert "| vq | 4096 | skipped" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("bench, argv, first", [
+# every benchmark at tiny sizes on the command line: (benchmark, its flags, the first cell's fields)
+TINY_CLI = [
     ("op", ["--methods", "vq-serial", "sdpa", "--lengths", "32", "--d-k", "8", "--d-v", "16",
             "--n-code", "8", "--block-len", "16", "--repeats", "1"], {"method": "vq-serial", "T": 32}),
     ("train", ["--models", "vq/shga", "full/shga", "--lengths", "32", "--repeats", "1", "--d-model", "16",
@@ -391,7 +394,10 @@ def test_cli_exits_non_zero_naming_every_failed_cell(tmp_path, capsys, monkeypat
     ("longvq", ["--lengths", "32", "--layers", "longvq", "transformer", "--repeats", "1", "--d-model", "16",
                 "--d-qk", "8", "--d-v", "16", "--d-ffn", "16", "--ema-dim", "2", "--n-code", "4",
                 "--block-len", "8"], {"layer": "longvq", "T": 32}),
-])
+]
+
+
+@pytest.mark.parametrize("bench, argv, first", TINY_CLI)
 def test_a_run_stopped_after_its_first_cell_keeps_that_cell_marked_partial(tmp_path, capsys, monkeypatch, bench,
                                                                            argv, first):
     """The files are written after every row: a timeout or a lease ending mid-run loses only the running cell."""
@@ -424,3 +430,17 @@ def test_small_ratios_and_rates_keep_their_digits():
 
     assert [ratio_text(x) for x in (0.023, 0.5, 0.999, 5.34)] == ["0.023x", "0.50x", "1.00x", "5.3x"]
     assert [gflops_text(x) for x in (0.46, 37.5, 2345.6)] == ["0.46", "37.5", "2,346"]
+
+
+@pytest.mark.parametrize("bench, argv, first", TINY_CLI)
+def test_every_report_records_the_command_that_made_it(tmp_path, monkeypatch, bench, argv, first):
+    """The JSON holds the command line as typed (``sys.argv``, quoted for a shell, ``tvq`` for the entry point's path)
+    and the table a ``command:`` line, so that a result file says how to reproduce it."""
+    out = tmp_path / "out dir"  # a path that needs quoting
+    monkeypatch.setattr("sys.argv", ["/venv/bin/tvq", "bench", bench, *argv, "--no-isolate", "--out", str(out),
+                                     "--name", "r"])
+    assert main(sys.argv[1:]) == 0
+    command = shlex.join(["tvq", *sys.argv[1:]])
+    assert command.startswith(f"tvq bench {bench} ") and f"'{out}'" in command
+    assert json.loads((out / "r.json").read_text())["command"] == command
+    assert f"- command: `{command}`" in (out / "r.md").read_text().splitlines()

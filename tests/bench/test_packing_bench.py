@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 
 import pytest
 import torch
 
+from transformer_vq.bench import packing
 from transformer_vq.bench.packing import document_positions, main
 from transformer_vq.ops.documents import document_starts
 
@@ -21,13 +24,17 @@ def test_rows_are_cut_into_documents_of_the_mean_length():
     assert torch.equal(positions, document_positions(4, 5000, 50, seed=3))
 
 
-def test_the_benchmark_runs_end_to_end_at_a_tiny_size(tmp_path, capsys):
+def test_the_benchmark_runs_end_to_end_at_a_tiny_size(tmp_path, capsys, monkeypatch):
     """A smoke test, not a timing (about 15 s on a quiet 2-core CPU): the table with each case's peak memory and the
-    others' load, and the JSON."""
+    others' load, and the JSON, both with the command as typed."""
     out = tmp_path / "packing.json"
-    assert main(["--preset", "tiny", "--block-len", "8", "--length", "32", "--batch-size", "1", "--mean-doc", "8",
-                 "--repeats", "1", "--rounds", "1", "--out", str(out)]) == 0
+    monkeypatch.setattr("sys.argv", [packing.__file__, "--preset", "tiny", "--block-len", "8", "--length", "32",
+                                     "--batch-size", "1", "--mean-doc", "8", "--repeats", "1", "--rounds", "1",
+                                     "--out", str(out)])
+    assert main(sys.argv[1:]) == 0
     printed = capsys.readouterr().out
+    command = shlex.join(["python", "-m", "transformer_vq.bench.packing", *sys.argv[1:]])
+    assert printed.startswith(f"command: {command}\n") and json.loads(out.read_text())["command"] == command
     assert "packed, mean document 8" in printed and "others: runnable threads of other processes" in printed
     assert "peak MiB" in printed
     rows = json.loads(out.read_text())["rows"]

@@ -24,6 +24,7 @@ import torch
 from transformer_vq.bench.isolate import run_cell
 from transformer_vq.bench.load import OthersLoad, load_summary
 from transformer_vq.bench.machine import machine_info, median_seconds
+from transformer_vq.bench.result import command_line
 from transformer_vq.config import PRESETS
 
 
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> dict:
               for name, m in mean_docs.items()}
     tokens = args.batch_size * args.length
     medians = {name: statistics.median(samples) for name, samples in rows.items()}
-    result = {"machine": machine_info(), "settings": vars(args), "rows": [
+    result = {"command": command_line(), "machine": machine_info(), "settings": vars(args), "rows": [
         {"case": name, "step_s": medians[name], "step_s_rounds": rows[name], "tokens_per_s": tokens / medians[name],
          "relative": medians["unpacked"] / medians[name],
          "peak_bytes": memory[name].get("cuda_peak_bytes", memory[name].get("peak_rss_rise_bytes")),
@@ -110,7 +111,8 @@ def run(args: argparse.Namespace) -> dict:
 def table(result: dict) -> str:
     """The result as a text table."""
     m = result["machine"]
-    lines = [f"commit {m.get('commit')} (dirty: {m.get('dirty')}); torch {m['torch']}; python {m['python']}; "
+    lines = [f"command: {result.get('command', 'not recorded')}",
+             f"commit {m.get('commit')} (dirty: {m.get('dirty')}); torch {m['torch']}; python {m['python']}; "
              f"cpu {m['cpu']} x{m['logical_cpus']}; gpus {', '.join(m['gpus']) or 'none'}",
              f"settings: {json.dumps(result['settings'], sort_keys=True)}",
              f"{'case':<32} {'step s':>10} {'tokens/s':>12} {'vs unpacked':>12} {'peak MiB':>10} "

@@ -90,13 +90,16 @@ def peak_gib(row: dict) -> float | None:
 
 
 def machine_lines(result: dict) -> list[str]:
-    """The report's provenance bullets: machine, the matmul rate when the run measured one, load, versions, commit."""
+    """The report's provenance bullets: the command, machine, the matmul rate when the run measured one, load,
+    versions, commit."""
     m = result["machine"]
+    command = f"`{result['command']}`" if result.get("command") else "not recorded"
     peak = m.get("matmul_gflops", {})
     load_end = result.get("load_average_end")
     matmul = ([f"- matmul measured in this run: fp32 {peak.get('float32', '-')} GFLOP/s, "
                f"bf16 {peak.get('bfloat16', '-')} GFLOP/s"] if peak else [])
     return [
+        f"- command: {command}",
         f"- machine: {m['cpu']}, {m['logical_cpus']} logical CPUs, {m['torch_threads']} torch threads, "
         f"{m['memory_gib']} GiB; flags {' '.join(m['cpu_flags'])}",
         *matmul,
