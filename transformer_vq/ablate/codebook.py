@@ -45,7 +45,7 @@ def codebook_report(ckpt: str | Path) -> dict:
     module that owns the codebook (a gated attention unit, two per Transformer-VQ layer; a LongVQ layer), ``kind``
     "key" or "query", ``group`` the key/value group (or query head).
     """
-    from transformer_vq.config.arch import check_serves
+    from transformer_vq.config.arch import check_serves, commands_reading
     from transformer_vq.nn.quantizer import VectorQuantizer
     from transformer_vq.train.checkpoint import CheckpointError, find_checkpoint
     from transformer_vq.train.models import instantiate
@@ -65,10 +65,9 @@ def codebook_report(ckpt: str | Path) -> dict:
             units.append({"unit": owners.index(owner), "kind": "query" if attribute.startswith("query") else "key",
                           "group": group, **usage(quantizer.ema_count[group], quantizer.updates_unused[group])})
     if not units:
-        serves = ", ".join(f"tvq {c}" for c in sorted(arch.commands - {"codebook"}))
         raise CheckpointError(f"the model of {found.path} has no codebook (attn_type "
                               f"{found.config['model'].get('attn_type')!r}); tvq codebook reads VQ models; for this "
-                              f"run use {serves}")
+                              f"run use {commands_reading(arch, but='codebook')}")
     return {"checkpoint": str(found.path), "step": found.step, "units": units}
 
 

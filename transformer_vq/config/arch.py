@@ -130,10 +130,14 @@ def check_serves(config: dict, command: str, path) -> Arch:
     its runs; a :class:`ConfigError` naming the run's kind and the commands that serve it otherwise."""
     arch = run_arch(config)
     if command not in arch.commands:
-        serves = ", ".join(f"tvq {c}" for c in sorted(arch.commands))
         raise ConfigError(f"--ckpt: {holds(arch, path)}, and tvq {command} reads {serving(command)}; for this run "
-                          f"use {serves}")
+                          f"use {commands_reading(arch)}")
     return arch
+
+
+def commands_reading(arch: Arch, but: str | None = None) -> str:
+    """The commands that read runs of ``arch`` (all but ``but``), as refusals name them: ``tvq eval, tvq sample``."""
+    return ", ".join(f"tvq {c}" for c in sorted(arch.commands - {but}))
 
 
 def check_trains(arch: Arch, task: str, path) -> None:
