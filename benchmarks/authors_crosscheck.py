@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 import tempfile
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from authors_bridge import (add_authors_flags, authors_params, authors_source, g
                             run_jax_side)
 from transformer_vq import GatedAttentionUnit
 from transformer_vq.bench.machine import machine_info
+from transformer_vq.bench.result import command_line
 from transformer_vq.config.flags import int_at_least, not_empty
 
 CASES = {
@@ -110,9 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
         rows = [check_case(name, CASES[name], src=src, jax_python=args.jax_python, seed=args.seed, work=Path(tmp))
                 for name in args.case]
     met = all(r[k]["max_abs"] < TARGET for r in rows for k in ("whole_vs_authors_whole", "carried_vs_authors_blocks"))
-    command = "python benchmarks/authors_crosscheck.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     result = {"benchmark": "authors-crosscheck", "rows": rows, "met": met, "target": TARGET,
-              "authors_branch": "optimized", "authors_commit": commit, "command": command,
+              "authors_branch": "optimized", "authors_commit": commit, "command": command_line(),
               "machine": machine_info(measure_peak=False)}
     print(table(result))
     if args.out:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from transformer_vq.bench.machine import machine_info
+from transformer_vq.bench.result import command_line
 from transformer_vq.config.flags import file_stem, int_at_least, not_empty
 from transformer_vq.train.lm.context import context_profile
 
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
                for run in args.runs}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    record = {"command": " ".join(["python", *sys.argv]), "machine": machine_info(measure_peak=False),
+    record = {"command": command_line(), "machine": machine_info(measure_peak=False),
               "results": results}
     (out / f"{args.name}.json").write_text(json.dumps(record, indent=1))
     (out / f"{args.name}.md").write_text("\n".join([f"`{record['command']}`", "", *table(results), ""]))

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import machine_info
+from transformer_vq.bench.result import command_line
 from transformer_vq.config.flags import int_at_least, not_empty
 
 ARCHS = ("longvq", "transformer", "tvq")
@@ -163,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     table = summarize(results)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"machine": machine_info(measure_peak=False), "data": args.data, "train_flags": train_flags,
-              "summary": table, "cells": results}
+    record = {"command": command_line(), "machine": machine_info(measure_peak=False), "data": args.data,
+              "train_flags": train_flags, "summary": table, "cells": results}
     out.with_suffix(".json").write_text(json.dumps(record, indent=1))
     out.with_suffix(".md").write_text(markdown(args.data, table, train_flags) + "\nValidation accuracy by step "
                                       "(training seconds, steps only):\n\n" + curve_markdown(results))

@@ -25,6 +25,7 @@ from pathlib import Path
 from classify_compare import run_cell
 
 from transformer_vq.bench.machine import machine_info
+from transformer_vq.bench.result import command_line
 from transformer_vq.config.flags import int_at_least, not_empty
 
 
@@ -68,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"setting": name, "flags": flags, "cells": cells})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"machine": machine_info(measure_peak=False), "data": args.data,
-                                                    "arch": args.arch, "common_flags": common, "settings": rows},
-                                                   indent=1))
+    record = {"command": command_line(), "machine": machine_info(measure_peak=False), "data": args.data,
+              "arch": args.arch, "common_flags": common, "settings": rows}
+    out.with_suffix(".json").write_text(json.dumps(record, indent=1))
     out.with_suffix(".md").write_text(markdown(args.data, args.arch, rows, common))
     print(markdown(args.data, args.arch, rows, common))
     return 0

@@ -19,6 +19,7 @@ from result_files import save_figure
 
 from transformer_vq.bench.config import OpBenchConfig
 from transformer_vq.bench.machine import machine_info
+from transformer_vq.bench.result import command_line
 from transformer_vq.bench.op import run_op_bench
 from transformer_vq.bench.report import machine_lines, _seconds
 from transformer_vq.config import PRESETS
@@ -40,7 +41,8 @@ def sweep(length: int, sizes: list[int], repeats: int, budget_s: float, log=prin
         log(f"S = {n_code}")
         for row in run_op_bench(cfg, log=log)["rows"]:
             rows.append({"S": n_code, **row})
-    return {"benchmark": "codebook-sweep", "length": length, "sizes": sizes, "rows": rows, "machine": machine,
+    return {"benchmark": "codebook-sweep", "command": command_line(), "length": length, "sizes": sizes, "rows": rows,
+            "machine": machine,
             "config": {"d_k": 512, "d_v": 512, "block_len": 512, "batch_size": 1, "precision": "float32"},
             "load_average_end": machine_info(measure_peak=False)["load_average_start"]}
 

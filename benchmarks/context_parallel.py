@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from transformer_vq.bench.load import OthersLoad, load_text
+from transformer_vq.bench.result import command_line
 from transformer_vq.config.flags import add_preset_flag, int_at_least, not_empty
 from transformer_vq.hostmem import meminfo_bytes
 
@@ -197,7 +198,7 @@ def main() -> None:
         args.lengths = [4096, 16384, 65536] if args.bytes else [65536, 131072, 262144]
     name = "context_parallel_bytes.json" if args.bytes else "context_parallel_timing.json"
     out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / name
-    head = {"machine": machine(), "args": vars(args)}
+    head = {"command": command_line(), "machine": machine(), "args": vars(args)}
 
     def save(table: dict) -> None:
         out.write_text(json.dumps({**head, **table}, indent=2) + "\n")

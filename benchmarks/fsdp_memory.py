@@ -116,6 +116,7 @@ def main() -> None:
         return worker(args)
 
     from transformer_vq.bench.machine import machine_info
+    from transformer_vq.bench.result import command_line
 
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp, "text.txt")
@@ -134,6 +135,7 @@ def main() -> None:
     parameters = workers["ddp"][0]["parameters"]
     result = {
         "benchmark": "fsdp-memory",
+        "command": command_line(),
         "config": {k: getattr(args, k) for k in ("preset", "layers", "window", "batch", "steps")} | {"workers": 2},
         "variants": {"ddp/fsdp": "glibc defaults", "ddp+mmap1m/fsdp+mmap1m": "MALLOC_MMAP_THRESHOLD_=1048576"},
         "parameters": parameters,

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from transformer_vq.bench.machine import load_average, machine_info
+from transformer_vq.bench.result import command_line
 from transformer_vq.config.flags import int_at_least, not_empty
 
 TRAIN = ["train", "--preset", "tiny", "--set", "seq_len=32", "--set", "update_len=16", "--set", "batch_size=4",
@@ -82,12 +83,12 @@ def main() -> None:
     print(summary)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"rounds": rounds, "summary": summary, "argv": sys.argv,
+    out.with_suffix(".json").write_text(json.dumps({"rounds": rounds, "summary": summary, "command": command_line(),
                                                     "machine": machine_info(measure_peak=False)}, indent=1))
     lines = ["| round | runs apart | largest difference | load average at its end |", "|---:|---:|---:|---:|"]
     lines += [f"| {r['round']} | {len(r['runs_apart'])} of {args.runs} | {r['largest_difference']:.3g} | "
               f"{r['load_average']:.2f} |" for r in rounds]
-    out.with_suffix(".md").write_text(f"# FSDP validations of identical runs\n\n`{' '.join(sys.argv)}`\n\n"
+    out.with_suffix(".md").write_text(f"# FSDP validations of identical runs\n\n`{command_line()}`\n\n"
                                       + "\n".join(lines) + f"\n\n{summary}.\n")
 
 

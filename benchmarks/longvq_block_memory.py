@@ -39,6 +39,7 @@ import transformer_vq
 from transformer_vq.bench.config import LONGVQ_BENCH_PRESETS, LongVQBenchConfig
 from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import machine_info
+from transformer_vq.bench.result import command_line
 from transformer_vq.config.flags import file_stem, int_at_least, not_empty
 
 # the package measured, whose lines name the sites: this checkout, or another revision put first on PYTHONPATH
@@ -174,7 +175,7 @@ def main(argv=None) -> int:
     m = machine_info(measure_peak=False)
     record = {"machine": m, "package": PACKAGE, "revision": args.revision, "model": cfg.model.__dict__,
               "batch_size": cfg.batch_size, "others_load": summary,
-              "cells": cells, "command": " ".join(["python", *sys.argv])}
+              "cells": cells, "command": command_line()}
     measured = args.revision or f"this checkout at {m.get('commit')} (dirty: {m.get('dirty')})"
     head = (f"# One block's live tensors at its memory peak\n\n`{record['command']}`; package measured: {measured}, "
             f"torch {m['torch']}; widths {args.preset}: {cfg.model}; B = "

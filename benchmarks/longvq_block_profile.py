@@ -30,6 +30,7 @@ from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.longvq import _apply, build_layer
 from transformer_vq.bench.config import LongVQBenchConfig
 from transformer_vq.bench.machine import machine_info
+from transformer_vq.bench.result import command_line
 from transformer_vq.config.flags import int_at_least, not_empty
 
 
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {"machine": machine_info(measure_peak=False), "model": cfg.model.__dict__, "batch_size": cfg.batch_size,
-              "others_load": summary, "cells": cells, "command": " ".join(["python", *sys.argv])}
+              "others_load": summary, "cells": cells, "command": command_line()}
     out.with_suffix(".json").write_text(json.dumps(record, indent=1))
     m = record["machine"]
     out.with_suffix(".md").write_text(

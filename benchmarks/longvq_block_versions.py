@@ -32,6 +32,7 @@ from pathlib import Path
 from transformer_vq.bench.config import LONGVQ_BENCH_PRESETS, LongVQBenchConfig
 from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import machine_info
+from transformer_vq.bench.result import command_line
 from transformer_vq.config.flags import int_at_least, not_empty
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,7 +177,7 @@ def main(argv=None) -> int:
     summary = load.summary()
     record = {"machine": machine_info(measure_peak=False), "model": asdict(cfg.model), "batch_size": cfg.batch_size,
               "baselines": baselines, "rounds": args.rounds, "others_load": summary, "rows": rows,
-              "command": " ".join(["python", *sys.argv])}
+              "command": command_line()}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record, indent=1, default=str))

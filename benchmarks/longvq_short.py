@@ -30,6 +30,7 @@ import torch
 
 from transformer_vq.bench.load import OthersLoad, load_text
 from transformer_vq.bench.machine import machine_info
+from transformer_vq.bench.result import command_line
 from transformer_vq.config import classify_config
 from transformer_vq.config.flags import int_at_least, not_empty
 from transformer_vq.models.longvq.ssm import DampedEMA
@@ -152,7 +153,7 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {"machine": machine_info(measure_peak=False), "torch_threads": torch.get_num_threads(),
               "shape": {"B": B, "T": T, "L": L}, "data": args.data, "warmup": args.warmup, "repeats": args.repeats,
-              "others_load": summary, "results": results, "command": " ".join(sys.argv)}
+              "others_load": summary, "results": results, "command": command_line()}
     out.with_suffix(".json").write_text(json.dumps(record, indent=1))
     table = ["| what (fwd+bwd) | first | second | second / first |", "|---|---|---|---|", *lines]
     out.with_suffix(".md").write_text(f"B {B}, T {T}, L {L}, defaults of {args.data}; medians of {args.repeats} "

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from transformer_vq import fileio
 from transformer_vq.bench.machine import machine_info
+from transformer_vq.bench.result import command_line
 from transformer_vq.config.flags import float_in, not_empty
 from result_files import add_output_args, notes_of
 
@@ -39,8 +40,8 @@ def collect(cells: list[list[str]], full: list[float], notes: dict) -> dict:
         rows.append({"kind": kind, "S": int(n_code), "seed": int(seed), "bits_per_byte": scored["bits_per_byte"],
                      "carry_tokens": scored.get("carry_tokens"), "tokens": scored["tokens"],
                      "codebook": _codebook_health(json.loads(Path(codebook_path).read_text()))})
-    return {"benchmark": "preset-codebook-size", "cells": rows, "full": full, "notes": notes,
-            "machine": machine_info(measure_peak=False)}
+    return {"benchmark": "preset-codebook-size", "command": command_line(), "cells": rows, "full": full,
+            "notes": notes, "machine": machine_info(measure_peak=False)}
 
 
 def _groups(result: dict) -> dict[tuple[str, int], list[dict]]:

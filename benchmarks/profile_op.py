@@ -26,6 +26,7 @@ from torch.profiler import ProfilerActivity, profile
 from transformer_vq.bench.config import OpBenchConfig
 from transformer_vq.bench.machine import load_average, machine_info, matmul_gflops
 from transformer_vq.bench.op_methods import forward_flops, make_inputs, method_fn, vq_matmuls
+from transformer_vq.bench.result import command_line
 from transformer_vq.config.flags import int_at_least, not_empty
 
 MATMUL_OPS = {"aten::bmm", "aten::mm", "aten::addmm", "aten::baddbmm"}
@@ -138,7 +139,7 @@ def main() -> None:
               f"{100 * row['share']:.1f}%{rate}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"profile": result, "retain_host_memory": args.retain_host_memory,
+            json.dump({"command": command_line(), "profile": result, "retain_host_memory": args.retain_host_memory,
                        "machine": machine_info(measure_peak=False)}, f, indent=1)
 
 

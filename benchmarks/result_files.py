@@ -8,17 +8,21 @@ import json
 from pathlib import Path
 
 from transformer_vq import fileio
+from transformer_vq.bench.result import command_line
 from transformer_vq.config.flags import file_stem, not_empty
 
 
 def write_result(result: dict, text: str, out: str | Path, name: str) -> Path:
-    """Print the table ``text`` and write ``NAME.json`` (``result``) and ``NAME.md`` (``text``) under ``out``
-    (made if missing; each file written whole or not at all). Returns the folder."""
+    """Print the table ``text`` and write ``NAME.json`` (``result``, with the command that ran the script unless it
+    names one) and ``NAME.md`` (``text``, and that command where the text does not show it) under ``out`` (made if
+    missing; each file written whole or not at all). Returns the folder."""
     print(text)
+    result = {"command": command_line(), **result}
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     fileio.atomic_write_text(folder / f"{name}.json", json.dumps(result, indent=2) + "\n")
-    fileio.atomic_write_text(folder / f"{name}.md", text)
+    command = "" if result["command"] in text else f"\nCommand: `{result['command']}`\n"
+    fileio.atomic_write_text(folder / f"{name}.md", f"{text.rstrip()}\n{command}")
     print(f"wrote {folder / name}.json and .md")
     return folder
 
