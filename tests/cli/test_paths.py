@@ -274,3 +274,27 @@ def test_yaml_merge_keys_are_yaml_and_not_a_key_given_twice(tmp_path):
     path.write_text("train:\n  data_options: &o\n    <<: {lines: false}\n    lines: true\n  steps: 3\n"
                     "model:\n  <<: *o\n")
     assert read_file(path) == {"train": {"data_options": {"lines": True}, "steps": 3}, "model": {"lines": True}}
+
+
+def test_a_run_s_config_json_is_a_config_file_that_starts_a_run_like_it(capsys, trained, tmp_path):
+    """Its fields are a full record, defaults of options that do not apply included (``mask_rate`` in a causal
+    model): read as options given, every saved run's config was refused as a --config file."""
+    code, _ = run_cli(capsys, ["train", "--config", str(trained / "config.json"), "--run-dir", str(tmp_path / "b"),
+                               "--steps", "1"])
+    assert code == 0
+    old, new = (json.loads((run / "config.json").read_text()) for run in (trained, tmp_path / "b"))
+    assert new["model"] == old["model"] and new["train"]["seq_len"] == old["train"]["seq_len"]
+    assert new["train"]["steps"] == 1
+    # a field a user writes where it does not apply is still refused
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"model": {"mask_rate": 0.2}}))
+    assert "--mask-rate: applies only with causal false" in error_line(
+        capsys, ["train", "--config", str(mine), "--run-dir", str(tmp_path / "c")])
+
+
+def test_a_classifier_s_config_json_is_refused_by_name_as_a_language_model_s_config(capsys, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"task": "classify", "arch": "longvq", "model": {}, "train": {}}))
+    assert error_line(capsys, ["train", "--config", str(path)]) == (
+        f"error: --config: {path} is the config of a run of task 'classify', not a language model's; "
+        f"tvq classify train --resume continues such a run")

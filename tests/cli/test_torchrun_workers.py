@@ -84,6 +84,23 @@ def test_a_resume_on_workers_that_cannot_share_its_batch_names_the_counts_that_c
                     "--nproc_per_node 2 or 4) or in one process (without torchrun)")
 
 
+def test_train_from_python_refuses_such_a_resume_in_the_same_words(finished_run, monkeypatch):
+    """``train()`` under torchrun (a script of the user's, not ``tvq train``) knew only the generic advice, "set
+    batch_size to a multiple of 3", which the resume refuses."""
+    from transformer_vq.config import load_config
+    from transformer_vq.train import train
+
+    def never(*args):
+        raise AssertionError("the corpus was read")
+
+    monkeypatch.setattr("transformer_vq.train.lm.trainer.load_corpus_for", never)
+    cfg = load_config(file=finished_run / "config.json", overrides=["train.steps=4"])
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match=r"^batch_size=4, which the resumed run keeps, .* \(torchrun "
+                                         r"--nproc_per_node 2 or 4\) or in one process \(without torchrun\)$"):
+        train(cfg, resume=str(finished_run))
+
+
 def test_classify_refuses_torchrun_in_the_same_words(monkeypatch):
     """The one check tvq eval and tvq sample share with it (the Python function, before anything is made)."""
     from transformer_vq.config import ConfigError, classify_config

@@ -140,16 +140,6 @@ def _check_data_named(args, values, base, file_train: dict) -> None:
                           "directory; shakespeare, enwik8, pg19, imagenet64 or gcide for a downloaded copy)")
 
 
-def check_workers_of(cfg, resumed: bool) -> None:
-    """Refuse, before the corpus is read, a batch the torchrun workers cannot share out; for a ``resumed`` run, which
-    keeps its batch_size, naming the numbers of workers that can."""
-    from transformer_vq.data.batches import check_workers
-
-    world, cp = int(os.environ.get("WORLD_SIZE", "1")), cfg.train.context_parallel
-    if world % cp == 0:  # else the training refuses the split, naming both
-        check_workers(cfg.train.batch_size, world // cp, kept=resumed, context_parallel=cp)
-
-
 def run_training(job, command: str):
     """``(result, exit status)`` of a training job (``job()`` runs it): status 1 with an ``error:`` line for a
     :class:`~transformer_vq.train.TrainingError`, the run's own status with the line that continues it for a run
@@ -195,10 +185,11 @@ def sample_hint(cfg) -> str:
 def run(args) -> int:
     from transformer_vq.cli.errors import check_device
     from transformer_vq.train import train
+    from transformer_vq.train.parallel.distributed import check_workers_of
 
     cfg, base = _config_and_base(args)
     check_device(cfg.train.device, cfg.model)
-    check_workers_of(cfg, resumed=base is not None)
+    check_workers_of(cfg.train, resumed=base is not None)
     result, status = run_training(lambda: train(cfg, resume=args.resume), "tvq train")
     if status is not None:
         return status

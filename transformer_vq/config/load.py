@@ -53,7 +53,8 @@ def load_config(preset: str | None = None, file: str | Path | None = None,
     loaded = read_file(Path(file)) if file is not None else {}
     for section in SECTIONS:
         merged[section].update(loaded.get(section) or {})
-        given[section].update(loaded.get(section) or {})
+        if "task" not in loaded:  # a run's saved config records every field, not only those that apply
+            given[section].update(loaded.get(section) or {})
     for item in (*shared, *overrides):
         section, key, value = parse_override(item)
         merged[section][key] = value
@@ -216,7 +217,11 @@ def read_file(path: Path) -> dict:
         raise ConfigError(f"config file {path} must end in .yaml, .yml, .json or .toml")
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path} must hold a mapping with 'arch', 'preset', 'model' and/or 'train' keys")
-    unknown = sorted(set(loaded) - {"arch", "preset", *SECTIONS})
+    # a run's saved config.json is a config file too (to start another run like it): it says its task
+    if loaded.get("task", "lm") != "lm":
+        raise ConfigError(f"--config: {path} is the config of a run of task {loaded['task']!r}, not a language "
+                          f"model's; tvq classify train --resume continues such a run")
+    unknown = sorted(set(loaded) - {"arch", "preset", "task", *SECTIONS})
     if unknown:
         raise ConfigError(f"unknown top-level key(s) in {path}: {', '.join(unknown)}; "
                           f"a config file has 'arch', 'preset', 'model' and 'train'")

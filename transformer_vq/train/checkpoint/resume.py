@@ -56,22 +56,22 @@ def checkpoint_to_resume(ckpt_root: Path, resume: str, log) -> Checkpoint | None
     return ckpt
 
 
-def check_resume(run_dir: Path, resume: str | None, train) -> None:
+def check_resume(run_dir: Path, resume: str | None, train) -> Path | None:
     """Refuse (:class:`ConfigError`) a resume that cannot go on, before any corpus, model or checkpoint is loaded:
     a run already past ``train.steps`` (a run at exactly ``steps`` is accepted: its end, final validation and
     sample, runs again, which finishes a run killed after its last save), or one asked to change a field it keeps
     (:func:`refuse_changed_fields`, read from the checkpoint's config.json).
 
     Read from the layout: ``resume`` is ``"auto"`` (run directory ``run_dir``), a run directory or one checkpoint
-    directory."""
+    directory. Returns the checkpoint the resume will start from (unverified), None for a new run."""
     if resume is None:
-        return
+        return None
     path = Path(run_dir) if resume == "auto" else Path(resume)
     if resume != "auto" and not path.exists():  # auto starts a run whose directory is not there yet
         raise ConfigError(f"--resume: {missing(path)}")
     chosen = path if is_checkpoint_dir(path) else _newest(path)  # a checkpoint named is the one resumed from
     if chosen is None:
-        return
+        return None
     if chosen.resolve().parent.name == BEST_DIR:
         raise ConfigError(f"--resume: {weights_only(chosen)}")
     named = STEP_DIR.match(chosen.name)  # a checkpoint renamed says its step in its state, which the resume reads
@@ -81,9 +81,10 @@ def check_resume(run_dir: Path, resume: str | None, train) -> None:
     try:
         saved = json.loads((chosen / "config.json").read_text())
     except (OSError, ValueError):
-        return  # unreadable: the resume itself reports the checkpoint (and falls back to an earlier one)
+        return chosen  # unreadable: the resume itself reports the checkpoint (and falls back to an earlier one)
     if isinstance(saved, dict) and isinstance(saved.get("train"), dict):
         refuse_changed_fields(saved["train"], train, chosen)
+    return chosen
 
 
 def _newest(path: Path) -> Path | None:

@@ -34,7 +34,8 @@ from transformer_vq.train.lm.carry import all_finite, from_plain, plain_rows, to
 from transformer_vq.train.lm.evaluate import EvalResult, evaluate_tokens, trained_history
 from transformer_vq.train.lm.objective import masked_window
 from transformer_vq.train.lm.sample import is_image_run, stream_text
-from transformer_vq.train.parallel.distributed import Distributed, setup_distributed, teardown_distributed
+from transformer_vq.train.parallel.distributed import (Distributed, check_workers_of, setup_distributed,
+                                                     teardown_distributed)
 from transformer_vq.train.metrics import finite_or_none
 from transformer_vq.train.trainer import RunResult, Step, Trainer
 
@@ -66,7 +67,9 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
     layer's ``DataError`` with a message for the user.
     """
     check_corpus_options(cfg.train)
-    check_resume(cfg.train.resolved_run_dir(), resume, cfg.train)  # before the corpus and the model are read
+    # before the corpus and the model are read
+    resumed = check_resume(cfg.train.resolved_run_dir(), resume, cfg.train) is not None
+    check_workers_of(cfg.train, resumed)
     device = training_device(cfg.train)
     dist_info = setup_distributed(device.type, cfg.train.parallel, cfg.train.context_parallel)
     if device.type == "cuda":

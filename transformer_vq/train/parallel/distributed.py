@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from transformer_vq.config import ConfigError
+from transformer_vq.data.batches import check_workers
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,15 @@ def one_process(command: str) -> None:
     each would do the whole job again, and print it again."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError(f"{command} in one process; run it without torchrun")
+
+
+def check_workers_of(train, resumed: bool) -> None:
+    """Refuse (``ValueError``), before the corpus is read, a global batch (``train.batch_size``) that this launch's
+    data-parallel workers (torchrun's ``WORLD_SIZE`` over ``train.context_parallel``) cannot share out; for a
+    ``resumed`` run, which keeps its batch_size, naming the numbers of workers that can."""
+    world, cp = int(os.environ.get("WORLD_SIZE", "1")), train.context_parallel
+    if world % cp == 0:  # else the training refuses the split, naming both
+        check_workers(train.batch_size, world // cp, kept=resumed, context_parallel=cp)
 
 
 def setup_distributed(device_type: str, parallel: str = "ddp", context_parallel: int = 1) -> Distributed:
