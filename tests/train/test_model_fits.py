@@ -4,6 +4,7 @@ largest tensor (an allocation would fail with an out-of-memory error naming no f
 from __future__ import annotations
 
 import pytest
+import torch
 
 import transformer_vq.train.models as models
 from transformer_vq.cli import main
@@ -46,3 +47,55 @@ def test_tvq_train_says_which_flag_to_lower(capsys, monkeypatch):
         f"error: --n-code: 1000000000 makes a model of {total / 2**30:,.1f} GiB of weights and buffers "
         f"(units.0.quantizer.ema_sum alone is 1 x 1000000000 x 16), more than the 4.0 GiB of memory available; lower "
         f"it (or another size of the model)")
+
+
+def _tiny_lm():
+    arch = find_arch("lm", "tvq")
+    return lambda: models.model_class(arch)(arch.presets["tiny"])
+
+
+def test_a_training_holds_weights_gradients_and_the_optimizer_s_moments():
+    """Counted on the meta device, without drawing a random number (the seed that follows makes the weights)."""
+    from transformer_vq.train.fits import state_bytes
+
+    built = _tiny_lm()()
+    weights = sum(p.numel() * p.element_size() for p in built.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in built.buffers())
+    before = torch.random.get_rng_state()
+    assert state_bytes(_tiny_lm(), "adamw") == (sum(p.numel() for p in built.parameters()), 4 * weights + buffers)
+    assert state_bytes(_tiny_lm(), "adafactor")[1] == 2 * weights + buffers
+    assert torch.equal(torch.random.get_rng_state(), before)
+
+
+def test_a_model_whose_weights_fit_but_whose_training_does_not_is_refused_before_it_is_built(capsys, monkeypatch,
+                                                                                          tmp_path):
+    """The weights-only check passed a 5.7B-parameter model on a 24 GiB machine (21 GiB of weights); the OOM killer
+    then ended the training at its first step, without a word."""
+    import transformer_vq.train.fits as fits
+
+    need = fits.state_bytes(_tiny_lm(), "adamw")[1]
+    monkeypatch.setattr(fits, "meminfo_bytes", lambda key: {"MemAvailable": need // 2, "SwapFree": 0}[key])
+    run_dir = tmp_path / "run"
+    assert main(["train", "--preset", "tiny", "--steps", "1", "--run-dir", str(run_dir)]) == 2
+    line = capsys.readouterr().err.strip()
+    params = fits.state_bytes(_tiny_lm(), "adamw")[0]
+    assert line == (f"error: the model does not fit: its {params / 1e6:,.1f}M parameters with their gradients and "
+                    f"AdamW's state need {need / 2**30:,.1f} GiB before any activation, and this machine has "
+                    f"{need // 2 / 2**30:,.1f} GiB available; make it smaller (--d-model, --n-layers, --vocab-size) "
+                    f"or shard it over more workers (torchrun with --parallel fsdp)")
+    assert not run_dir.exists()
+
+
+def test_fsdp_workers_share_the_state_and_the_workers_of_a_host_share_its_memory(monkeypatch):
+    import transformer_vq.train.fits as fits
+
+    need = fits.state_bytes(_tiny_lm(), "adamw")[1]
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(fits, "available_bytes", lambda device: need // 2 + 1)
+    fits.check_fits(_tiny_lm(), "adamw", cpu, world_size=2, fsdp=True)  # half each
+    with pytest.raises(ConfigError, match=r"\(a 1/2 FSDP shard\) on each of 2 workers"):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # both on this host
+        fits.check_fits(_tiny_lm(), "adamw", cpu, world_size=2, fsdp=True)
+    with pytest.raises(ConfigError, match=r"available; make it smaller \(--d-model, --n-layers\)$"):
+        monkeypatch.delenv("LOCAL_WORLD_SIZE")
+        fits.check_fits(_tiny_lm(), "adamw", cpu, task="classify")  # one process, the dataset's vocabulary

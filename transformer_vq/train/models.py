@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from typing import Callable
 
 import torch
 
@@ -29,11 +30,16 @@ def instantiate(arch: Arch, model_cfg) -> torch.nn.Module:
     return model_class(arch)(model_cfg)
 
 
+def on_meta(make: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """The model ``make`` builds, on the meta device: shapes only, nothing allocated, no random number drawn."""
+    with torch.device("meta"):
+        return make()
+
+
 def model_bytes(arch: Arch, model_cfg) -> tuple[int, str, tuple[int, ...]]:
     """``(bytes, name, shape)``: what the parameters and buffers of a model of ``model_cfg`` take, counted on the
-    meta device (shapes only: nothing is allocated), and the name and shape of its largest tensor."""
-    with torch.device("meta"):
-        model = model_class(arch)(model_cfg)
+    meta device, and the name and shape of its largest tensor."""
+    model = on_meta(lambda: model_class(arch)(model_cfg))
     tensors = [*model.named_parameters(), *model.named_buffers()]
     total = sum(t.numel() * t.element_size() for _, t in tensors)
     name, largest = max(tensors, key=lambda item: item[1].numel())

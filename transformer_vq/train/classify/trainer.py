@@ -30,6 +30,7 @@ from transformer_vq.train.classify.build import (build_classifier, check_data_fi
                                                  classify_config_of, dataset_fingerprint, load_classify_data)
 from transformer_vq.train.classify.evaluate import ClassifyEvalResult, evaluate_examples, refresh_batch_norm
 from transformer_vq.train.device import training_device
+from transformer_vq.train.fits import check_fits
 from transformer_vq.train.parallel.distributed import Distributed, one_process
 from transformer_vq.train.trainer import RunResult, Step, Trainer
 
@@ -62,6 +63,7 @@ def classify_train(cfg: ClassifyConfig, *, resume: str | None = None, data=None,
     if data is not None:  # before the run directory is touched
         check_data_named(cfg.train, data)
     device = training_device(cfg.train)
+    check_fits(lambda: build_classifier(cfg), cfg.train.optimizer, device, task="classify")
     with hold_run_dir(cfg.train.resolved_run_dir(), Distributed()):
         trainer = ClassifyTrainer(cfg, device, data)
         exit_code = trainer.run(resume, _skip_restore)

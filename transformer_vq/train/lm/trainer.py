@@ -29,6 +29,7 @@ from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte, c
 from transformer_vq.train.checkpoint.resume import check_resume, check_same_data
 from transformer_vq.train.checkpoint.rundir import hold_run_dir
 from transformer_vq.train.device import training_device
+from transformer_vq.train.fits import check_fits
 from transformer_vq.train.lm.build import build_model, check_corpus_options, load_corpus_for, save_run_tokenizer
 from transformer_vq.train.lm.carry import all_finite, from_plain, plain_rows, to_plain
 from transformer_vq.train.lm.evaluate import EvalResult, evaluate_tokens, trained_history
@@ -76,6 +77,9 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
         device = torch.device("cuda", dist_info.local_rank)
     trainer = None
     try:
+        # a model whose training cannot fit is refused before the run directory or the corpus is touched
+        check_fits(lambda: model if model is not None else build_model(cfg), cfg.train.optimizer, device,
+                   dist_info.world_size, dist_info.fsdp)
         # locked before anything slow (loading the corpus): a second training is refused at once
         with hold_run_dir(cfg.train.resolved_run_dir(), dist_info):
             trainer = LMTrainer(cfg, dist_info, device, model)
