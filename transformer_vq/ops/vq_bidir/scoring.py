@@ -42,14 +42,16 @@ def combine(scoring: str, code_scores: torch.Tensor, summaries: list[tuple[torch
         # Without autograd the (fresh) score tensors are scratch space, overwritten by their weights in place.
         tracked = torch.is_grad_enabled() and any(x.requires_grad for part in parts for x in part)
         return softmax_combine(parts, in_place=not tracked)
-    # relu2 runs in float32 at least, as the softmax does.
+    # relu2 runs in float32 at least, as the softmax does; each weight is divided by n before any product, so that
+    # no partial sum exceeds the output's bound (relu^2 c[s] alone overflows float16 at a few thousand keys)
     acc = torch.promote_types(code_scores.dtype, torch.float32)
+    n = n_real.to(acc)
     weights = F.relu(code_scores.to(acc)).square()
-    out = sum((weights * count.to(acc)).to(mean.dtype) @ mean for count, mean in summaries)
+    out = sum((weights * (count.to(acc) / n)).to(mean.dtype) @ mean for count, mean in summaries)
     if window is not None:
         scores, values = window
-        out = out + F.relu(scores.to(acc)).square().to(values.dtype) @ values  # relu(-inf) = 0: padding keys
-    return out / n_real.to(out.dtype)
+        out = out + (F.relu(scores.to(acc)).square() / n).to(values.dtype) @ values  # relu(-inf) = 0: padding keys
+    return out
 
 
 def combine_corrected(scoring: str, scores: list[torch.Tensor], count: torch.Tensor, mean: torch.Tensor,
@@ -80,8 +82,8 @@ def combine_corrected(scoring: str, scores: list[torch.Tensor], count: torch.Ten
     if scoring == "softmax":
         w_code, w_window, denominator = _softmax_weights(scores, count, tracked, scratch)
     else:
-        w_code, w_window = _relu2_weights(scores, count)
-        denominator = n_real
+        w_code, w_window = _relu2_weights(scores, count, n_real)
+        denominator = None  # the weights are divided by n already
     # The window's three blocks read from the value blocks in place; the codes, one (N R L, S) x (S, Dv) product
     # per group (the summary shared by every query block), are added to them in the same call: in place without
     # autograd. Both paths take the same steps in the same order, so they agree bit for bit.
@@ -93,6 +95,8 @@ def combine_corrected(scoring: str, scores: list[torch.Tensor], count: torch.Ten
         window = window_product(w_window, v_blocks).to(mean.dtype)  # (B, G, N, R L, Dv)
         numerator = torch.baddbmm(window.view(B * G, N * R * L, -1), w_code, mean.reshape(B * G, S, -1))
     numerator = numerator.view(B, G, N, R, L, -1)
+    if denominator is None:
+        return numerator
     denominator = denominator.to(numerator.dtype)
     return numerator.div_(denominator) if not tracked else Normalize.apply(numerator, denominator)
 
@@ -125,13 +129,14 @@ def _softmax_weights(scores: list[torch.Tensor], count: torch.Tensor, tracked: b
     return w_code, w_window, w_code.sum(dim=-1, keepdim=True) + w_window.sum(dim=-1, keepdim=True)
 
 
-def _relu2_weights(scores: list[torch.Tensor], count: torch.Tensor):
-    """``(w_code, w_window)`` of :func:`combine_corrected`'s ``relu2``: ``relu(q . C[s])^2 c[s]`` and
-    ``relu(window score)^2 - relu(key code score)^2`` (``relu(-inf) = 0``: padding), in at least float32. Empties
-    ``scores``."""
+def _relu2_weights(scores: list[torch.Tensor], count: torch.Tensor, n_real: torch.Tensor):
+    """``(w_code, w_window)`` of :func:`combine_corrected`'s ``relu2``: ``relu(q . C[s])^2 c[s] / n`` and
+    ``(relu(window score)^2 - relu(key code score)^2) / n`` (``relu(-inf) = 0``: padding), in at least float32,
+    divided by the number of real keys before any product (:func:`combine`). Empties ``scores``."""
     code_scores, window_scores, key_code_scores = scores
     scores.clear()
     acc = torch.promote_types(code_scores.dtype, torch.float32)
-    w_code = F.relu(code_scores.to(acc)).square() * count[:, :, None, None, None, :].to(acc)
+    n = n_real.to(acc)
+    w_code = F.relu(code_scores.to(acc)).square() * (count[:, :, None, None, None, :].to(acc) / n)
     del code_scores
-    return w_code, F.relu(window_scores.to(acc)).square() - F.relu(key_code_scores.to(acc)).square()
+    return w_code, (F.relu(window_scores.to(acc)).square() - F.relu(key_code_scores.to(acc)).square()) / n
