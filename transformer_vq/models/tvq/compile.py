@@ -4,7 +4,9 @@ Eagerly, the operator is a chain of elementwise passes over ``T x (S + 2L)`` sco
 normalizer) between its matmuls, and the unit adds its own (norms, SiLU, gate, straight-through estimator): each pass
 reads and writes the whole tensor. Compiled, each unit's forward becomes one graph whose elementwise chains are fused
 into loops around the matmuls, forward and backward. The units are compiled one by one, not the model: the model's
-input checks read token ids on the host (a graph break), while a unit's forward traces whole.
+input checks read token ids on the host (a graph break), while a causal unit's forward traces whole. An encoder's
+unit (``causal=False``, ``vq``) breaks once per call: whether the window bias reaches below ``-CORRECTION_LIMIT``
+picks one of two exact paths (``ops/vq_bidir/attention.py``), a value read on the host; the numbers equal eager's.
 
 Recompiles are bounded. Every unit shares one compiled code object (the modules' weights are graph inputs, not
 constants). A graph is specialized on whether a state is carried (the first window of a batch has none), on grad mode
