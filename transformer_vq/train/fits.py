@@ -21,9 +21,9 @@ from transformer_vq.hostmem import meminfo_bytes
 from transformer_vq.train.models import on_meta
 
 STATE_COPIES = {"adamw": 4, "adafactor": 2}
-OPTIMIZER_NAMES = {"adamw": "AdamW", "adafactor": "Adafactor"}
 """Copies of the weights' bytes a step holds: the weights, their gradients and AdamW's two moments (Adafactor's
 factored moments are rows and columns: a small fraction, left out)."""
+OPTIMIZER_NAMES = {"adamw": "AdamW", "adafactor": "Adafactor"}
 GIB = 2**30
 
 
