@@ -8,6 +8,7 @@ matrix with a probe is then scored in the same process (:func:`score_recall`, ``
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import sys
@@ -19,6 +20,7 @@ from transformer_vq.config.applies import turns_off, unmet, where_text
 from transformer_vq.config.arch import run_context
 from transformer_vq.config.fields import fields_of
 from transformer_vq.config.load import parse_override
+from transformer_vq.config.reading import UnreadableFile, read_text
 
 
 def cell_id(cell: str, seed: int) -> str:
@@ -146,11 +148,22 @@ def main(argv: list[str] | None = None) -> int:
     from transformer_vq.train import train
     from transformer_vq.train.signals import stop_with_parent
 
+    parser = argparse.ArgumentParser(prog="python -m transformer_vq.ablate", description=(
+        "Train one cell of tvq ablate from its request file (the cell's run config as JSON: tvq ablate writes it as "
+        "request.json in the cell's run directory), resuming the run when it has checkpoints; then score it with the "
+        "probe."))
+    parser.add_argument("request", type=Path, help="the cell's request file (JSON run config)")
+    parser.add_argument("probe", nargs="?", choices=["recall"], help="score the trained cell with this probe")
+    args = parser.parse_args(argv)
     stop_with_parent()  # a killed runner takes its trainings with it (each saves first)
-    path, *probe = argv or sys.argv[1:]
-    run_cfg = RunConfig.from_dict(json.loads(Path(path).read_text()))
+    try:
+        text = read_text(args.request, "a tvq ablate cell's request (JSON run config)",
+                         "pass the request file tvq ablate wrote for the cell")
+    except UnreadableFile as err:
+        parser.error(str(err))
+    run_cfg = RunConfig.from_dict(json.loads(text))
     result = train(run_cfg, resume="auto")
-    if result.exit_code == 0 and probe == ["recall"]:
+    if result.exit_code == 0 and args.probe == "recall":
         score_recall(run_cfg)
     return result.exit_code
 

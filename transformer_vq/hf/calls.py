@@ -41,7 +41,7 @@ ASSISTED = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit
 # Keywords transformers may pass that change nothing here when false or None, each refused (with why) when set.
 REFUSED_WHEN_SET = {
     "output_attentions": "the linear-time attention never forms the weights",
-    "output_hidden_states": "use model.model.features(input_ids) for the residual stream",
+    "output_hidden_states": "use model.model.features(input_ids)[0] for the residual stream",
     "inputs_embeds": "the model reads token ids",
     "token_type_ids": "the model has no token types",
     "head_mask": "the model has no per-head masks (its attention is single-head per group, and the linear-time path "

@@ -137,6 +137,7 @@ def check_architecture(saved: dict, current: TransformerVQConfig | LongVQConfig 
 
 
 def step_name(step: int) -> str:
+    """The directory name of the checkpoint of optimizer step ``step``: ``step_00000800``."""
     return f"step_{step:08d}"
 
 

@@ -105,7 +105,9 @@ def evaluate_tokens(model: torch.nn.Module, tokens: np.ndarray, *, window_len: i
         tokens_per_word: tokens of the whole split divided by the whitespace-separated words of its
             original text; given, the result has a word-level perplexity.
         carry_tokens: reset the state every this many tokens of a stream (a multiple of ``window_len``; 0 = carry
-            it across the whole stream, the paper's reading). An encoder carries no state: ignored.
+            it across the whole stream: how the model extrapolates). ``tvq eval`` and :func:`evaluate` pass the
+            run's ``seq_len``, as the authors' evaluation does (a fresh state every sequence). An encoder carries no
+            state: ignored.
     """
     if max_tokens:
         tokens = tokens[:max_tokens]

@@ -91,7 +91,8 @@ def sample(ckpt: str | SampleConfig, prompt: str | None = None, **options) -> It
 
     ``ckpt`` is a :class:`~transformer_vq.config.SampleConfig`, or a checkpoint path with the other
     SampleConfig fields as keywords (``sample("runs/default", "ROMEO:", max_new_tokens=200, seed=0)``).
-    Returns an iterator of text pieces; ``"".join(sample(...))`` is the whole sample.
+    Returns an iterator of the text pieces sampled after the prompt (the prompt itself is not repeated, where
+    ``tvq sample`` prints it first); ``"".join(sample(...))`` is the whole continuation.
     """
     cfg = job_config(SampleConfig, ckpt, prompt=prompt, **options)
     model, run_cfg, checkpoint = sampler_from_checkpoint(cfg)
