@@ -292,3 +292,19 @@ def test_cuda_without_a_gpu_is_refused_before_anything_is_written(tmp_path, caps
 def test_a_name_that_is_no_file_stem_is_refused(tmp_path, name):
     with pytest.raises(ConfigError, match="name must"):
         tiny_settings(tmp_path, name=name)
+
+
+def test_the_cell_runner_says_its_usage_and_refuses_a_missing_request_in_one_line(capsys, tmp_path):
+    """``python -m transformer_vq.ablate`` (docs/quality.md's way to rerun one cell) answered --help, no argument
+    and a missing request file with a traceback."""
+    from transformer_vq.ablate.cells import main as cell_main
+
+    with pytest.raises(SystemExit) as stop:
+        cell_main(["--help"])
+    assert stop.value.code == 0 and "request.json in the cell's run directory" in capsys.readouterr().out
+    for argv in ([], [str(tmp_path / "missing.json"), "recall"], [str(tmp_path), "other"]):
+        with pytest.raises(SystemExit) as stop:
+            cell_main(argv)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.startswith("usage: python -m transformer_vq.ablate")
+        assert "Traceback" not in err
