@@ -185,11 +185,9 @@ def sample_hint(cfg) -> str:
 def run(args) -> int:
     from transformer_vq.cli.errors import check_device
     from transformer_vq.train import train
-    from transformer_vq.train.parallel.distributed import check_workers_of
 
-    cfg, base = _config_and_base(args)
+    cfg = build_config(args)
     check_device(cfg.train.device, cfg.model)
-    check_workers_of(cfg.train, resumed=base is not None)
     result, status = run_training(lambda: train(cfg, resume=args.resume), "tvq train")
     if status is not None:
         return status

@@ -78,8 +78,8 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
     trainer = None
     try:
         # a model whose training cannot fit is refused before the run directory or the corpus is touched
-        check_fits(lambda: model if model is not None else build_model(cfg), cfg.train.optimizer, device,
-                   dist_info.world_size, dist_info.fsdp)
+        check_fits(lambda: trained_model(cfg, model), cfg.train.optimizer, device, dist_info.world_size,
+                   dist_info.fsdp)
         # locked before anything slow (loading the corpus): a second training is refused at once
         with hold_run_dir(cfg.train.resolved_run_dir(), dist_info):
             trainer = LMTrainer(cfg, dist_info, device, model)
@@ -95,6 +95,11 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
         if trainer is not None:  # on the way out of an error too: a traceback keeps the trainer alive
             trainer.release_data_parallel()
         teardown_distributed(dist_info)
+
+
+def trained_model(cfg: RunConfig, model: torch.nn.Module | None) -> torch.nn.Module:
+    """The model a run trains: the caller's ``model``, else the one ``cfg`` describes."""
+    return model if model is not None else build_model(cfg)
 
 
 class LMTrainer(Trainer):
@@ -113,7 +118,7 @@ class LMTrainer(Trainer):
         self.batches = corpus_batches(self.corpus, "train", batch_size=tc.batch_size, seq_len=tc.seq_len,
                                       seed=tc.seed, rank=dist_info.data_rank, world_size=dist_info.data_world,
                                       documents=packed_documents(self.corpus, "train") if tc.pack else None)
-        super().__init__(cfg, dist_info, device, lambda: model if model is not None else build_model(cfg),
+        super().__init__(cfg, dist_info, device, lambda: trained_model(cfg, model),
                          torch_compile=tc.torch_compile)
         self.batch = None  # (B_local, seq_len + 1) the current batch of sequences
         self.positions = None  # (B_local, seq_len + 1) their positions in their documents (--pack), else None
