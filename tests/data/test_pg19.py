@@ -1,11 +1,14 @@
 """PG-19 with an exact-round-trip SentencePiece tokenizer, on a small tree laid out like the release."""
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from transformer_vq.data import DataError, load_corpus
 from transformer_vq.data.metrics import count_words
-from transformer_vq.data.pg19 import default_tokenizer_path, train_pg19_tokenizer
+from transformer_vq.data.pg19 import default_tokenizer_path, tokenize_split, train_pg19_tokenizer
 from transformer_vq.data.tokenizer import EOD_ID, ExactTokenizer
 
 PARAGRAPH = ("CHAPTER {i}.\n\nIt was the best of times, it was the worst of times; in the year 18{i:02d} the\n"
@@ -192,3 +195,27 @@ def test_tokenizing_says_each_split_and_counts_its_books_once(tree, tokenizer, c
         assert lines[start + 1].startswith(f"pg19 {split} split: {n}/{n} book{'s' * (n > 1)} (100%), ")
     load_corpus("pg19", data_path=tree, vocab_size=400)
     assert capsys.readouterr().err == ""
+
+
+def test_two_builds_of_one_split_at_once_each_get_the_whole_split(tree, tokenizer, tmp_path, monkeypatch):
+    """The workers of a first torchrun on a fresh cache tokenize the same split at the same time. A second build that
+    runs whole just as the first publishes its ``.npy`` must leave both whole: fixed temporary names made one worker
+    read a scratch file another had deleted ("No such file or directory: ...npy.tokens", ".train.npy.tmp") or map a
+    ``.npy`` still being written ("mmap length is greater than file size")."""
+    books = sorted((tree / "train").glob("*.txt"))
+    out = tmp_path / "built" / "train.npy"
+    inner, replace = {}, os.replace
+
+    def racing_replace(src, dst, **kwargs):  # the second build runs whole as the first renames onto out
+        if Path(dst) == out and not inner:
+            inner["manifest"] = {}  # the nested build renames onto out too: race once
+            inner["manifest"] = tokenize_split(books, tokenizer, out)
+            inner["tokens"] = np.load(out).copy()
+        return replace(src, dst, **kwargs)
+
+    monkeypatch.setattr(os, "replace", racing_replace)
+    outer = tokenize_split(books, tokenizer, out)
+    tokens = np.load(out)
+    assert inner["manifest"] == outer and np.array_equal(tokens, inner["tokens"])
+    assert int(np.sum(tokens == EOD_ID)) == len(books) and outer["tokens"] == len(tokens)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["train.docs.npy", "train.npy", "train.npy.json"]

@@ -17,6 +17,8 @@ word-level perplexity as in Rae et al.).
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Annotated, Iterator
 
@@ -135,36 +137,33 @@ def tokenize_split(files: list[Path], tokenizer: ExactTokenizer, out: Path, adva
     """Tokenize books into ``out`` (``.npy``), each followed by EOD (``advance`` counts the books); returns the
     written manifest.
 
-    Tokens stream to a scratch file, then are copied into the ``.npy`` (whose header needs the
-    final length), so memory stays at one batch of books. Document starts go to ``out`` with
-    suffix ``.docs.npy``; byte and word counts to the manifest.
+    Tokens stream to an unnamed scratch file, then are copied after the ``.npy`` header (which needs the final
+    length), so memory stays at one batch of books. Nothing here has a fixed temporary name: processes that build the
+    same split at once (the workers of a first ``torchrun`` on a fresh cache) each write their own files and publish
+    them by an atomic rename, so each gets a whole split. Document starts go to ``out`` with suffix ``.docs.npy``;
+    byte and word counts to the manifest.
     """
-    scratch = out.with_name(out.name + ".tokens")
+    dtype = np.dtype(tokenizer.dtype)
     starts, n_tokens, n_bytes, n_words = [], 0, 0, 0
-    with fileio.atomic_writer(scratch) as sink:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # unlinked at once by the system: gone with this process, whatever ends it
+    with tempfile.TemporaryFile(dir=out.parent) as scratch:
         for i in range(0, len(files), BOOKS_PER_BATCH):
             batch = files[i:i + BOOKS_PER_BATCH]
             texts = [read_book(path) for path in batch]
             for path, text, ids in zip(batch, texts, tokenizer.encode_batch(texts)):
                 starts.append(n_tokens)
                 ids.append(tokenizer.eod_id)
-                sink.write(np.asarray(ids, dtype=tokenizer.dtype).tobytes())
+                scratch.write(np.asarray(ids, dtype=dtype).tobytes())
                 n_tokens += len(ids)
                 n_bytes += path.stat().st_size
                 n_words += count_words(text)
             advance(len(batch))
-    try:
-        flat = np.memmap(scratch, dtype=tokenizer.dtype, mode="r")
-        tmp = out.with_name(f".{out.name}.tmp")
-        array = np.lib.format.open_memmap(tmp, mode="w+", dtype=tokenizer.dtype, shape=(n_tokens,))
-        step = fileio.CHUNK
-        for begin in range(0, n_tokens, step):
-            array[begin:begin + step] = flat[begin:begin + step]
-        array.flush()
-        del array, flat
-        os.replace(tmp, out)
-    finally:
-        scratch.unlink(missing_ok=True)
+        scratch.seek(0)
+        with fileio.atomic_writer(out) as handle:
+            header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n_tokens,)}
+            np.lib.format.write_array_header_1_0(handle, header)
+            shutil.copyfileobj(scratch, handle, fileio.CHUNK * dtype.itemsize)
     with fileio.atomic_writer(out.with_name(out.stem + ".docs.npy")) as handle:
         np.save(handle, np.asarray(starts, dtype=np.int64))
     return fileio.write_manifest(out, tokens=n_tokens, bytes=n_bytes, words=n_words, books=len(files),
