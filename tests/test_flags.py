@@ -183,6 +183,26 @@ def test_environment_problems_are_one_line(monkeypatch, capsys, error, message):
     assert capsys.readouterr().err == message + "\n"
 
 
+@pytest.mark.parametrize("number, words", [(errno.EROFS, "Read-only file system"), (errno.ENOSPC, "No space left on "
+                                             "device"), (errno.EACCES, "Permission denied")])
+def test_a_failing_write_in_the_data_cache_names_the_variable_that_moves_it(monkeypatch, capsys, tmp_path, number,
+                                                                            words):
+    """--run-dir does not move the data cache (helper-74 audit-data F6): a write there names TVQ_CACHE_DIR."""
+    import transformer_vq.cli.version as version
+
+    monkeypatch.setenv("TVQ_CACHE_DIR", str(tmp_path / "cache"))
+    where = tmp_path / "cache" / "text" / ".0123.bin.x.tmp"
+
+    def run(args):
+        raise OSError(number, words, str(where))
+
+    monkeypatch.setattr(version, "run", run)
+    assert main(["version"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {words}: {where}; ") and "TVQ_CACHE_DIR, the data cache's directory" in err
+    assert "--run-dir" not in err
+
+
 def test_bugs_keep_their_traceback(monkeypatch):
     import transformer_vq.cli.version as version
 

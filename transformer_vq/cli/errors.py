@@ -72,7 +72,22 @@ def _os_message(err: OSError) -> str:
     where = err.filename if err.filename is not None else ""
     what = err.strerror or str(err)
     hint = OS_HINTS.get(err.errno, "check the path and the disk")
+    if where and "--run-dir" in hint and _in_data_cache(where):
+        # --run-dir does not move the data cache, whose files a run writes before its own
+        from transformer_vq.data.cache import ENV_VAR
+
+        hint = hint.replace("--run-dir", f"{ENV_VAR}, the data cache's directory")
     return f"{what}: {where}; {hint}" if where else f"{what}; {hint}"
+
+
+def _in_data_cache(path) -> bool:
+    """Whether ``path`` lies in the data cache (``$TVQ_CACHE_DIR`` or its default)."""
+    from pathlib import Path
+
+    from transformer_vq.data.cache import cache_root
+
+    root = cache_root().resolve()
+    return Path(path).expanduser().resolve().is_relative_to(root)
 
 
 def check_device(name: str, model=None) -> None:
