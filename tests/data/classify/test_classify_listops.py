@@ -107,6 +107,8 @@ def test_release_tsv_files_load(tmp_path):
     ("Source\tTarget\n[MAX 1 ]\t1\textra\n", r"basic_train.tsv:2: expected 2 tab-separated fields, got 3"),
     ("Source\tTarget\n[MAX 1 [FIRST 2 ] ]\t1\n", r"basic_train.tsv:2: unknown ListOps token '\[FIRST'"),
     ("Source\tTarget\n[MAX 1 ]\t12\n", r"basic_train.tsv:2: the target '12' is not a digit 0-9"),
+    # a digit to str.isdigit() that int() refuses: once a bare ValueError without the file
+    ("Source\tTarget\n[MAX 2 2 ]\t\u00b2\n", r"basic_train.tsv:2: the target '\u00b2' is not a digit 0-9"),
     ("Source\tTarget\n", r"basic_train.tsv holds no examples"),
     # a damaged or truncated file: the expression is checked, and its label against its value
     ("Source\tTarget\n[MAX 2 9\t9\n", r"basic_train.tsv:2: the expression is malformed: the expression is "

@@ -64,7 +64,9 @@ def parse_line(line: str, where: str) -> tuple[list[int], int]:
         tokens = listops.encode(fields[0])
     except KeyError as exc:
         raise DataError(f"{where}: unknown ListOps token {exc.args[0]!r}; {GET_IT}") from None
-    if not fields[1].strip().isdigit() or int(fields[1]) >= listops.N_CLASSES:
+    target = fields[1].strip()
+    # isdigit() alone also accepts digits int() refuses ("²"): ASCII only
+    if not (target.isascii() and target.isdigit()) or int(target) >= listops.N_CLASSES:
         raise DataError(f"{where}: the target {fields[1][:20]!r} is not a digit 0-9; {GET_IT}")
     try:
         value = listops.evaluate(tokens)

@@ -42,10 +42,15 @@ def difficulty_dir(data_path: str | os.PathLike, difficulty: str) -> Path:
     raise DataError(f"no metadata/ folder in {root} or {root / DIFFICULTIES[difficulty]}; {GET_IT}")
 
 
+def _number(stem: str) -> bool:
+    """Whether ``stem`` reads as a number: isdigit() alone also accepts digits int() refuses ("²")."""
+    return stem.isascii() and stem.isdigit()
+
+
 def read_metadata(folder: Path) -> list[tuple[Path, int]]:
     """``(image path, label)`` of every line of every metadata file, in order."""
-    files = sorted((folder / "metadata").glob("*.npy"), key=lambda p: (not p.stem.isdigit(), int(p.stem)
-                                                                       if p.stem.isdigit() else 0, p.name))
+    files = sorted((folder / "metadata").glob("*.npy"), key=lambda p: (not _number(p.stem), int(p.stem)
+                                                                       if _number(p.stem) else 0, p.name))
     entries = []
     for path in files:
         for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
