@@ -44,8 +44,8 @@ def test_torchrun_workers_print_one_line_that_keeps_their_count(capsys, monkeypa
     _torchrun_worker(monkeypatch, rank=0, world=2)
     assert run_training(Stopped, command)[1] == 143
     sub = command.removeprefix("tvq ")
-    assert capsys.readouterr().err == (f"stopped at step 94; continue with: torchrun --nproc_per_node 2 -m "
-                                       f"transformer_vq {sub} --resume auto --run-dir runs/r\n")
+    assert capsys.readouterr().err == (f"stopped at step 94; continue with: torchrun --standalone --nproc_per_node 2 "
+                                       f"-m transformer_vq {sub} --resume auto --run-dir runs/r\n")
 
 
 def test_several_nodes_are_named_too(capsys, monkeypatch):

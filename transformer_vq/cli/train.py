@@ -167,7 +167,9 @@ def continue_command(command: str) -> str:
     if world <= 1:
         return command
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    nodes = f"--nnodes {world // per_node} " if world > per_node else ""
+    # one machine: --standalone, as the docs start it (without it torchrun wants a rendezvous endpoint); several:
+    # the user's own rendezvous flags, which this process cannot know
+    nodes = f"--nnodes {world // per_node} " if world > per_node else "--standalone "
     return f"torchrun {nodes}--nproc_per_node {per_node} -m transformer_vq {command.removeprefix('tvq ')}"
 
 
