@@ -151,6 +151,10 @@ def test_cuda_without_a_gpu(capsys, command):
                                        "--device cpu (or auto)\n")
 
 
+LOST_PEER = ("another worker of this torchrun run stopped (it failed or was killed: the connection to it closed); "
+             "torchrun's report names it; the last checkpoint resumes with --resume auto")
+
+
 @pytest.mark.parametrize("error, message", [
     (OSError(errno.ENOSPC, "No space left on device", "/runs/x/checkpoints"),
      "error: No space left on device: /runs/x/checkpoints; free some space or write elsewhere (e.g. --run-dir on "
@@ -171,6 +175,11 @@ def test_cuda_without_a_gpu(capsys, command):
      "with more memory"),
     (RuntimeError("Found no NVIDIA driver on your system."), "error: CUDA is not usable on this machine; use --device "
                                                              "cpu"),
+    # a collective after another worker died (helper-73 audit-dist2 F1: once a 40-line traceback per survivor)
+    (RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                  "[127.0.0.1]:53989"), "error: " + LOST_PEER),
+    (__import__("torch").distributed.DistBackendError("NCCL communicator was aborted on rank 1."),
+     "error: " + LOST_PEER),
 ])
 def test_environment_problems_are_one_line(monkeypatch, capsys, error, message):
     import transformer_vq.cli.version as version

@@ -25,6 +25,7 @@ OS_HINTS = {
     errno.EEXIST: "remove it or choose another path",
 }
 MEMORY_WORDS = ("can't allocate memory", "out of memory", "cannot allocate memory")
+PEER_WORDS = ("connection closed by peer", "connection reset by peer")
 NO_CUDA_WORDS = ("no nvidia driver", "no cuda gpus are available", "cuda driver", "torch not compiled with cuda")
 
 
@@ -63,9 +64,20 @@ def describe(err: BaseException) -> str | None:
                     f"memory")
         if any(w in text for w in NO_CUDA_WORDS):
             return "CUDA is not usable on this machine; use --device cpu"
+        if _lost_peer(err, text):
+            return ("another worker of this torchrun run stopped (it failed or was killed: the connection to it "
+                    "closed); torchrun's report names it; the last checkpoint resumes with --resume auto")
     if isinstance(err, user_error_types()):
         return one_line(str(err)) or type(err).__name__
     return None
+
+
+def _lost_peer(err: RuntimeError, text: str) -> bool:
+    """Whether a collective failed because another worker is gone: gloo's "Connection closed/reset by peer", or
+    torch.distributed's own backend and network errors (NCCL's). By name: torch is not imported for this."""
+    names = {kind.__name__ for kind in type(err).__mro__}
+    return bool(names & {"DistBackendError", "DistNetworkError"}) or (
+        "gloo" in text and any(w in text for w in PEER_WORDS))
 
 
 def _os_message(err: OSError) -> str:
