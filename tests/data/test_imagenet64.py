@@ -133,6 +133,25 @@ def test_truncated_npz(tmp_path):
         load_corpus("imagenet64", data_path=root, **OPTIONS)
 
 
+@pytest.mark.parametrize("compressed", [False, True], ids=["stored", "deflated"])
+def test_a_damaged_member_of_a_whole_npz_is_one_line_naming_the_file(tmp_path, compressed):
+    """The zip's directory and the member's header read fine; the damage surfaces only as the images are read (a bad
+    CRC, or a deflate stream that does not decode): once a zipfile.BadZipFile / zlib.error traceback (helper-74
+    audit-data F4), on the real release after hours of converting the files before it."""
+    root = write_release(tmp_path / "in64")
+    path = root / "val_data.npz"
+    if compressed:
+        arrays = dict(np.load(path))
+        path.unlink()
+        np.savez_compressed(path, **arrays)
+    raw = bytearray(path.read_bytes())
+    middle = raw.index(b"data.npy") + 400  # inside data.npy's images, past its header
+    raw[middle:middle + 64] = bytes(255 - b for b in raw[middle:middle + 64])
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match=r"cannot read .*val_data.npz as an .npz file \(.*\); it is corrupt"):
+        load_corpus("imagenet64", data_path=root, **OPTIONS)
+
+
 def test_pickle_with_code_payload_is_refused_and_never_runs(tmp_path):
     root = write_release(tmp_path / "in64", npz=False)
     marker = tmp_path / "pwned"

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import re
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Annotated, Iterator
 
@@ -111,6 +112,14 @@ def count_images(path: Path) -> int:
     return int(_pickled_data(path).shape[0])
 
 
+# What a damaged .npz raises, opening it or reading its member (a bad CRC surfaces only when the member is read)
+NPZ_ERRORS = (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError)
+
+
+def corrupt_npz(path: Path, exc: BaseException) -> DataError:
+    return DataError(f"cannot read {path} as an .npz file ({exc}); it is corrupt: download it again")
+
+
 class _npz_data:
     """Context manager: open member ``data.npy`` of an ``.npz`` and parse its header (no pickle)."""
 
@@ -127,9 +136,8 @@ class _npz_data:
             version = np.lib.format.read_magic(self.handle)
             reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             shape, fortran_order, dtype = reader(self.handle)
-        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
-            raise DataError(f"cannot read {self.path} as an .npz file ({exc}); "
-                            "it is corrupt: download it again") from exc
+        except NPZ_ERRORS as exc:
+            raise corrupt_npz(self.path, exc) from exc
         if fortran_order:
             raise DataError(f"{self.path}: 'data' is stored in Fortran order, unlike the release; {GET_IT}")
         _check_shape(self.path, shape, dtype)
@@ -166,7 +174,10 @@ def iter_planar_chunks(path: Path, chunk: int = CHUNK_IMAGES) -> Iterator[np.nda
         remaining = int(shape[0])
         while remaining:
             n = min(chunk, remaining)
-            raw = handle.read(n * IMAGE_TOKENS)
+            try:
+                raw = handle.read(n * IMAGE_TOKENS)
+            except NPZ_ERRORS as exc:
+                raise corrupt_npz(path, exc) from exc
             if len(raw) != n * IMAGE_TOKENS:
                 raise DataError(f"{path} is truncated ({remaining - len(raw) // IMAGE_TOKENS} images missing); "
                                 "download it again")
