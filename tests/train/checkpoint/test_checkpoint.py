@@ -133,7 +133,11 @@ def test_resume_with_another_architecture_is_refused(trained_run, tmp_path, caps
     assert "Traceback" not in err
 
 
-def test_new_run_into_a_run_directory_is_refused(trained_run, capsys):
+def test_new_run_into_a_run_directory_is_refused(trained_run, capsys, monkeypatch):
+    def no_corpus(*args, **kwargs):  # refused before the corpus is read (helper-74 audit-data F7: once after)
+        raise AssertionError("the corpus was read before the run directory was refused")
+
+    monkeypatch.setattr("transformer_vq.train.lm.trainer.load_corpus_for", no_corpus)
     code = main(["train", "--preset", "tiny", "--run-dir", str(trained_run), "--set", "data=text",
                  "--set", f"data_path={find_corpus(trained_run)}", "--set", "update_len=16"])
     assert code == 2

@@ -63,7 +63,10 @@ def check_resume(run_dir: Path, resume: str | None, train) -> Path | None:
     (:func:`refuse_changed_fields`, read from the checkpoint's config.json).
 
     Read from the layout: ``resume`` is ``"auto"`` (run directory ``run_dir``), a run directory or one checkpoint
-    directory. Returns the checkpoint the resume will start from (unverified), None for a new run."""
+    directory. Returns the checkpoint the resume will start from (unverified), None for a new run. A new run into a
+    directory that holds checkpoints is refused here too (the trainer checks again, holding the directory's lock), so
+    that a typo in --run-dir is not found after hours of building a corpus."""
+    refuse_fresh_over_checkpoints(Path(run_dir) / CHECKPOINTS_DIR, Path(run_dir), resume)
     if resume is None:
         return None
     path = Path(run_dir) if resume == "auto" else Path(resume)
