@@ -108,6 +108,11 @@ def test_resume_continues_the_saved_config_with_flags_on_top(tmp_path):
     (["train", "--batch-size", "99999999999999999999999"],
      "error: --batch-size: is too large (at most 9223372036854775807), got '99999999999999999999999'"),
     (["train", "--steps", ""], "error: --steps: must be an integer, got ''"),
+    # once a segfault or "can't start new thread" (helper-72 audit-cli F1), in every command that computes
+    (["train", "--threads", "100000"], "error: --threads: must be in [0, 1024], got '100000'"),
+    (["eval", "--threads", "100000"], "error: --threads: must be in [0, 1024], got '100000'"),
+    (["classify", "train", "--threads", "2000"], "error: --threads: must be in [0, 1024], got '2000'"),
+    (["ablate", "--threads", "5000"], "error: --threads: must be in [0, 1024], got '5000'"),
     (["train", "--data", ""], "error: --data: must not be empty, got ''"),
     (["train", "--name", ""], "error: --name: must not be empty, got ''"),
     (["train", "--name", "."], "error: --name: must name one directory (not empty, '.' or '..', without '/'), "

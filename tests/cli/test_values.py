@@ -72,7 +72,7 @@ TRAIN = {
     "max-wavelength-inf": (["--max-wavelength", "inf"], f"--max-wavelength: {FINITE}, got 'inf'"),
     "seed-negative": (["--seed", "-1"], "--seed: must be an integer >= 0, got '-1'"),
     "seed-2-64": (["--seed", str(2**64)], f"--seed: is too large (at most 9223372036854775807), got '{2**64}'"),
-    "threads-negative": (["--threads", "-1"], "--threads: must be an integer >= 0, got '-1'"),
+    "threads-negative": (["--threads", "-1"], "--threads: must be in [0, 1024], got '-1'"),
     "set-lr-inf": (["--set", "lr=inf"], f"--lr: {FINITE}, got 'inf'"),
     "set-empty-value": (["--set", "model.block_len="], "--block-len: must be an integer, got ''"),
     "set-model-unknown-key": (["--set", "model.nope=1"], "unknown model config key(s): nope; known keys: "

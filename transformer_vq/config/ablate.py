@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 
 from transformer_vq.config.fields import ConfigError, check, fields_of, flag_of, option
+from transformer_vq.config.jobs import threads_option
 from transformer_vq.config.load import parse_override
 
 
@@ -146,7 +147,7 @@ class AblateConfig:
     eval_every: int = option(0, "Validate every this many steps (0 = steps / 8).", min=0)
     eval_tokens: int = option(65536, "Validation tokens per evaluation (0 = the whole split).", min=0)
     ckpt_every: int = option(100, "Checkpoint every this many steps (a killed matrix resumes from there).", min=1)
-    threads: int = option(0, "CPU threads per cell (0 = PyTorch's default).", min=0)
+    threads: int = threads_option("CPU threads per cell (0 = PyTorch's default).")
     jobs: int = option(1, "Trainings run at once, each in its own process (on a CPU give each --threads cores / "
                           "jobs); their records and the report are those of one at a time.", min=1)
     device: str = option("auto", "'auto', 'cpu' or 'cuda'.", choices=("auto", "cpu", "cuda"))

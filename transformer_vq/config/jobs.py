@@ -24,10 +24,16 @@ RANDOM = {"temperature": Above(0)}
 DEVICE_HELP = "'auto' (cuda when available), 'cpu' or 'cuda'."
 
 
-def threads_option():
-    """The ``threads`` field of every job that computes (training, evaluation, sampling): PyTorch's CPU threads."""
-    return option(0, "CPU threads for PyTorch (0 = PyTorch's default, one per core); see docs/training.md on shared "
-                     "CPUs.", min=0)
+# A bound far above any machine's cores, below the thread counts that end a process without a message (100,000:
+# a segfault, or "can't start new thread", when OpenMP starts its pool)
+MAX_THREADS = 1024
+
+
+def threads_option(help: str = "CPU threads for PyTorch (0 = PyTorch's default, one per core); see docs/training.md "
+                                "on shared CPUs."):
+    """The ``threads`` field of every job that computes (training, evaluation, sampling, an ablation's cells):
+    PyTorch's CPU threads."""
+    return option(0, help, min=0, max=MAX_THREADS)
 
 
 @dataclass(frozen=True)
