@@ -73,6 +73,9 @@ class ExactTokenizer:
         self.path = Path(path) if path is not None else None
         self.sp = _processor(self.model_proto)
         self.vocab_size = int(self.sp.get_piece_size())
+        if self.vocab_size == 0:  # sentencepiece accepts an empty proto, and fails at the first encode
+            raise DataError(f"{self.path or 'the tokenizer given'} holds no SentencePiece model (it is empty); "
+                            f"retrain it with `tvq tokenizer`")
         self.eod_id = int(self.sp.eos_id())
         self._space_symbol_ids = [self.sp.piece_to_id(f"<0x{b:02X}>") for b in SPACE_SYMBOL.encode("utf-8")]
         # dtype of stored token arrays: two bytes per token whenever the vocabulary fits

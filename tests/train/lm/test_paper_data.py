@@ -129,6 +129,26 @@ def test_unknown_data_option_is_a_message_not_a_traceback(pg19_tree, pg19_tokeni
     assert main(["eval", "--ckpt", str(run_dir), "--data-option", "bogus=1"]) == 2
     err = capsys.readouterr().err
     assert "has no option 'bogus'" in err and "Traceback" not in err
+    # another tokenizer scored the model in silence (helper-72 audit-cli F5: 8.5 bits per byte for 5.1): refused;
+    # the run's own tokenizer, named from anywhere, is accepted
+    other_tree, other = tmp_path / "reversed", tmp_path / "other.model"
+    for book in pg19_tree.rglob("*.txt"):  # the same books written backwards: another tokenizer of 300 pieces
+        (other_tree / book.relative_to(pg19_tree)).parent.mkdir(parents=True, exist_ok=True)
+        (other_tree / book.relative_to(pg19_tree)).write_text(book.read_text()[::-1])
+    train_pg19_tokenizer(other_tree, other, vocab_size=300, num_threads=1)
+    assert other.read_bytes() != pg19_tokenizer.read_bytes()
+    assert main(["eval", "--ckpt", str(run_dir), "--data-option", f"tokenizer={other}", "--max-tokens", "20"]) == 2
+    assert capsys.readouterr().err == (f"error: --data-option tokenizer={other} is not the tokenizer this run was "
+                                       f"trained with ({run_dir / 'tokenizer.model'}): the model's tokens would be "
+                                       f"read as another tokenizer's; leave the option out\n")
+    assert main(["eval", "--ckpt", str(run_dir), "--data-option", f"tokenizer={pg19_tokenizer}",
+                 "--max-tokens", "20"]) == 0
+    # an empty file as the tokenizer: once "RuntimeError: INTERNAL: Model is not initialized" (audit-cli F4)
+    empty = tmp_path / "empty.model"
+    empty.write_bytes(b"")
+    assert main(["train", "--preset", "tiny", "--data", "pg19", "--data-path", str(pg19_tree), "--run-dir",
+                 str(tmp_path / "empty-run"), "--data-option", f"tokenizer={empty}", "--steps", "1"]) == 2
+    assert f"error: {empty} holds no SentencePiece model (it is empty)" in capsys.readouterr().err
 
 
 def test_data_options_are_typed_and_saved(tmp_path):
