@@ -97,3 +97,13 @@ def test_malformed_inputs(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="contains neither enwik8 nor enwik8.zip"):
         load_corpus("enwik8", data_path=tmp_path / "empty")
+
+
+def test_a_wrong_zip_given_is_refused_even_when_the_cache_holds_the_extraction(tmp_path, cache_dir):
+    """Once extracted, a --data-path naming another zip was passed over in silence (helper-72 audit-cli F3)."""
+    load_corpus("enwik8", data_path=make_zip(tmp_path / "enwik8.zip"), **OPTIONS)
+    with pytest.raises(DataError, match=r"other.zip has no member 'enwik8'"):
+        load_corpus("enwik8", data_path=make_zip(tmp_path / "a" / "other.zip", member="enwik9"), **OPTIONS)
+    with pytest.raises(DataError, match=r"member 'enwik8' of .*bigger.zip holds 2,001 bytes, not the 2,000"):
+        load_corpus("enwik8", data_path=make_zip(tmp_path / "b" / "bigger.zip", content=CONTENT + b"x"), **OPTIONS)
+    check_splits(load_corpus("enwik8", data_path=tmp_path / "enwik8.zip", **OPTIONS))  # the right one still loads

