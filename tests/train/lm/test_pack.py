@@ -79,6 +79,16 @@ def test_a_text_lines_file_packs_one_document_per_line(corpus_file, tmp_path):
     assert text.count(b"\n") > 100
 
 
+def test_lines_without_pack_is_refused_not_ignored(corpus_file, tmp_path):
+    """One document per line changes nothing but packing: without --pack the run was the same, the option ignored in
+    silence (helper-72 audit-cli F6)."""
+    cfg = tiny_config(corpus_file, tmp_path / "run", "steps=2")
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, data_options={"lines": True}))
+    with pytest.raises(DataError, match=r"^--data-option lines: .* applies only with --pack: add --pack or leave it"):
+        train(cfg)
+    assert not (tmp_path / "run").exists()
+
+
 def test_pack_refuses_a_corpus_without_documents_and_models_that_cannot(corpus_file, tmp_path):
     corpus = Corpus(name="enwik8", splits={"train": np.zeros(8, dtype=np.uint8)}, vocab_size=256)
     with pytest.raises(DataError, match="^--pack needs a corpus whose documents are known, and 'enwik8' records none "

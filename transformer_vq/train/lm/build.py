@@ -74,6 +74,10 @@ def check_corpus_options(train_cfg: TrainConfig) -> None:
     from transformer_vq.data.registry import loader
 
     checked_options(train_cfg.data, loader(train_cfg.data), corpus_options(train_cfg))
+    if train_cfg.data_options.get("lines") and not train_cfg.pack:
+        # the documents it makes are read only by packing: without it the run is the same, and the option ignored
+        raise DataError("--data-option lines: one document per line separates packed documents; it applies only "
+                        "with --pack: add --pack or leave it out")
 
 
 def save_run_tokenizer(corpus, run_dir: str | Path) -> Path | None:
