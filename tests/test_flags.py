@@ -349,3 +349,12 @@ def test_a_data_option_key_given_twice_is_refused_by_every_command_that_takes_on
                                            "'lines=false'); give each key once\n"), words
     with pytest.raises(ConfigError, match=r"seed is given twice \('seed=1', then ' seed = 1'\)"):
         parse_data_options(["seed=1", "n_train=2", " seed = 1"])  # the same key, even with the same value
+
+
+def test_tvq_dash_dash_version_prints_the_library_s_version(capsys):
+    """`tvq --version`, what users type first, was refused as an unrecognized argument (helper-72 audit-cli F8)."""
+    import transformer_vq
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"transformer-vq {transformer_vq.__version__}\n"

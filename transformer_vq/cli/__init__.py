@@ -48,12 +48,24 @@ def build_parser():
         prog="tvq",
         description="Transformer-VQ: linear-time softmax attention through vector-quantized keys.",
     )
+    # the library's version from its installed metadata (torch is not imported for it); `tvq version` adds torch's
+    parser.add_argument("--version", action="version", version=f"transformer-vq {installed_version()}",
+                        help="print the library's version (tvq version: PyTorch's and Python's too) and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
         sub = module.add_parser(subparsers)
         sub.set_defaults(_run=module.run)
     return parser
+
+
+def installed_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("transformer-vq")
+    except PackageNotFoundError:  # imported from a source tree that was never installed
+        return "(not installed)"
 
 
 def torchrun_worker() -> bool:
