@@ -84,7 +84,7 @@ def test_resume_falls_back_past_a_damaged_checkpoint(trained_run, tmp_path, dama
     if damage == "lagging_pointer":
         assert found.step == 6
         assert warning == (f"note: {run_dir / 'checkpoints' / 'latest'} names step_00000003, and step_00000006 is "
-                           f"newer and complete (a save stopped before it updated latest): resuming from "
+                           f"newer and complete (a save stopped before it updated latest): taking "
                            f"step_00000006\n")
     elif reason is None:  # a damaged pointer: the newest checkpoint that verifies is still found
         assert found.step == 6 and warning == ""
@@ -115,6 +115,11 @@ def test_every_checkpoint_damaged_is_a_clear_error(trained_run, tmp_path):
         f"no complete checkpoint in {run_dir / 'checkpoints'}: every one failed verification (see warnings above); "
         f"start a new run with another --run-dir or without --resume"
     )
+    # a reader of the run (eval, sample, codebook, export) is not told to use training's flags (helper-72 F2)
+    with pytest.raises(CheckpointError) as err:
+        find_checkpoint(run_dir)
+    assert str(err.value).endswith("every one failed verification (see warnings above); pass --ckpt a run directory "
+                                   "or a checkpoints/step_* directory whose checkpoint is intact")
 
 
 def test_resume_with_another_architecture_is_refused(trained_run, tmp_path, capsys):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from transformer_vq.config import ConfigError
 from transformer_vq.config.fields import flag_of
-from transformer_vq.train.checkpoint.store import (BEST_DIR, CHECKPOINTS_DIR, STEP_DIR, Checkpoint,
+from transformer_vq.train.checkpoint.store import (BEST_DIR, CHECKPOINTS_DIR, STEP_DIR, TRAINING_REMEDY, Checkpoint,
                                                   find_checkpoint, is_checkpoint_dir, latest_checkpoint,
                                                   list_checkpoints, missing, resume_order, run_dir_holding,
                                                   weights_only)
@@ -49,7 +49,7 @@ def checkpoint_to_resume(ckpt_root: Path, resume: str, log) -> Checkpoint | None
     """The checkpoint ``resume`` names: for ``"auto"`` the newest complete one under ``ckpt_root`` (None, logged,
     when there is none yet), else the run or checkpoint directory at that path."""
     if resume != "auto":
-        return find_checkpoint(resume)
+        return find_checkpoint(resume, remedy=TRAINING_REMEDY)
     ckpt = latest_checkpoint(ckpt_root, log=log)
     if ckpt is None:
         log(f"no checkpoint in {ckpt_root} yet: starting from scratch")

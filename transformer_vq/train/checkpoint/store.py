@@ -282,10 +282,16 @@ def _lagging_pointer(root: Path, chosen: Path) -> str | None:
     return named if named and named != chosen.name and (Path(root) / named).is_dir() else None
 
 
-def latest_checkpoint(root: Path, *, log=None) -> Checkpoint | None:
+# What to do when every checkpoint of a run is damaged, in the words of the command that met it
+TRAINING_REMEDY = "start a new run with another --run-dir or without --resume"
+READING_REMEDY = "pass --ckpt a run directory or a checkpoints/step_* directory whose checkpoint is intact"
+
+
+def latest_checkpoint(root: Path, *, log=None, remedy: str = TRAINING_REMEDY) -> Checkpoint | None:
     """The newest complete checkpoint under ``root``: the newest that verifies (each damaged one skipped is
     reported through ``log``; so is a ``latest`` left behind by a save stopped before updating it).
-    ``None`` when there is no checkpoint at all."""
+    ``None`` when there is no checkpoint at all; when every one is damaged, a :class:`CheckpointError` ending in
+    ``remedy``."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
     candidates = resume_order(root)
     if not candidates:
@@ -299,10 +305,10 @@ def latest_checkpoint(root: Path, *, log=None) -> Checkpoint | None:
         lagging = _lagging_pointer(root, path)
         if lagging and path == candidates[0]:
             log(f"note: {root / 'latest'} names {lagging}, and {path.name} is newer and complete (a save stopped "
-                f"before it updated latest): resuming from {path.name}")
+                f"before it updated latest): taking {path.name}")
         return found
     raise CheckpointError(f"no complete checkpoint in {root}: every one failed verification (see warnings "
-                          f"above); start a new run with another --run-dir or without --resume")
+                          f"above); {remedy}")
 
 
 def missing(path: Path) -> str:
@@ -311,16 +317,16 @@ def missing(path: Path) -> str:
             f"checkpoints/step_* directories")
 
 
-def find_checkpoint(path: str | Path) -> Checkpoint:
-    """Resolve what a user passes as ``--ckpt``: a run directory, its ``checkpoints/`` directory, or
-    one checkpoint directory."""
+def find_checkpoint(path: str | Path, *, remedy: str = READING_REMEDY) -> Checkpoint:
+    """Resolve what a user passes as ``--ckpt`` (or ``--resume PATH``, whose ``remedy`` is training's): a run
+    directory, its ``checkpoints/`` directory, or one checkpoint directory."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(missing(path))
     if (path / "manifest.json").is_file() or STEP_DIR.match(path.name):
         return read_checkpoint(path)
     for root in (path / CHECKPOINTS_DIR, path):
-        found = latest_checkpoint(root) if root.is_dir() else None
+        found = latest_checkpoint(root, remedy=remedy) if root.is_dir() else None
         if found is not None:
             return found
     raise CheckpointError(f"no checkpoint found in {path}; pass a run directory written by `tvq train` "
