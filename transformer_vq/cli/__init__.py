@@ -60,6 +60,7 @@ def build_parser():
 
 
 def installed_version() -> str:
+    """The installed distribution's version (what pip recorded), read without importing the library or torch."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:

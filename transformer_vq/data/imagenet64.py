@@ -117,6 +117,7 @@ NPZ_ERRORS = (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError)
 
 
 def corrupt_npz(path: Path, exc: BaseException) -> DataError:
+    """The one message for an .npz file that cannot be read, whichever step found it."""
     return DataError(f"cannot read {path} as an .npz file ({exc}); it is corrupt: download it again")
 
 
