@@ -54,8 +54,31 @@ def test_fashion_mnist_from_a_directory_of_plain_idx_files(tmp_path):
     _, raw = fashion_files()
     for name, data in raw.items():
         (tmp_path / name).write_bytes(data)
-    data = load_classification("fashion-mnist", data_path=tmp_path, validation_size=1)
+    # a stand-in, not the release: read only when its checksums are waived
+    data = load_classification("fashion-mnist", data_path=tmp_path, validation_size=1, release_checksums=False)
     assert data.splits["train"][0][1] == 0 and len(data.splits["train"]) == 5
+
+
+def test_a_folder_of_other_idx_files_is_not_read_as_fashion_mnist(tmp_path):
+    """MNIST's files have Fashion-MNIST's names: a folder of them trained as Fashion-MNIST in silence, and files from
+    several folders were mixed (helper-74 audit-data F3)."""
+    _, raw = fashion_files()
+    for name, data in raw.items():
+        (tmp_path / "mnist" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "mnist" / name).write_bytes(data)
+    with pytest.raises(DataError, match=r"^train-images-idx3-ubyte in .*mnist is not Fashion-MNIST's \(sha256 \w+, "
+                                        r"expected c59f468a\w+\): MNIST's files have the same names. For another "
+                                        r"copy in this format, pass --data-option release_checksums=false$"):
+        load_classification("fashion-mnist", data_path=tmp_path, validation_size=1)
+    for name, data in raw.items():  # a second folder holding all four: which one is meant is not guessed
+        (tmp_path / "copy" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "copy" / name).write_bytes(data)
+    with pytest.raises(DataError, match=r"^2 folders under .* hold the four IDX files \(.*copy, .*mnist\); pass the "
+                                        r"one to read as --data-path$"):
+        load_classification("fashion-mnist", data_path=tmp_path, validation_size=1, release_checksums=False)
+    (tmp_path / "copy" / "t10k-labels-idx1-ubyte").unlink()  # one whole folder, one partial: the whole one
+    data = load_classification("fashion-mnist", data_path=tmp_path, validation_size=1, release_checksums=False)
+    assert len(data.splits["train"]) == 5
 
 
 @pytest.mark.parametrize("override, message", [
@@ -74,8 +97,9 @@ def test_fashion_mnist_malformed_files(tmp_path, override, message):
 
 
 def test_fashion_mnist_missing_file(tmp_path):
-    with pytest.raises(DataError, match=r"no train-images-idx3-ubyte\(\.gz\) under .*; pass --data-path with "
-                                        r"dataset-fashion-mnist_\*\.deb"):
+    with pytest.raises(DataError, match=r"no folder under .* holds all four IDX files: no train-images-idx3-ubyte"
+                                        r"\(\.gz\) beside the others; pass --data-path with dataset-fashion-mnist_"
+                                        r"\*\.deb"):
         load_classification("fashion-mnist", data_path=tmp_path)
 
 

@@ -16,6 +16,7 @@ validation; the 10,000 test images are the test split. Converted once into the c
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import zlib
 from pathlib import Path
@@ -29,7 +30,7 @@ from transformer_vq.data.classify.examples import ClassificationData, Examples, 
 from transformer_vq.data.classify.store import cached_splits
 from transformer_vq.data.debian import apt_download, read_deb_file
 from transformer_vq.data.errors import DataError
-from transformer_vq.data.options import WITHOUT_PATH, Positive
+from transformer_vq.data.options import WITH_PATH, WITHOUT_PATH, Positive
 
 PACKAGE = "dataset-fashion-mnist"
 DEB_DIR = "usr/share/datasets/fashion-mnist"
@@ -44,6 +45,12 @@ IMAGE_MAGIC, LABEL_MAGIC = 0x00000803, 0x00000801
 KNOWN_PACKAGES = {"dataset-fashion-mnist_0.0~git20200523.55506a9-1_all.deb":
                   "39e172fe32dd318ebb3e512220c3beea2fa47d7e20bab348fb4e0922d6beefc0"}
 INSTEAD = f"pass --data-path with {PACKAGE}_*.deb or a directory holding the four Fashion-MNIST IDX files"
+# SHA-256 of each IDX file of the release, decompressed (read from the Debian package above, 2026-11-29): checked for
+# a directory given as --data-path, where MNIST's files, named alike, would otherwise train as Fashion-MNIST
+RELEASE_SHA256 = {"train_images": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+                  "train_labels": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+                  "test_images": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+                  "test_labels": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"}
 
 
 def parse_idx(raw: bytes, name: str, *, images: bool) -> np.ndarray:
@@ -79,13 +86,42 @@ def read_release(source: Path, use_dpkg: bool | None = None) -> dict[str, bytes]
             raise DataError(f"checksum mismatch for {source}: sha256 {sha256}, expected {known} for this Debian "
                             f"release. The file is corrupt: delete it and run again, or {INSTEAD}")
         return {key: read_deb_file(source, f"{DEB_DIR}/{name}.gz", use_dpkg=use_dpkg) for key, name in FILES.items()}
-    out = {}
-    for key, name in FILES.items():
-        matches = sorted(source.rglob(f"{name}.gz")) or sorted(source.rglob(name))
-        if not matches:
-            raise DataError(f"no {name}(.gz) under {source}; {INSTEAD}")
-        out[key] = matches[0].read_bytes()
-    return out
+    folder = release_folder(source)
+    return {key: _idx_file(folder, name).read_bytes() for key, name in FILES.items()}
+
+
+def _idx_file(folder: Path, name: str) -> Path:
+    """``name.gz`` in ``folder`` if there is one, else ``name``."""
+    return folder / f"{name}.gz" if (folder / f"{name}.gz").is_file() else folder / name
+
+
+def release_folder(source: Path) -> Path:
+    """The one folder at or below ``source`` that holds all four IDX files (each plain or ``.gz``): files taken from
+    different folders could mix two datasets; several such folders are refused by name."""
+    holding = sorted({path.parent for name in FILES.values() for path in source.rglob(f"{name}*")
+                      if path.name in (name, f"{name}.gz")})
+    whole = [folder for folder in holding if all(_idx_file(folder, name).is_file() for name in FILES.values())]
+    if len(whole) == 1:
+        return whole[0]
+    if whole:
+        raise DataError(f"{len(whole)} folders under {source} hold the four IDX files ({', '.join(map(str, whole))}); "
+                        f"pass the one to read as --data-path")
+    have = {name for folder in holding for name in FILES.values() if _idx_file(folder, name).is_file()}
+    lacking = [name for name in FILES.values() if name not in have] or list(FILES.values())
+    where = "" if not holding else f" (parts of it are in {', '.join(map(str, holding))})"
+    raise DataError(f"no folder under {source} holds all four IDX files: no {lacking[0]}(.gz) beside the "
+                    f"others{where}; {INSTEAD}")
+
+
+def check_release(raw: dict[str, bytes], source: Path) -> None:
+    """Refuse IDX files that are not Fashion-MNIST's release (by their decompressed SHA-256)."""
+    for key, expected in RELEASE_SHA256.items():
+        data = gzip.decompress(raw[key]) if raw[key][:2] == b"\x1f\x8b" else raw[key]
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != expected:
+            raise DataError(f"{FILES[key]} in {release_folder(source)} is not Fashion-MNIST's (sha256 {digest}, "
+                            f"expected {expected}): MNIST's files have the same names. For another copy in this "
+                            f"format, pass --data-option release_checksums=false")
 
 
 def find_source(data_path, cache_dir, apt_command) -> Path:
@@ -100,9 +136,11 @@ def find_source(data_path, cache_dir, apt_command) -> Path:
     return cached[-1] if cached else apt_download(PACKAGE, download, command=apt_command)
 
 
-def convert(source: Path, use_dpkg: bool | None) -> dict[str, Examples]:
+def convert(source: Path, use_dpkg: bool | None, release_checksums: bool = True) -> dict[str, Examples]:
     """Train (all 60,000 in the release) and test examples read from ``source``; validation is cut later."""
     raw = read_release(source, use_dpkg)
+    if release_checksums and source.suffix != ".deb":  # a package is checked by its own checksum
+        check_release(raw, source)
     splits = {}
     for split in ("train", "test"):
         images = parse_idx(raw[f"{split}_images"], FILES[f"{split}_images"], images=True)
@@ -117,10 +155,15 @@ def convert(source: Path, use_dpkg: bool | None) -> dict[str, Examples]:
 def load_fashion_mnist(data_path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
                        validation_size: Positive = 5_000,
                        apt_command: Annotated[tuple[str, ...], WITHOUT_PATH] | None = None,
-                       use_dpkg: bool | None = None) -> ClassificationData:
-    """Fashion-MNIST as 784-token sequences (10 classes), fetched with apt on first use."""
+                       use_dpkg: bool | None = None,
+                       release_checksums: Annotated[bool, WITH_PATH] = True) -> ClassificationData:
+    """Fashion-MNIST as 784-token sequences (10 classes), fetched with apt on first use.
+
+    ``release_checksums``: a folder given as ``data_path`` must hold the release's four files (their SHA-256); false
+    reads another copy in the same format."""
     source = find_source(data_path, cache_dir, apt_command)
-    stored = cached_splits("fashion-mnist", [source], {"format": 1}, lambda *_: convert(source, use_dpkg), cache_dir,
+    stored = cached_splits("fashion-mnist", [source], {"format": 1, "release_checksums": release_checksums},
+                           lambda *_: convert(source, use_dpkg, release_checksums), cache_dir,
                            splits=("train", "test"))
     train, validation = holdout(stored["train"], validation_size, "fashion-mnist")
     return ClassificationData("fashion-mnist", {"train": train, "validation": validation, "test": stored["test"]},
