@@ -217,9 +217,11 @@ def test_damaged_checkpoint(capsys, finished_run, command, damage):
         (step / name).write_text(json.dumps({"model": 3}))
     argv = {"eval": ["eval", "--ckpt", str(finished_run)], "sample": ["sample", "--ckpt", str(finished_run)],
             "resume": ["train", "--resume", "--run-dir", str(finished_run), "--steps", "4"]}[command]
+    # each command's own remedy: a reader of the run is not told to use training's flags
+    remedy = ("start a new run with another --run-dir or without --resume" if command == "resume" else
+              "pass --ckpt a run directory or a checkpoints/step_* directory whose checkpoint is intact")
     assert error_line(capsys, argv) == (f"error: no complete checkpoint in {finished_run / 'checkpoints'}: every one "
-                         f"failed verification (see warnings above); start a new run with another --run-dir or "
-                         f"without --resume")
+                                        f"failed verification (see warnings above); {remedy}")
 
 
 def test_damaged_checkpoint_warning_names_the_file(capsys, finished_run):

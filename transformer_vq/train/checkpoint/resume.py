@@ -19,7 +19,9 @@ from transformer_vq.train.checkpoint.store import (BEST_DIR, CHECKPOINTS_DIR, ST
 
 def refuse_fresh_over_checkpoints(ckpt_root: Path, run_dir: Path, resume: str | None) -> None:
     """A new run (``resume`` None), or one resumed from another run's checkpoint (``--resume PATH`` with a
-    ``--run-dir`` of its own), must not write over another run's checkpoints: raise :class:`ConfigError`."""
+    ``--run-dir`` of its own), must not write over another run's checkpoints: raise :class:`ConfigError`. Every
+    trainer calls it as soon as it holds the run directory's lock, before its data are read (a corpus can take hours
+    to build), and again when it starts."""
     if not list_checkpoints(ckpt_root):
         return
     if resume is None:
@@ -33,6 +35,11 @@ def refuse_fresh_over_checkpoints(ckpt_root: Path, run_dir: Path, resume: str | 
             f"checkpoints and metrics would mix; leave out --run-dir/--name to continue in "
             f"{run_dir_named(resume)}, or give a new --run-dir"
         )
+
+
+def refuse_over_checkpoints_of(run_dir: Path, resume: str | None) -> None:
+    """:func:`refuse_fresh_over_checkpoints` for the run directory ``run_dir`` (its checkpoints/ folder)."""
+    refuse_fresh_over_checkpoints(Path(run_dir) / CHECKPOINTS_DIR, Path(run_dir), resume)
 
 
 def run_dir_named(resume: str | Path) -> Path:
@@ -63,10 +70,7 @@ def check_resume(run_dir: Path, resume: str | None, train) -> Path | None:
     (:func:`refuse_changed_fields`, read from the checkpoint's config.json).
 
     Read from the layout: ``resume`` is ``"auto"`` (run directory ``run_dir``), a run directory or one checkpoint
-    directory. Returns the checkpoint the resume will start from (unverified), None for a new run. A new run into a
-    directory that holds checkpoints is refused here too (the trainer checks again, holding the directory's lock), so
-    that a typo in --run-dir is not found after hours of building a corpus."""
-    refuse_fresh_over_checkpoints(Path(run_dir) / CHECKPOINTS_DIR, Path(run_dir), resume)
+    directory. Returns the checkpoint the resume will start from (unverified), None for a new run."""
     if resume is None:
         return None
     path = Path(run_dir) if resume == "auto" else Path(resume)

@@ -23,7 +23,7 @@ import torch
 from transformer_vq.config import ClassifyConfig
 from transformer_vq.data.classify import ClassBatches
 from transformer_vq.train.checkpoint.errors import CheckpointError
-from transformer_vq.train.checkpoint.resume import check_resume, check_same_data
+from transformer_vq.train.checkpoint.resume import check_resume, check_same_data, refuse_over_checkpoints_of
 from transformer_vq.train.checkpoint.rundir import hold_run_dir, writing
 from transformer_vq.train.checkpoint.store import BEST_DIR, Checkpoint, save_checkpoint
 from transformer_vq.train.classify.build import (build_classifier, check_data_fits, check_data_named,
@@ -65,6 +65,7 @@ def classify_train(cfg: ClassifyConfig, *, resume: str | None = None, data=None,
     device = training_device(cfg.train)
     check_fits(lambda: build_classifier(cfg), cfg.train.optimizer, device, task="classify")
     with hold_run_dir(cfg.train.resolved_run_dir(), Distributed()):
+        refuse_over_checkpoints_of(cfg.train.resolved_run_dir(), resume)  # before the data is read
         trainer = ClassifyTrainer(cfg, device, data)
         exit_code = trainer.run(resume, _skip_restore)
     return ClassifyResult(run_dir=trainer.run_dir, step=trainer.step, exit_code=exit_code,

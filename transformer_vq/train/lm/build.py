@@ -74,8 +74,13 @@ def check_corpus_options(train_cfg: TrainConfig) -> None:
     from transformer_vq.data.registry import loader
 
     checked_options(train_cfg.data, loader(train_cfg.data), corpus_options(train_cfg))
+
+
+def check_documents_used(train_cfg: TrainConfig) -> None:
+    """Refuse (``DataError``) ``lines``, which makes each line a document, without ``pack``: the documents are read
+    only by packing, so the run would be the same and the option ignored. After the resume checks, whose refusal of
+    a changed option says more to a resumed run."""
     if train_cfg.data_options.get("lines") and not train_cfg.pack:
-        # the documents it makes are read only by packing: without it the run is the same, and the option ignored
         raise DataError("--data-option lines: one document per line separates packed documents; it applies only "
                         "with --pack: add --pack or leave it out")
 

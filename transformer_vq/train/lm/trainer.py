@@ -26,11 +26,12 @@ from transformer_vq.config import ConfigError, RunConfig
 from transformer_vq.data.batches import check_decodable, check_vocab, corpus_batches, packed_documents
 from transformer_vq.data.corpus import corpus_fingerprint
 from transformer_vq.data.metrics import bits_per_byte, corpus_tokens_per_byte, corpus_tokens_per_word
-from transformer_vq.train.checkpoint.resume import check_resume, check_same_data
+from transformer_vq.train.checkpoint.resume import check_resume, check_same_data, refuse_over_checkpoints_of
 from transformer_vq.train.checkpoint.rundir import hold_run_dir
 from transformer_vq.train.device import training_device
 from transformer_vq.train.fits import check_fits
-from transformer_vq.train.lm.build import build_model, check_corpus_options, load_corpus_for, save_run_tokenizer
+from transformer_vq.train.lm.build import (build_model, check_corpus_options, check_documents_used, load_corpus_for,
+                                          save_run_tokenizer)
 from transformer_vq.train.lm.carry import all_finite, from_plain, plain_rows, to_plain
 from transformer_vq.train.lm.evaluate import EvalResult, evaluate_tokens, trained_history
 from transformer_vq.train.lm.objective import masked_window
@@ -70,6 +71,7 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
     check_corpus_options(cfg.train)
     # before the corpus and the model are read
     resumed = check_resume(cfg.train.resolved_run_dir(), resume, cfg.train) is not None
+    check_documents_used(cfg.train)
     check_workers_of(cfg.train, resumed)
     device = training_device(cfg.train)
     dist_info = setup_distributed(device.type, cfg.train.parallel, cfg.train.context_parallel)
@@ -82,6 +84,7 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
                    dist_info.fsdp)
         # locked before anything slow (loading the corpus): a second training is refused at once
         with hold_run_dir(cfg.train.resolved_run_dir(), dist_info):
+            refuse_over_checkpoints_of(cfg.train.resolved_run_dir(), resume)  # before the data is read
             trainer = LMTrainer(cfg, dist_info, device, model)
             exit_code = trainer.run(resume, _skip_restore)
         # no worker tears its process group down while another still talks to it (a gloo worker that left
