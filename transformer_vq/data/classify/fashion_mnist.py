@@ -53,13 +53,18 @@ RELEASE_SHA256 = {"train_images": "c59f468a2f672dc815687fe0f83887768d799fd8a3f32
                   "test_labels": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"}
 
 
+def decompressed(raw: bytes, name: str) -> bytes:
+    """The bytes of IDX file ``name``, gunzipped when they are gzip's (once, for the checksum and the parse)."""
+    if raw[:2] != b"\x1f\x8b":
+        return raw
+    try:
+        return gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DataError(f"cannot decompress {name} ({exc}); it is corrupt: {INSTEAD}") from exc
+
+
 def parse_idx(raw: bytes, name: str, *, images: bool) -> np.ndarray:
-    """``[N, 28 * 28]`` pixels (``images``) or ``[N]`` labels from the bytes of one IDX file."""
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise DataError(f"cannot decompress {name} ({exc}); it is corrupt: {INSTEAD}") from exc
+    """``[N, 28 * 28]`` pixels (``images``) or ``[N]`` labels from the (decompressed) bytes of one IDX file."""
     magic, n_dims = (IMAGE_MAGIC, 3) if images else (LABEL_MAGIC, 1)
     header = 4 + 4 * n_dims
     if len(raw) < header or int.from_bytes(raw[:4], "big") != magic:
@@ -114,10 +119,9 @@ def release_folder(source: Path) -> Path:
 
 
 def check_release(raw: dict[str, bytes], source: Path) -> None:
-    """Refuse IDX files that are not Fashion-MNIST's release (by their decompressed SHA-256)."""
+    """Refuse IDX files (decompressed) that are not Fashion-MNIST's release, by their SHA-256."""
     for key, expected in RELEASE_SHA256.items():
-        data = gzip.decompress(raw[key]) if raw[key][:2] == b"\x1f\x8b" else raw[key]
-        digest = hashlib.sha256(data).hexdigest()
+        digest = hashlib.sha256(raw[key]).hexdigest()
         if digest != expected:
             raise DataError(f"{FILES[key]} in {release_folder(source)} is not Fashion-MNIST's (sha256 {digest}, "
                             f"expected {expected}): MNIST's files have the same names. For another copy in this "
@@ -138,7 +142,7 @@ def find_source(data_path, cache_dir, apt_command) -> Path:
 
 def convert(source: Path, use_dpkg: bool | None, release_checksums: bool = True) -> dict[str, Examples]:
     """Train (all 60,000 in the release) and test examples read from ``source``; validation is cut later."""
-    raw = read_release(source, use_dpkg)
+    raw = {key: decompressed(data, FILES[key]) for key, data in read_release(source, use_dpkg).items()}
     if release_checksums and source.suffix != ".deb":  # a package is checked by its own checksum
         check_release(raw, source)
     splits = {}
