@@ -1,5 +1,6 @@
 """enwik8, proven on a small stand-in zip laid out like the real ``enwik8.zip``."""
 
+import gzip
 import hashlib
 import zipfile
 
@@ -97,6 +98,19 @@ def test_malformed_inputs(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="contains neither enwik8 nor enwik8.zip"):
         load_corpus("enwik8", data_path=tmp_path / "empty")
+    # with the checks off, a truncated zip (no central directory) and a gzip were taken for the extracted text
+    unchecked = dict(expected_size=None, expected_digests=None)
+    truncated = tmp_path / "t" / "enwik8.zip"
+    truncated.parent.mkdir()
+    whole = make_zip(tmp_path / "whole" / "enwik8.zip").read_bytes()
+    truncated.write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(DataError, match="cannot read .*enwik8.zip as a zip archive"):
+        load_corpus("enwik8", data_path=truncated, **unchecked)
+    packed = tmp_path / "g" / "enwik8"
+    packed.parent.mkdir()
+    packed.write_bytes(gzip.compress(CONTENT))
+    with pytest.raises(DataError, match="enwik8 is gzip-compressed data, not text"):
+        load_corpus("enwik8", data_path=packed, **unchecked)
 
 
 def test_a_wrong_zip_given_is_refused_even_when_the_cache_holds_the_extraction(tmp_path, cache_dir):

@@ -1,5 +1,6 @@
 """gcide, proven on a stand-in Debian package laid out like ``dict-gcide``."""
 
+import bz2
 import gzip
 import hashlib
 import io
@@ -116,6 +117,15 @@ def test_malformed_packages(tmp_path):
     corrupt.write_bytes(gzip.compress(TEXT)[:100])
     with pytest.raises(DataError, match="cannot decompress .* it is corrupt"):
         load_corpus("gcide", data_path=corrupt)
+    # a dictzip whose magic number is damaged, and another compressor under the .dz name, were read as the text
+    damaged = tmp_path / "m" / "gcide.dict.dz"
+    damaged.parent.mkdir()
+    damaged.write_bytes(b"\x00" + gzip.compress(TEXT)[1:])
+    with pytest.raises(DataError, match="named as gzip but does not start with gzip's magic number .*corrupt"):
+        load_corpus("gcide", data_path=damaged)
+    damaged.write_bytes(bz2.compress(TEXT))
+    with pytest.raises(DataError, match=r"gcide.dict.dz is bzip2-compressed, not gzip nor plain; unpack it"):
+        load_corpus("gcide", data_path=damaged)
     with pytest.raises(DataError, match="does not exist; pass --data-path with dict-gcide_\\*.deb"):
         load_corpus("gcide", data_path=tmp_path / "missing")
 

@@ -61,3 +61,25 @@ def test_bad_text_paths(tmp_path, make, message):
 def test_text_needs_a_path():
     with pytest.raises(DataError, match="--data text needs a file or directory: pass --data-path"):
         load_corpus("text")
+
+
+COMPRESSED = {  # what a user may hand over as text by mistake: each compressor's own bytes
+    "gzip": lambda data: __import__("gzip").compress(data),
+    "bzip2": lambda data: __import__("bz2").compress(data),
+    "xz": lambda data: __import__("lzma").compress(data),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(COMPRESSED))
+def test_a_compressed_file_is_refused_not_trained_on_as_bytes(tmp_path, fmt):
+    packed = tmp_path / "book.txt"  # the name says text: the bytes decide
+    packed.write_bytes(COMPRESSED[fmt](b"It was a dark and stormy night. " * 400))
+    with pytest.raises(DataError, match=rf"book.txt is {fmt}-compressed data, not text.*unpack it first"):
+        load_corpus("text", data_path=packed)
+    folder = tmp_path / "books"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes(b"plain text " * 100)
+    packed.rename(folder / "b.txt")
+    with pytest.raises(DataError, match=rf"b.txt is {fmt}-compressed.*move it out of .*books.*glob="):
+        load_corpus("text", data_path=folder, cache_dir=tmp_path / "cache")
+    assert load_corpus("text", data_path=folder, glob="a.txt", cache_dir=tmp_path / "cache").split_bytes

@@ -15,7 +15,8 @@ Every derived file or directory (a concatenated text tree, a tokenized split, a 
 classification splits) lives under a name given by :func:`fingerprint`: a hash of every input file it was built
 from, by path, size and modification time (a directory input stands for every file below it, however deep), and
 of every option that shapes it. A changed input or option therefore names another entry, and the stale one is
-never read.
+not read; an input rewritten with its size and modification time both kept (``cp -p`` of another version) is not
+seen as changed: the key reads no contents, so that a large input is not hashed on every load.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.download import download
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.formats import HEAD, container_of, refuse_container
 from transformer_vq.data.options import Fractions, Positive
 from transformer_vq.data.progress import building
 from transformer_vq.data.splits import DEFAULT_FRACTIONS, byte_corpus
@@ -104,6 +105,14 @@ def verify_enwik8(path: Path, expected_size: int | None, expected_digests: Mappi
     return digests
 
 
+def is_zip(path: Path) -> bool:
+    """Whether ``path`` is meant as the zip: by its name or its first bytes, so a damaged zip is read (and refused)
+    as one rather than taken for the extracted text."""
+    with open(path, "rb") as handle:
+        found = container_of(handle.read(HEAD))
+    return path.suffix == ".zip" or (found is not None and found[0] == "zip") or zipfile.is_zipfile(path)
+
+
 def locate(data_path: str | os.PathLike) -> Path:
     """The zip or extracted file named by ``data_path`` (a directory is searched for either)."""
     path = Path(data_path).expanduser()
@@ -137,8 +146,9 @@ def load_enwik8(
             by default; ``None`` skips a check).
     """
     source = locate(data_path) if data_path is not None else None
-    if source is not None and not zipfile.is_zipfile(source):
+    if source is not None and not is_zip(source):
         # An extracted enwik8: verify it and map it in place rather than copying 100 MB.
+        refuse_container(source, GET_IT)  # with the checks off (expected_* None), nothing else would notice
         digests = verify_enwik8(source, expected_size, expected_digests)
         return _corpus(source, fractions, digests, str(source))
 

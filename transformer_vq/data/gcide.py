@@ -17,9 +17,7 @@ versions listed in :data:`KNOWN_RELEASES`.
 
 from __future__ import annotations
 
-import gzip
 import os
-import zlib
 from pathlib import Path
 
 from transformer_vq import fileio
@@ -27,6 +25,7 @@ from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.debian import apt_download, read_deb_file
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.formats import gunzip
 from transformer_vq.data.options import Fractions
 from transformer_vq.data.progress import building
 from transformer_vq.data.splits import DEFAULT_FRACTIONS, byte_corpus
@@ -58,16 +57,6 @@ def find_source(data_path: str | os.PathLike) -> Path:
     if not path.is_file():
         raise DataError(f"{path} does not exist; {INSTEAD}")
     return path
-
-
-def decompress_text(raw: bytes, source: Path) -> bytes:
-    """The dictionary text from ``raw`` file contents: gunzipped when gzip/dictzip, else as is."""
-    if raw[:2] != b"\x1f\x8b":
-        return raw
-    try:
-        return gzip.decompress(raw)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise DataError(f"cannot decompress {source} ({exc}); it is corrupt: fetch it again or {INSTEAD}") from exc
 
 
 def load_gcide(
@@ -110,7 +99,7 @@ def load_gcide(
             facts.update(package=source.name, package_sha256=deb_sha256)
         else:
             raw = source.read_bytes()
-        text = decompress_text(raw, source)
+        text = gunzip(raw, source, INSTEAD)
         if not text:
             raise DataError(f"the dictionary text from {source} is empty; {INSTEAD}")
         fileio.atomic_write_bytes(out, text)

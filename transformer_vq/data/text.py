@@ -20,6 +20,7 @@ from transformer_vq import fileio
 from transformer_vq.data import cache
 from transformer_vq.data.corpus import Corpus
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.formats import refuse_container
 from transformer_vq.data.options import Fractions
 from transformer_vq.data.progress import Advance, building, no_progress
 from transformer_vq.data.splits import DEFAULT_FRACTIONS, byte_corpus
@@ -93,6 +94,7 @@ def load_text(
     if path.is_file():
         if glob is not None:
             raise DataError(f"glob={glob!r} only applies to a directory, but {path} is a file; drop the glob option")
+        refuse_container(path, "pass a text file or directory with --data-path")
         starts = line_starts(path) if lines else [0]
         return byte_corpus("text", path, fractions=fractions, doc_starts=starts, metadata={"source": str(path)})
     if lines:
@@ -106,6 +108,8 @@ def load_text(
         what = f"files matching {glob!r}" if glob else "non-hidden files"
         raise DataError(f"directory {path} contains no {what}; put text files in it or pass a text file with "
                         "--data-path")
+    for file in files:  # eight bytes each, on every load: a cached concatenation may predate the check
+        refuse_container(file, f"move it out of {path}, or choose the text files with --data-option glob=PATTERN")
     # Key the cached concatenation by what was concatenated, so any change gives a fresh copy.
     out = cache.dataset_dir("text", cache_dir) / f"{cache.fingerprint(files, root=str(path.resolve()))}.bin"
     manifest = fileio.verified_manifest(out)

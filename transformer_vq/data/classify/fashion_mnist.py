@@ -15,10 +15,8 @@ validation; the 10,000 test images are the test split. Converted once into the c
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import os
-import zlib
 from pathlib import Path
 from typing import Annotated
 
@@ -30,6 +28,7 @@ from transformer_vq.data.classify.examples import ClassificationData, Examples, 
 from transformer_vq.data.classify.store import cached_splits
 from transformer_vq.data.debian import apt_download, read_deb_file
 from transformer_vq.data.errors import DataError
+from transformer_vq.data.formats import gunzip
 from transformer_vq.data.options import WITH_PATH, WITHOUT_PATH, Positive
 
 PACKAGE = "dataset-fashion-mnist"
@@ -51,16 +50,6 @@ RELEASE_SHA256 = {"train_images": "c59f468a2f672dc815687fe0f83887768d799fd8a3f32
                   "train_labels": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
                   "test_images": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
                   "test_labels": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"}
-
-
-def decompressed(raw: bytes, name: str) -> bytes:
-    """The bytes of IDX file ``name``, gunzipped when they are gzip's (once, for the checksum and the parse)."""
-    if raw[:2] != b"\x1f\x8b":
-        return raw
-    try:
-        return gzip.decompress(raw)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise DataError(f"cannot decompress {name} ({exc}); it is corrupt: {INSTEAD}") from exc
 
 
 def parse_idx(raw: bytes, name: str, *, images: bool) -> np.ndarray:
@@ -142,7 +131,7 @@ def find_source(data_path, cache_dir, apt_command) -> Path:
 
 def convert(source: Path, use_dpkg: bool | None, release_checksums: bool = True) -> dict[str, Examples]:
     """Train (all 60,000 in the release) and test examples read from ``source``; validation is cut later."""
-    raw = {key: decompressed(data, FILES[key]) for key, data in read_release(source, use_dpkg).items()}
+    raw = {key: gunzip(data, FILES[key], INSTEAD) for key, data in read_release(source, use_dpkg).items()}
     if release_checksums and source.suffix != ".deb":  # a package is checked by its own checksum
         check_release(raw, source)
     splits = {}
