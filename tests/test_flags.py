@@ -197,6 +197,24 @@ def test_environment_problems_are_one_line(monkeypatch, capsys, error, message):
     assert capsys.readouterr().err == message + "\n"
 
 
+@pytest.mark.parametrize("command, hint", [
+    ("demo", "use a smaller --length or --preset"),  # helper-72 audit-cli F7: once training's batch_size or seq_len
+    ("eval", "use a smaller --window-len or fewer --streams"),
+    ("train", "use a smaller model (--preset, --d-model, --n-layers), --batch-size or --update-len"),
+    ("version", "use a smaller model, batch_size or seq_len"),  # a command without a hint of its own
+])
+def test_out_of_memory_names_what_the_command_itself_can_change(monkeypatch, capsys, command, hint):
+    import importlib
+
+    def run(args):
+        raise RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 800 bytes. can't allocate "
+                           "memory")
+
+    monkeypatch.setattr(importlib.import_module(f"transformer_vq.cli.{command}"), "run", run)
+    main([command, "--ckpt", "x"] if command == "eval" else [command])
+    assert capsys.readouterr().err.startswith(f"error: out of memory (tried to allocate 800 bytes); {hint}")
+
+
 @pytest.mark.parametrize("number, words", [(errno.EROFS, "Read-only file system"), (errno.ENOSPC, "No space left on "
                                              "device"), (errno.EACCES, "Permission denied")])
 def test_a_failing_write_in_the_data_cache_names_the_variable_that_moves_it(monkeypatch, capsys, tmp_path, number,

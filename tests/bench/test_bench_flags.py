@@ -116,7 +116,7 @@ def test_train_takes_n_head_with_a_single_head_preset():
 
 def test_decode_refuses_an_encoder_up_front(tmp_path, capsys):
     assert refusal(tmp_path, capsys, ["decode", "--preset", "tiny", "--models", "vq", "--no-causal"]) == (
-        "error: invalid DecodeBenchConfig: tvq bench decode generates tokens, and an encoder (causal false) has no "
+        "error: tvq bench decode generates tokens, and an encoder (causal false) has no "
         "decoding state to generate from; leave out --no-causal")
     with pytest.raises(ConfigError, match="an encoder"):
         DecodeBenchConfig(model=DecodeBenchConfig().model.replace(causal=False))

@@ -316,9 +316,9 @@ def test_cli_longvq_nests_a_longvq_config():
     (["--preset", "small"], "error: --preset: must be one of enwik8, tiny, lra-text, got 'small'"),
     (["--layers", "mega"], "error: --layers: must be one of longvq, longvq-relu2, transformer, transformer-dense, "
                            "got 'mega'"),
-    (["--causal"], "error: invalid LongVQBenchConfig: the LongVQ block must be an encoder (--no-causal), as the "
+    (["--causal"], "error: the LongVQ block must be an encoder (--no-causal), as the "
                    "transformer block it is compared with"),
-    (["--d-qk", "96"], "error: invalid LongVQBenchConfig: the transformer block splits d_model into heads of width "
+    (["--d-qk", "96"], "error: the transformer block splits d_model into heads of width "
                        "d_qk: d_model must be divisible by d_qk, got d_model=128, d_qk=96"),
 ])
 def test_cli_longvq_rejects_bad_input(tmp_path, capsys, args, message):

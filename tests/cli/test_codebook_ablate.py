@@ -46,6 +46,16 @@ def test_codebook_figures_equal_a_hand_computation(known_codebooks, tmp_path, ca
     assert any(p.name.startswith("events") for p in (known_codebooks / "tb").iterdir())  # in TensorBoard too
 
 
+def test_codebook_out_that_cannot_hold_the_figures_is_refused_by_name(known_codebooks, tmp_path, capsys):
+    """As export's, bench's and ablate's: once an OSError naming the path and neither the flag nor the command."""
+    (tmp_path / "f.txt").write_text("x")
+    assert main(["codebook", "--ckpt", str(known_codebooks), "--out", str(tmp_path / "f.txt")]) == 2
+    assert capsys.readouterr().err == (f"error: --out: {tmp_path / 'f.txt'} is a file, not a directory; remove it "
+                                       f"or choose another path\n")
+    assert main(["codebook", "--ckpt", str(known_codebooks), "--out", str(tmp_path / "f.txt" / "figs")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --out: cannot make the directory {tmp_path / 'f.txt' / 'figs'}")
+
+
 def test_codebook_training_curve_keeps_the_later_row_of_a_repeated_step(known_codebooks):
     from transformer_vq.ablate.codebook import training_curve
 

@@ -133,8 +133,22 @@ TOOLS = {
     "tokenizer-vocab-size-word": (["tokenizer", "--data-path", ".", "--vocab-size", "abc"],
                                   "--vocab-size: must be an integer, got 'abc'"),
     "tokenizer-threads-negative": (["tokenizer", "--data-path", ".", "--threads", "-1"],
-                                   "--threads: must be a positive integer, got '-1'"),
+                                   "--threads: must be in [1, 1024], got '-1'"),
     "tokenizer-without-data-path": (["tokenizer"], "--data-path: is required: pass the PG-19 root directory"),
+    "tokenizer-threads-huge": (["tokenizer", "--data-path", ".", "--threads", "100000"],
+                               "--threads: must be in [1, 1024], got '100000'"),
+    "demo-preset-unknown": (["demo", "--preset", "bogus"],
+                            "--preset: must be one of enwik8, pg19, imagenet64, small, tiny, got 'bogus'"),
+    # a flag no cell reads is named as that, not by what the model's checks make of its value
+    "bench-longvq-unread-field": (["bench", "longvq", "--n-classes", "0", "--no-isolate"],
+                                  "--n-classes: tvq bench longvq times one block on random embeddings, which this "
+                                  "field does not change"),
+    # ablate's own flags are named, not the TrainConfig of a cell the user never typed
+    "ablate-eval-tokens-one": (["ablate", "--matrix", "codebook", "--eval-tokens", "1"],
+                               "--eval-tokens: must be 0 (all) or at least 2 (a token is scored from the one before "
+                               "it), got 1"),
+    "ablate-seq-len-not-multiple": (["ablate", "--matrix", "codebook", "--seq-len", "100", "--update-len", "30"],
+                                    "--seq-len: must be a multiple of update_len=30 (e.g. 90), got 100"),
     "demo-seed-negative": (["demo", "--seed", "-1"], "--seed: must be an integer >= 0, got '-1'"),
     "demo-seed-2-64": (["demo", "--seed", str(2**64)], f"--seed: is too large (at most 9223372036854775807), got "
                                                        f"'{2**64}'"),

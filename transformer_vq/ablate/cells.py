@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from transformer_vq.config import ConfigError, RunConfig, load_config
+from transformer_vq.config import ConfigError, RunConfig, TrainConfig, load_config
 from transformer_vq.config.ablate import AblateConfig, Matrix
 from transformer_vq.config.applies import turns_off, unmet, where_text
 from transformer_vq.config.arch import run_context
@@ -38,6 +38,10 @@ def cell_config(cfg: AblateConfig, matrix: Matrix, cell: str, seed: int, work_di
         return load_config(cfg.preset, overrides=matrix.cells[cell], shared=(*matrix.base, *cfg.overrides),
                            values={"model": {}, "train": train}, arch_flag=False)
     except ConfigError as err:
+        own = [(name, text) for name, text in err.problems if name in train and name in fields_of(AblateConfig)]
+        if err.cls is TrainConfig and own and len(own) == len(err.problems):
+            # the value came from this command's own flag (--eval-tokens, --seq-len): name the flag, as tvq train does
+            raise ConfigError(f"invalid AblateConfig: {err}", own, AblateConfig) from None
         raise ConfigError(f"matrix {matrix.name!r}, cell {cell!r}: {err}") from None
 
 

@@ -1,7 +1,8 @@
 """The `tvq` command line.
 
 Each subcommand lives in its own module of this package, which defines
-``add_parser(subparsers)`` (registering its arguments) and ``run(args) -> int``.
+``add_parser(subparsers)`` (registering its arguments) and ``run(args) -> int``, and may define ``MEMORY_HINT``, what
+its own flags can do when it runs out of memory.
 Modules import heavy dependencies inside ``run`` so that ``tvq --help`` stays fast. Errors are answered in
 one place, :func:`main` (see ``transformer_vq.cli.errors``): a user error or an environment problem is one line
 ``error: ...`` and exit status 2 (under torchrun said once, :func:`say_error`), Ctrl-C is 130, a bug shows its
@@ -55,7 +56,7 @@ def build_parser():
     for name, module_name in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
         sub = module.add_parser(subparsers)
-        sub.set_defaults(_run=module.run)
+        sub.set_defaults(_run=module.run, _memory_hint=getattr(module, "MEMORY_HINT", None))
     return parser
 
 
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         from transformer_vq.cli.errors import describe, user_error_types
 
-        line = describe(err)
+        line = describe(err, args._memory_hint)
         if line is None:
             raise  # a bug: its traceback is what helps
         say_error(line, every_worker=isinstance(err, user_error_types()))

@@ -57,13 +57,20 @@ def bench_config(args):
     """The benchmark config the arguments describe: its default model (or ``--preset``) with the model flags on
     top, and the benchmark flags; a model flag the benchmark does not read is refused."""
     from transformer_vq.bench import config
+    from transformer_vq.config import ConfigError
     from transformer_vq.config.flags import given
 
     cls = getattr(config, BENCHES[args.bench][0])
     model_cls = cls.model_class()
     model = cls.base_model(config.MODEL_PRESETS[model_cls][args.preset]) if args.preset else cls().model
-    model_flags = given(args, model_cls)
-    cfg = cls(model=model.replace(**model_flags), **given(args, cls))
+    model_flags, bench_flags = given(args, model_cls), given(args, cls)
+    try:
+        cfg = cls(model=model.replace(**model_flags), **bench_flags)
+    except ConfigError:
+        # a flag no cell reads is named as that, before what the model's checks make of its value (--n-classes 0
+        # would otherwise be refused for what it implies of --causal)
+        cls(model=model, **bench_flags).refuse_unread(model_flags)
+        raise
     cfg.refuse_unread(model_flags)  # a model flag no cell reads would change nothing: refused, not ignored
     return cfg
 

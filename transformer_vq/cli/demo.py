@@ -6,15 +6,18 @@ sequence fed in windows with the state carried gives the same logits as fed whol
 
 from __future__ import annotations
 
+MEMORY_HINT = "use a smaller --length or --preset"
+
 
 def add_parser(subparsers):
     from transformer_vq.config import SampleConfig
     from transformer_vq.config.fields import fields_of
-    from transformer_vq.config.flags import add_flags, int_at_least
+    from transformer_vq.config.flags import add_flags, add_preset_flag, int_at_least
 
     parser = subparsers.add_parser("demo", help="build a small model, compare the linear and quadratic paths, sample",
                                    description=__doc__)
-    parser.add_argument("--preset", default="small", help="model preset (default: small)")
+    add_preset_flag(parser, "small")
+    parser.set_defaults(preset="small")
     parser.add_argument("--length", type=int_at_least(2, "the sequence is also fed as two windows"), default=300,
                         help="tokens in the test sequence, at least 2: it is also split in two windows (default: 300)")
     # tvq sample's --seed, so that its values are checked as every command's seed is (an integer >= 0)

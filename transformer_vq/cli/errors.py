@@ -42,8 +42,13 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
-def describe(err: BaseException) -> str | None:
-    """The one line shown for a user error or an environment problem; None for a bug."""
+MEMORY_HINT = "use a smaller model, batch_size or seq_len"
+"""What a command that met an out-of-memory error can change, unless its module says better (``MEMORY_HINT``)."""
+
+
+def describe(err: BaseException, memory_hint: str | None = None) -> str | None:
+    """The one line shown for a user error or an environment problem; None for a bug. ``memory_hint``: what the
+    command's own flags can do about memory (default :data:`MEMORY_HINT`)."""
     from transformer_vq.config import ConfigError
     from transformer_vq.config.fields import one_line
     from transformer_vq.config.flags import flag_message
@@ -53,15 +58,14 @@ def describe(err: BaseException) -> str | None:
     if isinstance(err, OSError) and not isinstance(err, (ConnectionError, TimeoutError)):
         return _os_message(err)
     if isinstance(err, MemoryError):
-        return "out of memory; use a smaller model, batch_size or seq_len, or a machine with more memory"
+        return f"out of memory; {memory_hint or MEMORY_HINT}, or a machine with more memory"
     if isinstance(err, RuntimeError):
         text = str(err).lower()
         if any(w in text for w in MEMORY_WORDS):
             amount = re.search(r"allocate (?:memory: you tried to allocate )?([\d.,]+ ?(?:[KMGT]i?B|bytes)?)",
                                str(err), re.I)
             how_much = f" (tried to allocate {amount.group(1).strip()})" if amount else ""
-            return (f"out of memory{how_much}; use a smaller model, batch_size or seq_len, or a device with more "
-                    f"memory")
+            return f"out of memory{how_much}; {memory_hint or MEMORY_HINT}, or a device with more memory"
         if any(w in text for w in NO_CUDA_WORDS):
             return "CUDA is not usable on this machine; use --device cpu"
         if _lost_peer(err, text):

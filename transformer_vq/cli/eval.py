@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import sys
 
+MEMORY_HINT = "use a smaller --window-len or fewer --streams"
+
 
 def add_parser(subparsers):
     from transformer_vq.config import EvalConfig

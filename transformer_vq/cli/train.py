@@ -14,8 +14,12 @@ Data-parallel: ``torchrun --nproc_per_node N -m transformer_vq train ...``.
 
 from __future__ import annotations
 
+
 import os
 import sys
+
+MEMORY_HINT = ("use a smaller model (--preset, --d-model, --n-layers), --batch-size or --update-len (the backprop "
+               "window)")
 
 EPILOG = """examples:
   tvq train                                     # small model, Shakespeare, about 5 minutes on 2 CPU cores

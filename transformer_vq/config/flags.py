@@ -128,12 +128,13 @@ def given(args: argparse.Namespace, cls) -> dict:
 
 
 def flag_message(err: ConfigError) -> str:
-    """A config error in flag terms: ``--steps: must be a positive integer, got 0`` when every problem names a
-    field of a known class; the error's own message otherwise."""
-    if not err.problems or err.cls is None or any(name is None for name, _ in err.problems):
+    """A config error in flag terms: ``--steps: must be a positive integer, got 0`` for a problem of one field of a
+    known class, a problem of several fields as it is worded (it names its flags itself), without the config
+    class's name, which a command-line user never typed; the error's own message when it lists no problems."""
+    if not err.problems or err.cls is None:
         return str(err)
     known = fields_of(err.cls)
-    return "; ".join(f"{flag_of(known[name])}: {text}" for name, text in err.problems)
+    return "; ".join(text if name is None else f"{flag_of(known[name])}: {text}" for name, text in err.problems)
 
 
 def not_empty(text: str) -> str:

@@ -108,7 +108,7 @@ class TokenizerConfig:
                                    "cache, where pg19 loading finds it).")
     cache_dir: str | None = option(None, "Cache root (none: $TVQ_CACHE_DIR or ~/.cache/transformer-vq); tvq train "
                                          "reads $TVQ_CACHE_DIR only: the next: line passes the file by path.")
-    threads: int | None = option(None, "Trainer threads (none: all CPUs).", min=1)
+    threads: int | None = option(None, "SentencePiece trainer threads (none: all CPUs).", min=1, max=MAX_THREADS)
 
     def __post_init__(self):
         check(self, [("data_path", "is required: pass the PG-19 root directory")] if self.data_path is None else [])
