@@ -15,7 +15,9 @@ Every worker writes its own file into one temporary directory that rank 0 create
 runs the run directory must be on a file system all nodes share); rank 0 then writes the rest and
 renames the directory into place, as for a replicated checkpoint. DCP reslices on load, so a run
 saved by N workers resumes on any number of workers, and :func:`load_consolidated` reads it into a
-plain single-process model (``tvq eval``, ``tvq sample``).
+plain single-process model (``tvq eval``, ``tvq sample``). A run also moves between this format and the
+replicated one: :func:`load_shards` fills a DDP or plain model's whole tensors, :func:`load_replicated` an FSDP
+model's shards from a replicated checkpoint.
 
 Safe loading: DCP unpickles ``.metadata`` with plain ``pickle`` and loads non-tensor entries with
 ``torch.load(weights_only=False)``; :class:`SafeReader` unpickles the index allowing only DCP's own
@@ -35,7 +37,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from transformer_vq import fileio
 from transformer_vq.train.checkpoint.errors import CheckpointError
@@ -111,22 +113,46 @@ def save_shards(directory: Path, tensors: dict) -> None:
     dcp.save(tensors, storage_writer=FileSystemWriter(directory, sync_files=True))
 
 
-def load_shards(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, param_groups: list) -> None:
+def load_shards(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, param_groups: list, *,
+                no_dist: bool = False) -> None:
     """Load a sharded checkpoint into a sharded model and its optimizer, resliced for this number of
-    workers (a collective)."""
+    workers (a collective); with ``no_dist``, into a replicated (plain or DDP) one, each process reading
+    every shard alone: the state is keyed by parameter name either way, and whole tensors are one slice."""
     tensors, _ = sharded_state(model, optimizer)  # the shapes and shards to fill (initializes Adam's state)
-    _load(path, tensors, no_dist=False)
+    _load(path, tensors, no_dist=no_dist)
     set_state_dict(model, optimizer, model_state_dict=tensors["model"],
                    optim_state_dict={"state": tensors["optimizer"]["state"], "param_groups": param_groups})
+
+
+def load_replicated(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, weights: dict,
+                    optimizer_state: dict) -> None:
+    """Load a replicated checkpoint (DDP's or one process's: whole ``weights`` and ``optimizer.state_dict()``,
+    keyed by parameter position) into a sharded model and its optimizer: every worker keeps its shard.
+
+    Positions become names through this run's optimizer, built as the saved one was (the same parameter groups, in
+    the same order); a count that differs means another optimizer layout and is refused."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    current = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    saved = [index for group in optimizer_state["param_groups"] for index in group["params"]]
+    if len(saved) != len(current):
+        raise CheckpointError(f"checkpoint {path} holds optimizer state for {len(saved)} parameters and this run's "
+                              f"optimizer has {len(current)}: it was saved by another version of the trainer")
+    name_of = dict(zip(saved, current))
+    optim = {"state": {name_of[index]: value for index, value in optimizer_state["state"].items()},
+             "param_groups": [{**group, "params": [name_of[i] for i in group["params"]]}
+                              for group in optimizer_state["param_groups"]]}
+    try:
+        set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=optim,
+                       options=StateDictOptions(full_state_dict=True))
+    except (RuntimeError, KeyError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {path} does not fit this model: {_first_line(err)}") from None
 
 
 def load_consolidated(path: Path, model: torch.nn.Module) -> None:
     """Load the weights and buffers of a sharded checkpoint into a plain (unsharded) model, in this
     process alone: the shards of every worker are read and joined."""
     state = model.state_dict()
-    with warnings.catch_warnings():  # DCP warns that it loads without a process group, which is the intent
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        _load(path, {"model": state}, no_dist=True)
+    _load(path, {"model": state}, no_dist=True)
     model.load_state_dict(state)
 
 
@@ -138,7 +164,9 @@ def _load(path: Path, tensors: dict, *, no_dist: bool) -> None:
         raise CheckpointError(f"refusing to load {path}: {_first_line(err)}; checkpoints written by transformer-vq "
                               f"never do that, only load files from sources you trust") from None
     try:
-        dcp.load(tensors, storage_reader=reader, no_dist=no_dist)
+        with warnings.catch_warnings():  # DCP warns that it loads without a process group, when that is the intent
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(tensors, storage_reader=reader, no_dist=no_dist)
     except Exception as err:  # DCP reports a key or shape that does not fit in its own exception types
         raise CheckpointError(f"checkpoint {path} does not fit this model: {_first_line(err)}") from None
 

@@ -72,10 +72,8 @@ class Checkpoint:
         if self.sharded:
             dcp.load_consolidated(self.path, model)
             return
-        weights = check_safetensors(self.path / "model.safetensors", "the weights of a checkpoint (safetensors)",
-                                    "resume from another checkpoint of the run (checkpoints/step_*)")
         try:
-            missing, unexpected = safetensors.torch.load_model(model, weights, strict=False)
+            missing, unexpected = safetensors.torch.load_model(model, self._weights_file(), strict=False)
         except RuntimeError as err:
             raise CheckpointError(f"checkpoint {self.path} does not fit this model: {err}") from None
         if missing or unexpected:
@@ -84,26 +82,32 @@ class Checkpoint:
                 f"unexpected {sorted(unexpected)}; it was saved by a different version of the model code"
             )
 
+    def _weights_file(self) -> Path:
+        return check_safetensors(self.path / "model.safetensors", "the weights of a checkpoint (safetensors)",
+                                 "resume from another checkpoint of the run (checkpoints/step_*)")
 
     def load_training_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, sharded: bool) -> None:
         """Restore the weights, buffers and optimizer state of a training: ``sharded`` for a model
         sharded by FSDP (a collective, resliced for this number of workers), else a replicated one.
-        A checkpoint of the other kind is refused (DDP and FSDP store the optimizer state differently)."""
+
+        A checkpoint of the other kind is converted, so a run moves between DDP (or one process) and FSDP as it
+        moves between numbers of workers: the two store the optimizer state differently (whole and by parameter
+        position; in shards and by parameter name), and :mod:`~transformer_vq.train.checkpoint.dcp` translates."""
         if "optimizer" not in self.state and "optimizer_groups" not in self.state:
             raise CheckpointError(weights_only(self.path))
-        if self.sharded != sharded:
-            saved, asked = ("fsdp", "ddp") if self.sharded else ("ddp", "fsdp")
-            raise CheckpointError(
-                f"checkpoint {self.path} was saved by --parallel {saved} training and this run asks for --parallel "
-                f"{asked}; resume it with --parallel {saved} (with any number of workers), or start a new run with "
-                f"another --run-dir"
-            )
-        if not sharded:
+        if self.sharded:  # resliced for this run's workers; a replicated run's processes each read every shard
+            check_architecture(self.config["model"], model_config_of(model), self.path)
+            dcp.load_shards(self.path, model, optimizer, self.state["optimizer_groups"], no_dist=not sharded)
+        elif sharded:
+            check_architecture(self.config["model"], model_config_of(model), self.path)
+            try:
+                weights = safetensors.torch.load_file(self._weights_file())
+            except (RuntimeError, OSError) as err:
+                raise CheckpointError(f"checkpoint {self.path} does not fit this model: {err}") from None
+            dcp.load_replicated(self.path, model, optimizer, weights, self.state["optimizer"])
+        else:
             self.load_weights(model)
             optimizer.load_state_dict(self.state["optimizer"])
-            return
-        check_architecture(self.config["model"], model_config_of(model), self.path)
-        dcp.load_shards(self.path, model, optimizer, self.state["optimizer_groups"])
 
 
 def model_config_of(model: torch.nn.Module) -> TransformerVQConfig | LongVQConfig | None:
