@@ -149,6 +149,9 @@ TOOLS = {
                                "it), got 1"),
     "ablate-seq-len-not-multiple": (["ablate", "--matrix", "codebook", "--seq-len", "100", "--update-len", "30"],
                                     "--seq-len: must be a multiple of update_len=30 (e.g. 90), got 100"),
+    # a corpus that cannot load is refused once, before any cell (it failed in every cell, the class path shown)
+    "ablate-text-without-path": (["ablate", "--matrix", "codebook", "--data", "text"],
+                                 "--data text needs a file or directory: pass --data-path FILE_OR_DIR"),
     "demo-seed-negative": (["demo", "--seed", "-1"], "--seed: must be an integer >= 0, got '-1'"),
     "demo-seed-2-64": (["demo", "--seed", str(2**64)], f"--seed: is too large (at most 9223372036854775807), got "
                                                        f"'{2**64}'"),

@@ -38,7 +38,7 @@ from transformer_vq.config.ablate import MATRICES, AblateConfig, Matrix, default
 from transformer_vq.config.fields import fields_of
 from transformer_vq.train.checkpoint.rundir import wait_until_free
 from transformer_vq.train.device import resolve_device
-from transformer_vq.train.lm.build import check_corpus_options
+from transformer_vq.train.lm.build import check_corpus_options, load_corpus_for
 from transformer_vq.train.signals import PARENT_ENV
 
 POLL_S = 2.0
@@ -68,6 +68,9 @@ def run_ablation(cfg: AblateConfig, *, matrix: Matrix | None = None, isolate: bo
         log(note)
     for run_cfg in configs.values():  # the dataset's own checks of --data-option, before any cell or report
         check_corpus_options(run_cfg.train)
+    # the corpus itself, once (every cell reads the same): one that cannot load (no --data-path, an empty file) is
+    # one line here, not a failure in every cell; and a first build is made here once, not raced by the cells
+    load_corpus_for(next(iter(configs.values())).train)
     resolve_device(cfg.device)  # and the device and the report's directory: no cell trains for a run that would fail
     report_dir(cfg.out)
     _hold_settings(work, cfg, whole)  # the whole matrix's: a run with other --cells continues the same one
