@@ -87,9 +87,8 @@ def test_mask_rate_on_a_causal_model_is_refused_as_tvq_train_refuses_it(tmp_path
      "error: --n-code: applies only with attn_type 'vq' (this run has attn_type 'full'), got 16; leave it out, or set "
      "attn_type as it needs (here --models sets attn_type)"),
     (["train", "--models", "vq/shga", "full/shga", "--reduction", "matmul"],
-     "error: --models: full/shga: invalid TransformerVQConfig: reduction applies only with attn_type 'vq' and causal "
-     "true and compressive_cache true (this run has attn_type 'full'), got 'matmul'; leave it out, or set attn_type "
-     "as it needs"),
+     "error: --reduction: applies only with attn_type 'vq' and causal true and compressive_cache true (this run has "
+     "attn_type 'full'), got 'matmul'; leave it out, or set attn_type as it needs (in cell full/shga of --models)"),
     (["decode", "--dropres", "0.1"], "error: --dropres: tvq bench decode trains nothing, and this field acts only in "
                                      "training"),
     (["decode", "--models", "vq", "--attn-type", "full"], "error: --attn-type: --models sets it for each cell"),

@@ -77,7 +77,13 @@ def _per_model(cfg, name: str, model):
     try:
         return model()
     except ConfigError as err:
-        check(cfg, [("models", f"{name}: {err}")])  # raises, naming the flag
+        if err.cls is not type(cfg.model) or not err.problems:
+            check(cfg, [("models", f"{name}: {err}")])  # raises, naming the flag
+        # a problem of one model field is that of its flag (--reduction), not of --models with the model class's name;
+        # the cell says where it arose
+        check(cfg, [("models", f"{name}: {text}") if field is None else (f"model.{field}", f"{text} (in cell {name} "
+                                                                                           f"of --models)")
+                    for field, text in err.problems])
 
 
 def _common(seed_help: str, budget_s: float, isolate_help: str):

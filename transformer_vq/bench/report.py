@@ -8,7 +8,7 @@ and the plot (``write_report``).
 from __future__ import annotations
 
 import json
-import os
+import tempfile
 from pathlib import Path
 
 from transformer_vq import fileio
@@ -345,18 +345,22 @@ def _legend(ax) -> None:
         ax.legend(fontsize=8)
 
 
-def report_dir(path: str | Path) -> Path:
-    """``path`` made as the directory of a report (``--out``); :class:`~transformer_vq.config.ConfigError` when it
-    cannot hold the report's files: a benchmark checks it before its first cell, so that the run is not lost."""
+def report_dir(path: str | Path, flag: str = "--out") -> Path:
+    """``path`` made as the directory of a report, or of any command's output (``flag``: the flag that named it, said
+    in a refusal); :class:`~transformer_vq.config.ConfigError` when it cannot hold files: every command checks it
+    before its work (a benchmark before its first cell), so that the work is not lost."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise ConfigError(f"--out: {path} is a file, not a directory; remove it or choose another path")
+        raise ConfigError(f"{flag}: {path} is a file, not a directory; remove it or choose another path")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ConfigError(f"--out: cannot make the directory {path} ({err.strerror}); choose another path") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out: cannot write in {path} (permission denied); choose another path")
+        raise ConfigError(f"{flag}: cannot make the directory {path} ({err.strerror}); choose another path") from None
+    try:  # a file made and dropped at once: os.access says yes to root, and to /proc, where nothing can be written
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise ConfigError(f"{flag}: cannot write in {path} ({err.strerror}); choose another path") from None
     return path
 
 

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import sys
 
+MEMORY_HINT = ("use a smaller --batch-size (tvq classify train: or --eval-batch-size) or a smaller model (--preset, "
+               "--d-model, --n-layers)")
+
 EPILOG = """examples:
   tvq classify train --data digits                         # LongVQ on sequential 8x8 digits (its recipe), minutes
   tvq classify train --data digits --preset small          # the same without the recipe: the bare preset
@@ -127,6 +130,12 @@ def _eval(args) -> int:
 
     cfg = ClassifyEvalConfig(**given(args, ClassifyEvalConfig))
     check_device(cfg.device)
+    if cfg.plot is not None:  # a place where the PNG cannot be written is refused by flag before the evaluation
+        from pathlib import Path
+
+        from transformer_vq.bench.report import report_dir
+
+        report_dir(Path(cfg.plot).parent, "--plot")
     result = classify_eval(cfg)
     if args.json:
         print(json.dumps({"ckpt": cfg.ckpt, **result.to_dict()}))

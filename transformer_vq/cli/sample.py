@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sys
 
+MEMORY_HINT = "use fewer --num-samples (an image model's batch) or a shorter --prompt"
+
 
 def add_parser(subparsers):
     from transformer_vq.config import SampleConfig

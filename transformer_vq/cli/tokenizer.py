@@ -34,6 +34,7 @@ def run(args) -> int:
     from transformer_vq.data.pg19 import train_pg19_tokenizer
 
     cfg = TokenizerConfig(**given(args, TokenizerConfig))
+    check_paths(cfg)
     start = time.perf_counter()
     try:
         tokenizer = train_pg19_tokenizer(
@@ -47,6 +48,26 @@ def run(args) -> int:
     print(f"saved {tokenizer.path} (sha256 {tokenizer.sha256})")
     print(f"next: {train_command(cfg, tokenizer)}")
     return 0
+
+
+def check_paths(cfg) -> None:
+    """Refuse, by flag and before the training, a ``--cache-dir`` that ``--out`` makes unused, and an ``--out`` or
+    ``--cache-dir`` where the model cannot be written (the shared check of every command's output directory)."""
+    from pathlib import Path
+
+    from transformer_vq.bench.report import report_dir
+    from transformer_vq.config import ConfigError
+    from transformer_vq.config.jobs import TokenizerConfig
+    from transformer_vq.data.cache import cache_root
+
+    if cfg.out is not None and cfg.cache_dir is not None:
+        raise ConfigError("invalid TokenizerConfig: cache_dir is not used with out", [(
+            "cache_dir", f"the model is saved at --out {cfg.out}, so the cache is not used; leave out one of them "
+                         f"(--cache-dir saves it in the cache, where tvq train finds it)")], TokenizerConfig)
+    if cfg.out is not None:
+        report_dir(Path(cfg.out).parent, "--out")
+    elif cfg.cache_dir is not None:
+        report_dir(cache_root(cfg.cache_dir), "--cache-dir")
 
 
 def train_command(cfg, tokenizer) -> str:

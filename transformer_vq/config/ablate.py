@@ -13,8 +13,9 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from transformer_vq.config.arch import DEFAULT_ARCH, LM_PRESETS
 from transformer_vq.config.fields import ConfigError, check, fields_of, flag_of, option
-from transformer_vq.config.jobs import threads_option
+from transformer_vq.config.jobs import eval_tokens_problem, threads_option
 from transformer_vq.config.load import parse_override
 
 
@@ -134,7 +135,8 @@ class AblateConfig:
                                         "matrix). The work directory is the matrix's either way: a later run "
                                         "with other cells, or none, continues it.", allow_empty=True)
     steps: int = option(600, "Optimizer steps per cell.", min=1)
-    preset: str = option("small", "Model preset every cell starts from (before the matrix's overrides).")
+    preset: str = option("small", "Model preset every cell starts from (before the matrix's overrides).",
+                         choices=tuple(LM_PRESETS[DEFAULT_ARCH]))
     data: str = option("gcide", "Corpus (as tvq train --data).")
     data_path: str | None = option(None, "Local copy of the corpus (as tvq train --data-path).")
     data_options: dict = option(factory=dict, help="Keyword options of the corpus loader (as tvq train "
@@ -170,7 +172,9 @@ class AblateConfig:
             raise TypeError(f"AblateConfig got unknown field(s) {', '.join(unknown)}")
         for name, field in fields.items():
             object.__setattr__(self, name, values[name] if name in values else default_of(field))
-        check(self)  # --cells is checked against the matrix that runs (chosen): a caller may bring its own
+        # --cells is checked against the matrix that runs (chosen): a caller may bring its own; --eval-tokens as tvq
+        # train checks it, here rather than in each cell's training config, under that cell's name
+        check(self, [eval_tokens_problem("eval_tokens", self.eval_tokens)])
 
     @property
     def resolved_eval_every(self) -> int:
@@ -182,9 +186,9 @@ class AblateConfig:
     def chosen(self, matrix: Matrix) -> Matrix:
         """``matrix`` with only the cells of ``--cells`` (all of them when none is named), in that order."""
         unknown = [c for c in self.cells if c not in matrix.cells]
-        if unknown:
-            raise ConfigError(f"cells {', '.join(map(repr, unknown))} are not in matrix {matrix.name!r} "
-                              f"({', '.join(matrix.cells)})")
+        if unknown:  # named as its flag, --cells, on the command line
+            text = f"{', '.join(map(repr, unknown))} are not in matrix {matrix.name!r} ({', '.join(matrix.cells)})"
+            raise ConfigError(f"cells {text}", [("cells", text)], AblateConfig)
         chosen = dataclasses.replace(matrix, cells={c: matrix.cells[c] for c in self.cells or matrix.cells})
         self.refuse_overridden(chosen)
         return chosen

@@ -129,12 +129,19 @@ def given(args: argparse.Namespace, cls) -> dict:
 
 def flag_message(err: ConfigError) -> str:
     """A config error in flag terms: ``--steps: must be a positive integer, got 0`` for a problem of one field of a
-    known class, a problem of several fields as it is worded (it names its flags itself), without the config
-    class's name, which a command-line user never typed; the error's own message when it lists no problems."""
+    known class (or of a config it nests, named ``model.causal``: :func:`nested_flag`), a problem of several fields
+    as it is worded (it names its flags itself), without the config class's name, which a command-line user never
+    typed; the error's own message when it lists no problems."""
     if not err.problems or err.cls is None:
         return str(err)
-    known = fields_of(err.cls)
-    return "; ".join(text if name is None else f"{flag_of(known[name])}: {text}" for name, text in err.problems)
+    return "; ".join(text if name is None else f"{nested_flag(err.cls, name)}: {text}" for name, text in err.problems)
+
+
+def nested_flag(cls, name: str) -> str:
+    """The flag of field ``name`` of ``cls``, or of a config ``cls`` nests: ``model.causal`` -> ``--causal`` (a
+    benchmark's model fields are flags of their own, as its own fields are)."""
+    head, _, rest = name.partition(".")
+    return nested_flag(kinds(cls)[head].base, rest) if rest else flag_of(fields_of(cls)[head])
 
 
 def not_empty(text: str) -> str:
