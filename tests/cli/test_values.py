@@ -152,6 +152,9 @@ TOOLS = {
     # a corpus that cannot load is refused once, before any cell (it failed in every cell, the class path shown)
     "ablate-text-without-path": (["ablate", "--matrix", "codebook", "--data", "text"],
                                  "--data text needs a file or directory: pass --data-path FILE_OR_DIR"),
+    "ablate-set-bad-value": (["ablate", "--matrix", "codebook", "--set", "d_model=33"],
+                             "matrix 'codebook', cell 'S32': --set d_model=33: must be even (sinusoid tables pair sin "
+                             "and cos), got 33"),
     "demo-seed-negative": (["demo", "--seed", "-1"], "--seed: must be an integer >= 0, got '-1'"),
     "demo-seed-2-64": (["demo", "--seed", str(2**64)], f"--seed: is too large (at most 9223372036854775807), got "
                                                        f"'{2**64}'"),

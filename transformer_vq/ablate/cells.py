@@ -42,7 +42,8 @@ def cell_config(cfg: AblateConfig, matrix: Matrix, cell: str, seed: int, work_di
         if err.cls is TrainConfig and own and len(own) == len(err.problems):
             # the value came from this command's own flag (--eval-tokens, --seq-len): name the flag, as tvq train does
             raise ConfigError(f"invalid AblateConfig: {err}", own, AblateConfig) from None
-        raise ConfigError(f"matrix {matrix.name!r}, cell {cell!r}: {err}") from None
+        set_by = {parse_override(item)[1]: f"--set {item}" for item in cfg.overrides}  # the --set that gave a field
+        raise ConfigError(f"matrix {matrix.name!r}, cell {cell!r}: {err.detail(set_by)}") from None
 
 
 def refuse_unread(cfg: AblateConfig, configs: list[RunConfig]) -> None:

@@ -37,6 +37,15 @@ class ConfigError(ValueError):
         self.cls = cls
         """The config class whose fields ``problems`` names."""
 
+    def detail(self, flags: typing.Mapping[str, str] | None = None) -> str:
+        """The problems without the config class's name (``d_model must be even, got 33``), for a message that says
+        itself where they arose; a field in ``flags`` is named by the flag that set it (``--set d_model=33: must be
+        even, got 33``). The whole message when it lists no problems."""
+        flags = flags or {}
+        parts = [text if name is None else f"{flags[name]}: {text}" if name in flags else f"{name} {text}"
+                 for name, text in self.problems]
+        return "; ".join(parts) or str(self)
+
 
 def one_line(text: str) -> str:
     """``text`` as one line of an error: each line break, with the whitespace around it, becomes one space; other

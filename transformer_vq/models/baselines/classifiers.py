@@ -129,7 +129,7 @@ class TransformerVQEncoderClassifier(Codebooks, nn.Module):
                 commit_coef=cfg.commit_coef, ema_rate=cfg.ema_rate, dead_code_restart=cfg.dead_code_restart)
         except ConfigError as err:  # named as the LongVQConfig the user wrote (d_qk is the encoder's d_k)
             raise ValueError(f"the Transformer-VQ encoder baseline cannot be built from this LongVQConfig: "
-                             f"{str(err).removeprefix('invalid TransformerVQConfig: ')}") from None
+                             f"{err.detail()}") from None
         self.encoder = TransformerVQ(encoder_cfg)
 
     def forward(self, ids: torch.Tensor, *, mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
