@@ -42,7 +42,7 @@ def test_toml_file(tmp_path):
     ("trian:\n  steps: 5\n", "unknown top-level key(s) in {path}: trian; a config file has 'arch', 'preset', "
                               "'model' and 'train'"),
     ("train:\n  stepz: 5\n", "unknown train config key(s): stepz; known keys: batch_size, ckpt_every, "
-                              "context_parallel"),
+                              "collective_timeout, context_parallel"),
     ("train:\n  steps: 5.5\n", "invalid TrainConfig: steps must be an integer, got 5.5"),
     ("train:\n  steps: '1e400'\n", "train.steps must be an integer (digits only, without a decimal point or "
                                     "exponent), got '1e400'"),

@@ -26,6 +26,7 @@ OS_HINTS = {
 }
 MEMORY_WORDS = ("can't allocate memory", "out of memory", "cannot allocate memory")
 PEER_WORDS = ("connection closed by peer", "connection reset by peer")
+TIMEOUT_WORDS = ("timed out", "timeout")
 NO_CUDA_WORDS = ("no nvidia driver", "no cuda gpus are available", "cuda driver", "torch not compiled with cuda")
 
 
@@ -68,12 +69,25 @@ def describe(err: BaseException, memory_hint: str | None = None) -> str | None:
             return f"out of memory{how_much}; {memory_hint or MEMORY_HINT}, or a device with more memory"
         if any(w in text for w in NO_CUDA_WORDS):
             return "CUDA is not usable on this machine; use --device cpu"
+        if _collective_timeout(err, text):
+            waited = re.search(r"waiting (\d+) ?ms|timeout\(ms\)=(\d+)", str(err), re.I)  # gloo's, NCCL's
+            after = f" after {int(waited.group(1) or waited.group(2)) / 1000:g} s" if waited else ""
+            return (f"a collective between the workers of this torchrun run timed out{after}: another worker stalled "
+                    f"(stopped, hung, or far slower); the last checkpoint resumes with --resume auto, and "
+                    f"--collective-timeout SECONDS sets the wait")
         if _lost_peer(err, text):
             return ("another worker of this torchrun run stopped (it failed or was killed: the connection to it "
                     "closed); torchrun's report names it; the last checkpoint resumes with --resume auto")
     if isinstance(err, user_error_types()):
         return one_line(str(err)) or type(err).__name__
     return None
+
+
+def _collective_timeout(err: RuntimeError, text: str) -> bool:
+    """Whether a collective gave up waiting for another worker: gloo's "Timed out waiting ...ms for recv operation",
+    NCCL's watchdog "collective operation timeout" (a DistBackendError). By name: torch is not imported for this."""
+    names = {kind.__name__ for kind in type(err).__mro__}
+    return ("gloo" in text or "nccl" in text or "DistBackendError" in names) and any(w in text for w in TIMEOUT_WORDS)
 
 
 def _lost_peer(err: RuntimeError, text: str) -> bool:

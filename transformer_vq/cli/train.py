@@ -177,6 +177,18 @@ def continue_command(command: str) -> str:
     return f"torchrun {nodes}--nproc_per_node {per_node} -m transformer_vq {command.removeprefix('tvq ')}"
 
 
+def rate_text(result) -> str:
+    """What the end-of-run line says of the training speed: tokens/s over the steps that trained, and apart the
+    steps that compiled graphs (``--torch-compile``), whose time is mostly compilation."""
+    # a resumed run at its last step trained nothing in this call: no throughput to report
+    rate = f" at {result.tokens_per_s:,.0f} training tokens/s" if result.tokens_per_s is not None else ""
+    steps = getattr(result, "compile_steps", 0)
+    if steps:
+        rate += (f" ({'' if rate else 'no rate: '}{steps} step{'s' * (steps > 1)} that compiled graphs took "
+                 f"{result.compile_seconds:,.1f} s{', left out' if rate else ''})")
+    return rate
+
+
 def sample_hint(cfg) -> str:
     """The arguments of the suggested `tvq sample`: a prompt only where it fits the run's corpus (a speaker of
     Shakespeare's plays); other corpora (a user's own files, random bytes) get tvq sample's own neutral prompt, a
@@ -200,9 +212,7 @@ def run(args) -> int:
     if result.validation is not None:
         words = (f", word-level perplexity {result.validation.word_perplexity:.2f}"
                  if result.validation.word_perplexity is not None else "")
-        # a resumed run at its last step trained nothing in this call: no throughput to report
-        rate = f" at {result.tokens_per_s:,.0f} training tokens/s" if result.tokens_per_s is not None else ""
-        print(f"done: {result.step} steps{rate}; validation "
+        print(f"done: {result.step} steps{rate_text(result)}; validation "
               f"{result.validation.bits_per_byte:.3f} {result.validation.unit}{words}.\n"
               f"next: tvq eval --ckpt {result.run_dir}"
               + (f"  |  tvq sample --ckpt {result.run_dir}{sample_hint(cfg)}" if cfg.model.causal else ""))

@@ -45,6 +45,10 @@ FSDP_ADAFACTOR = ("'adafactor' does not run with parallel 'fsdp': its factored s
                   "or --parallel ddp with adafactor")
 
 
+MAX_COLLECTIVE_TIMEOUT = 1e6
+"""11.6 days: far above any wait, far below the durations that ``timedelta`` and the backends cannot hold."""
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """How to train: data, batches, optimizer, schedule, checkpoints, logging.
@@ -95,6 +99,11 @@ class TrainConfig:
     context_parallel: int = option(1, "Split every sequence along time over this many torchrun workers (context "
                                       "parallelism of VQ attention; a divisor of the worker count, the rest share "
                                       "batches as data-parallel groups); see docs/distributed.md.", min=1)
+    collective_timeout: float | None = option(
+        None, "Seconds a torchrun worker waits in a collective (gradients, losses, checkpoints) for the others "
+        "before it stops with an error (none: the backend's own, 30 minutes for gloo, 10 for NCCL): a worker that "
+        "stalls (stopped, hung) holds the others this long; keep it above a worker's rightful delays (a first "
+        "compilation, a long save); see docs/distributed.md.", min=0.0, min_open=True, max=MAX_COLLECTIVE_TIMEOUT)
     torch_compile: bool = option(False, "Compile every gated attention unit with torch.compile (fused elementwise "
                                         "work; the first steps and the final evaluation wait for compilation); see "
                                         "docs/training.md.")

@@ -34,9 +34,11 @@ class MetricsLogger:
         self.log_every = log_every
         self.total_steps = total_steps
         # step times vary with the machine's load: the console shows tokens/s over the steps since its
-        # previous line; the totals give the run's average
-        self._interval = [0, 0.0]  # tokens, seconds
+        # previous line; the totals give the run's average. Steps that compiled a graph (torch.compile) are timed
+        # apart: a minute of compilation in a step of milliseconds made a short run's rate 6 tokens/s
+        self._interval = [0, 0.0, 0]  # tokens, seconds, steps that compiled
         self.total_tokens, self.total_seconds = 0, 0.0
+        self.compile_steps, self.compile_seconds = 0, 0.0
         self.bar = None
         if sys.stdout.isatty():
             from tqdm import tqdm
@@ -54,24 +56,33 @@ class MetricsLogger:
             # None marks a non-finite value (JSON has no NaN): nothing to plot
             if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.tensorboard.add_scalar(f"train/{key}", value, step)
-        self._interval[0] += metrics["tokens"]
-        self._interval[1] += metrics["seconds"]
-        self.total_tokens += metrics["tokens"]
-        self.total_seconds += metrics["seconds"]
+        if metrics.get("compiled"):
+            self._interval[2] += 1
+            self.compile_steps += 1
+            self.compile_seconds += metrics["seconds"]
+        else:
+            self._interval[0] += metrics["tokens"]
+            self._interval[1] += metrics["seconds"]
+            self.total_tokens += metrics["tokens"]
+            self.total_seconds += metrics["seconds"]
         if self.bar is not None:
             self.bar.update(1)
             # a language model shows bits per byte, a classifier its training-batch accuracy
             shown = {"bpb": _fmt(metrics.get("bits_per_byte"), ".3f")} if "accuracy" not in metrics else \
                 {"acc": _fmt(metrics["accuracy"], ".3f")}
-            self.bar.set_postfix(loss=_fmt(metrics["loss"], ".4f"), **shown, tok_s=_fmt(self.tokens_per_s, ",.0f"))
+            rate = self.tokens_per_s
+            self.bar.set_postfix(loss=_fmt(metrics["loss"], ".4f"), **shown,
+                                 tok_s="compiling" if rate is None else format(rate, ",.0f"))
         elif step % self.log_every == 0 or step == self.total_steps:
-            self.print(format_step(metrics, self.total_steps, self._interval[0] / max(self._interval[1], 1e-9)))
-            self._interval = [0, 0.0]
+            tokens, seconds, compiled = self._interval
+            self.print(format_step(metrics, self.total_steps, tokens / seconds if seconds else None, compiled))
+            self._interval = [0, 0.0, 0]
 
     @property
-    def tokens_per_s(self) -> float:
-        """Training tokens per second over the steps logged so far (time in the steps themselves)."""
-        return self.total_tokens / max(self.total_seconds, 1e-9)
+    def tokens_per_s(self) -> float | None:
+        """Training tokens per second over the steps logged so far (time in the steps themselves), leaving out the
+        steps that compiled a graph; None before any other step."""
+        return self.total_tokens / self.total_seconds if self.total_seconds else None
 
     def log_eval(self, step: int, split: str, result: dict) -> None:
         """Record an evaluation (its loss, bits per byte and, on PG-19, word-level perplexity; a classifier's loss
@@ -125,17 +136,28 @@ def _logged_by_step(line: str, step: int) -> bool:
         return False
 
 
-def format_step(metrics: dict, total_steps: int, tokens_per_s: float) -> str:
-    """One console line for a training step."""
+def format_step(metrics: dict, total_steps: int, tokens_per_s: float | None, compiled: int = 0) -> str:
+    """One console line for a training step; ``tokens_per_s`` over the steps since the previous line but the
+    ``compiled`` ones that compiled a graph (None: all of them did)."""
     shown = f"acc {_fmt(metrics['accuracy'], '.3f')}" if "accuracy" in metrics else \
         f"bpb {_fmt(metrics.get('bits_per_byte'), '.3f')}"  # a classifier's batch accuracy, a language model's bpb
+    rate = "-" if tokens_per_s is None else f"{tokens_per_s:,.0f}"
     line = (f"step {metrics['step']}/{total_steps}  loss {_fmt(metrics['loss'], '.4f')}  {shown}  "
-            f"lr {metrics['lr']:.2e}  tok/s {tokens_per_s:,.0f}")
+            f"lr {metrics['lr']:.2e}  tok/s {rate}")
+    if compiled:
+        line += f"  (compiled graphs: {compiled} step{'s' * (compiled > 1)} left out of tok/s)"
     if "codebook_perplexity" in metrics:
         line += f"  codebook ppl {_fmt(metrics['codebook_perplexity'], '.1f')}"
     if metrics.get("skipped"):
         line += "  (skipped: non-finite)"
     return line
+
+
+def graphs_compiled() -> int:
+    """Graphs ``torch.compile`` has compiled in this process so far (0 before it first ran): a step during which the
+    count grows spent time compiling. Read from ``sys.modules``, as torch._dynamo is loaded only once it compiles."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    return int(dynamo.counters["stats"]["unique_graphs"]) if dynamo is not None else 0
 
 
 def finite_or_none(value: float) -> float | None:

@@ -12,7 +12,8 @@ import time
 class StopRequest:
     """Turns the first SIGTERM / SIGINT into a request to stop after the current step; a second
     signal gets the previous behaviour back (e.g. Ctrl-C twice interrupts at once). ``announce``: whether this
-    process says so (under torchrun rank 0 only: every worker gets the signal, and the run stops as one)."""
+    process says so (under torchrun rank 0 only: every worker gets the signal, and the run stops as one); ``hold``:
+    whether a loop that fails holds the signals off until the caller's teardown (:func:`hold_signals`)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
     entered = 0
@@ -20,9 +21,9 @@ class StopRequest:
     left = 0
     """Training loops of this process that have ended (stopped or finished)."""
 
-    def __init__(self, announce: bool = True):
+    def __init__(self, announce: bool = True, hold: bool = False):
         self.signum: int | None = None
-        self.announce = announce
+        self.announce, self.hold = announce, hold
         self._previous = {}
 
     def __enter__(self):
@@ -44,10 +45,39 @@ class StopRequest:
             signal.signal(sig, handler)
         self._previous = {}
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, *exc):
         self._restore()
         StopRequest.entered -= 1
         StopRequest.left += 1
+        if self.hold and exc_type is not None and issubclass(exc_type, Exception):
+            hold_signals()
+
+
+_HELD: dict = {}
+"""The handlers :func:`hold_signals` replaced, until :func:`release_signals` puts them back."""
+
+
+def hold_signals() -> None:
+    """After a training loop that failed, until :func:`release_signals` (the trainer's caller, once the process group
+    is torn down): a SIGTERM / SIGINT is noted, not obeyed. The error on its way out ends the process with its one
+    line (a lost or stalled worker's, from the command line); torchrun SIGTERMs the other workers the moment one
+    fails, and the signal, arriving during the teardown, ended the worker silently (exit -15) before it said why. A
+    second signal gets the previous behaviour back, so a teardown that hangs can still be interrupted."""
+    if _HELD or threading.current_thread() is not threading.main_thread():
+        return
+    for sig in StopRequest.SIGNALS:
+        _HELD[sig] = signal.signal(sig, _noted)
+
+
+def _noted(signum, frame) -> None:
+    release_signals()
+
+
+def release_signals() -> None:
+    """Put back the handlers :func:`hold_signals` replaced (nothing when none are held)."""
+    for sig, handler in _HELD.items():
+        signal.signal(sig, handler)
+    _HELD.clear()
 
 
 PARENT_ENV = "TVQ_STOP_WITH_PARENT"

@@ -51,7 +51,7 @@ from transformer_vq.train.checkpoint.store import (CHECKPOINTS_DIR, Checkpoint, 
                                                   save_sharded_checkpoint, step_name)
 from transformer_vq.train.finite import nonfinite_names
 from transformer_vq.train.guard import nonfinite_weights_error, skip_reason, too_many_skipped_error
-from transformer_vq.train.metrics import MetricsLogger, finite_or_none
+from transformer_vq.train.metrics import MetricsLogger, finite_or_none, graphs_compiled
 from transformer_vq.train.optim import build_optimizer, build_scheduler, stretched_schedule_note, warmup_note
 from transformer_vq.train.parallel.distributed import Distributed, data_parallel
 from transformer_vq.train.parallel.fsdp import nonfinite_shards, shard_model, to_float
@@ -71,7 +71,7 @@ class RunResult:
     validation: Any = None
     """The validation at the end of training (a run that completed; rank 0's)."""
     tokens_per_s: float | None = None
-    """Training tokens per second over this call's steps (all workers together)."""
+    """Training tokens per second over this call's steps (all workers together) but those that compiled a graph."""
 
 
 @dataclass
@@ -114,7 +114,7 @@ class Trainer:
         self.step = 0
         self.nonfinite_run = 0
         self.skip_reason: str | None = None  # why the last step was skipped
-        self.stop = StopRequest(announce=dist.is_main)  # entered (handling signals) while the loop runs
+        self.stop = StopRequest(announce=dist.is_main, hold=dist.enabled)  # handles signals while the loop runs
         self.logger: MetricsLogger | None = None  # the main process's, while the loop runs
         self.validation = None  # the last validation of this call (on the workers that evaluate)
         self.validated_at: int | None = None  # its step (on every worker)
@@ -196,7 +196,7 @@ class Trainer:
 
     def train_step(self) -> dict:
         """One guarded optimizer step; returns ``{"metrics": ..., "stop": ...}``, both the same on every worker."""
-        begin = time.perf_counter()
+        begin, graphs = time.perf_counter(), graphs_compiled()
         step = self.forward_backward()
         out, tc = step.output, self.tc
         max_norm = tc.grad_clip if tc.optimizer == "adamw" and tc.grad_clip > 0 else math.inf
@@ -217,12 +217,12 @@ class Trainer:
             self.scheduler.step()
         self.step += 1
         task_metrics = self.after_step(step, ce_loss)
-        seconds = time.perf_counter() - begin
+        seconds, compiled = time.perf_counter() - begin, graphs_compiled() > graphs  # the rate leaves it out
         metrics = {
             "step": self.step, "loss": finite_or_none(loss), "ce_loss": finite_or_none(ce_loss),
             "commit_loss": finite_or_none(commit_loss), **task_metrics, "lr": lr,
             "grad_norm": finite_or_none(grad_norm), "tokens": step.tokens, "seconds": seconds,
-            "tokens_per_s": step.tokens / seconds, "skipped": self.skip_reason is not None,
+            "tokens_per_s": step.tokens / seconds, "compiled": compiled, "skipped": self.skip_reason is not None,
             **self.model.codebook_metrics(),
         }
         return {"metrics": metrics, "stop": shared[4].item() > 0}
@@ -336,8 +336,8 @@ class Trainer:
 
     @property
     def tokens_per_s(self) -> float | None:
-        """Training tokens per second over this call's steps (main process; None elsewhere or before any step)."""
-        return self.logger.tokens_per_s if self.logger is not None and self.logger.total_seconds else None
+        """:attr:`RunResult.tokens_per_s` of this call (main process; None elsewhere or before such a step)."""
+        return self.logger.tokens_per_s if self.logger is not None else None
 
     def _start(self, resume: str | None, skip: frozenset) -> None:
         """Check the run directory, restore a checkpoint, and record the run's config (main process)."""

@@ -39,6 +39,7 @@ from transformer_vq.train.lm.sample import is_image_run, stream_text
 from transformer_vq.train.parallel.distributed import (Distributed, check_workers_of, setup_distributed,
                                                      teardown_distributed)
 from transformer_vq.train.metrics import finite_or_none
+from transformer_vq.train.signals import release_signals
 from transformer_vq.train.trainer import RunResult, Step, Trainer
 
 
@@ -48,6 +49,10 @@ class TrainResult(RunResult):
 
     sample: str | None = None
     """The end-of-training sample."""
+    compile_steps: int = 0
+    """Steps of this call that compiled a graph (``torch_compile``), left out of ``tokens_per_s`` (rank 0's)."""
+    compile_seconds: float = 0.0
+    """Their time: mostly compilation."""
 
 
 def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module | None = None,
@@ -74,7 +79,8 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
     check_documents_used(cfg.train)
     check_workers_of(cfg.train, resumed)
     device = training_device(cfg.train)
-    dist_info = setup_distributed(device.type, cfg.train.parallel, cfg.train.context_parallel)
+    dist_info = setup_distributed(device.type, cfg.train.parallel, cfg.train.context_parallel,
+                                  cfg.train.collective_timeout)
     if device.type == "cuda":
         device = torch.device("cuda", dist_info.local_rank)
     trainer = None
@@ -93,11 +99,21 @@ def train(cfg: RunConfig, *, resume: str | None = None, model: torch.nn.Module |
         done = exit_code == 0 and dist_info.is_main  # the result of a run is rank 0's, as under DDP
         return TrainResult(run_dir=trainer.run_dir, step=trainer.step, exit_code=exit_code,
                            validation=trainer.validation if done else None, sample=trainer.sample if done else None,
-                           tokens_per_s=trainer.tokens_per_s)
+                           tokens_per_s=trainer.tokens_per_s, **compile_times(trainer.logger))
     finally:
-        if trainer is not None:  # on the way out of an error too: a traceback keeps the trainer alive
-            trainer.release_data_parallel()
-        teardown_distributed(dist_info)
+        try:
+            if trainer is not None:  # on the way out of an error too: a traceback keeps the trainer alive
+                trainer.release_data_parallel()
+            teardown_distributed(dist_info)
+        finally:
+            release_signals()  # held since a failed training loop: see hold_signals
+
+
+def compile_times(logger) -> dict:
+    """The compile fields of a :class:`TrainResult` (zero without a logger: workers but rank 0)."""
+    if logger is None:
+        return {}
+    return {"compile_steps": logger.compile_steps, "compile_seconds": logger.compile_seconds}
 
 
 def trained_model(cfg: RunConfig, model: torch.nn.Module | None) -> torch.nn.Module:

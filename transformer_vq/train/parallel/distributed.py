@@ -21,6 +21,7 @@ import gc
 import inspect
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -104,9 +105,12 @@ def check_workers_of(train, resumed: bool) -> None:
         check_workers(train.batch_size, world // cp, kept=resumed, context_parallel=cp)
 
 
-def setup_distributed(device_type: str, parallel: str = "ddp", context_parallel: int = 1) -> Distributed:
+def setup_distributed(device_type: str, parallel: str = "ddp", context_parallel: int = 1,
+                      timeout: float | None = None) -> Distributed:
     """Join the process group described by torchrun's environment variables, if any (for FSDP, a
-    group of one without them); with ``context_parallel`` > 1, the "cp" rows of the workers' mesh."""
+    group of one without them); with ``context_parallel`` > 1, the "cp" rows of the workers' mesh. ``timeout``:
+    seconds a collective of any of these groups waits for the other workers before it raises (None: the backend's
+    default, 30 minutes for gloo, 10 for NCCL)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size % context_parallel != 0:
         raise ValueError(f"context_parallel {context_parallel} splits each sequence over that many torchrun workers, "
@@ -116,14 +120,15 @@ def setup_distributed(device_type: str, parallel: str = "ddp", context_parallel:
     if world_size == 1 and not fsdp:
         return Distributed()
     backend = "nccl" if device_type == "cuda" else "gloo"
+    wait = timedelta(seconds=timeout) if timeout is not None else None
     if world_size == 1:
         rank = local_rank = 0
         if not dist.is_initialized():
-            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=wait)
     else:
         rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
         if not dist.is_initialized():
-            dist.init_process_group(backend=backend)
+            dist.init_process_group(backend=backend, timeout=wait)
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)
     info = Distributed(rank=rank, world_size=world_size, local_rank=local_rank, fsdp=fsdp)
@@ -132,9 +137,18 @@ def setup_distributed(device_type: str, parallel: str = "ddp", context_parallel:
     # A group of its own for "cp", even when it spans every worker (the mesh would reuse the default group): the
     # state hand-off's collective runs inside the backward, where DDP's gradient all-reduces on the default group
     # may be issued in another order on another worker.
+    # the mesh's groups do not inherit the default group's timeout (new_group falls back to the backend's default)
+    override = backend if wait is None else (backend, group_options(backend, wait))
     mesh = init_device_mesh(device_type, (world_size // context_parallel, context_parallel),
-                            mesh_dim_names=("dp", "cp"), backend_override={"cp": backend})
+                            mesh_dim_names=("dp", "cp"), backend_override={"dp": override, "cp": override})
     return dataclasses.replace(info, context_parallel=context_parallel, cp_group=mesh.get_group("cp"))
+
+
+def group_options(backend: str, timeout: timedelta):
+    """The options of a process group of ``backend`` ("gloo", "nccl") whose collectives wait ``timeout``."""
+    options = dist.ProcessGroupNCCL.Options() if backend == "nccl" else dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    return options
 
 
 def data_parallel(model: torch.nn.Module, info: Distributed, device: torch.device, *,
