@@ -197,6 +197,22 @@ def test_environment_problems_are_one_line(monkeypatch, capsys, error, message):
     assert capsys.readouterr().err == message + "\n"
 
 
+def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly():
+    """``tvq sample ... | head`` printed a BrokenPipeError traceback and exited 1 (helper-77 audit-classify F7): now
+    the shell's own 141 and nothing on stderr, whichever command was writing."""
+    import subprocess
+    import sys
+
+    writer = ("import sys, transformer_vq.cli as cli, transformer_vq.cli.version as v\n"
+              "v.run = lambda args: [sys.stdout.write('x' * 1000 + '\\n') for _ in range(10 ** 5)]\n"
+              "sys.exit(cli.main(['version']))\n")
+    proc = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(10)
+    proc.stdout.close()  # the reader leaves, as head does
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == "", err
+
+
 @pytest.mark.parametrize("command, hint", [
     ("demo", "use a smaller --length or --preset"),  # helper-72 audit-cli F7: once training's batch_size or seq_len
     ("eval", "use a smaller --window-len or fewer --streams"),

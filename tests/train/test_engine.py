@@ -176,8 +176,24 @@ def test_a_resume_that_trains_longer_says_the_schedule_moves(config, capsys):
         return tc.peak_lr * lr_factor(6, warmup_steps=tc.warmup_steps, total_steps=total, final_ratio=tc.final_lr_ratio)
 
     assert (f"note: steps 6 -> 12: the warmup-cosine schedule is recomputed over 12 steps, so the learning rate at "
-            f"step 7 is {lr(12):.3g} where the run's plan had {lr(6):.3g} (no new warmup)") in capsys.readouterr().out
+            f"step 7 is {lr(12):.3g} where the run's plan ended at {lr(6):.3g} (no new warmup)"
+            ) in capsys.readouterr().out
     assert lr(12) > lr(6)
+
+
+def test_the_schedule_note_says_no_change_that_is_not_there():
+    """Inside the warmup the total changes no rate yet (the note said 'is 0.00044 where the plan had 0.00044',
+    helper-77 audit-classify F1); mid-run the old plan 'had' a rate, past its end it 'ended at' one."""
+    from transformer_vq.config import TrainConfig
+    from transformer_vq.train.optim import stretched_schedule_note
+
+    cfg = TrainConfig(steps=12, warmup_steps=50)
+    assert stretched_schedule_note(10, cfg, 10) == ("note: steps 10 -> 12: the warmup-cosine schedule is recomputed "
+                                                    "over 12 steps: the learning rate is the same through the warmup "
+                                                    "(to step 50), then decays over the new total")
+    assert stretched_schedule_note(100, TrainConfig(steps=200, warmup_steps=10), 50).endswith(
+        "where the run's plan had 0.00124 (no new warmup)")
+    assert stretched_schedule_note(10, TrainConfig(steps=12, warmup_steps=2, final_lr_ratio=1.0), 10) is None
 
 
 @pytest.mark.parametrize("model, warning", [

@@ -23,7 +23,7 @@ def test_signal_saves_and_exits(corpus_file, tmp_path, sig, code):
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
-    assert f"{sig.name} received: finishing the current step, then saving and exiting" in err
+    assert f"{sig.name} received: finishing the current step (and a validation due), then saving and exiting" in err
     last_step = read_metrics(run_dir)[-1]["step"]
     ckpt = latest_checkpoint(run_dir / "checkpoints")
     assert ckpt is not None and ckpt.step == last_step
@@ -183,3 +183,25 @@ def test_a_failed_loop_of_torchrun_workers_holds_signals_off_until_the_teardown_
     finally:
         release_signals()
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_signal_during_a_validation_stops_after_it_not_a_step_later(corpus_file, tmp_path, monkeypatch):
+    """The stop request was read only in the next step's collective: a run signalled while validating trained one
+    more step (and validated again if due) before saving (helper-77 audit-classify F2)."""
+    import os
+
+    from trainutil import tiny_config
+    from transformer_vq.train import train
+    from transformer_vq.train.lm.trainer import LMTrainer
+
+    validate = LMTrainer.validate
+
+    def signalled(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives while validating (the handler only notes it)
+        return validate(self)
+
+    monkeypatch.setattr(LMTrainer, "validate", signalled)
+    result = train(tiny_config(corpus_file, tmp_path / "run", "steps=10", "eval_every=2", "ckpt_every=100"))
+    assert result.exit_code == 143
+    assert [r["step"] for r in read_metrics(tmp_path / "run") if "eval" not in r] == [1, 2]
+    assert latest_checkpoint(tmp_path / "run" / "checkpoints").step == 2

@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # a second Ctrl-C, or one outside training's own handler: say so, no traceback
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout left (| head): nothing to say, to whom it would not be read
+        return quiet_broken_pipe()
     except Exception as err:
         from transformer_vq.cli.errors import describe, user_error_types
 
@@ -117,6 +119,13 @@ def main(argv: list[str] | None = None) -> int:
             raise  # a bug: its traceback is what helps
         say_error(line, every_worker=isinstance(err, user_error_types()))
         return 2
+
+
+def quiet_broken_pipe() -> int:
+    """Exit status 141 (128 + SIGPIPE, a shell's own for a closed pipe) after the reader of stdout went away: stdout is
+    pointed at ``/dev/null`` first, so that Python's flush at exit does not fail on the same pipe with a traceback."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141
 
 
 if __name__ == "__main__":

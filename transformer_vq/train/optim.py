@@ -73,9 +73,28 @@ def stretched_schedule_note(saved_steps, cfg: TrainConfig, step: int) -> str | N
         return cfg.peak_lr * lr_factor(step, warmup_steps=cfg.warmup_steps, total_steps=total,
                                        final_ratio=cfg.final_lr_ratio)
 
-    return (f"note: steps {saved_steps} -> {cfg.steps}: the warmup-cosine schedule is recomputed over {cfg.steps} "
-            f"steps, so the learning rate at step {step + 1} is {lr(cfg.steps):.3g} where the run's plan had "
-            f"{lr(saved_steps):.3g} (no new warmup)")
+    head = f"note: steps {saved_steps} -> {cfg.steps}: the warmup-cosine schedule is recomputed over {cfg.steps} steps"
+    now, planned = lr(cfg.steps), lr(saved_steps)
+    if f"{now:.3g}" == f"{planned:.3g}":  # the next step's rate is the same: say when the change begins, if ever
+        if step >= cfg.warmup_steps or cfg.final_lr_ratio == 1:
+            return None  # no cosine left to move (or a flat one)
+        return (f"{head}: the learning rate is the same through the warmup (to step {cfg.warmup_steps}), then "
+                f"decays over the new total")
+    plan = "had" if step < saved_steps else "ended at"  # past its last step, the old plan stays at its final rate
+    return f"{head}, so the learning rate at step {step + 1} is {now:.3g} where the run's plan {plan} {planned:.3g} " \
+           f"(no new warmup)"
+
+
+def apply_schedule(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR,
+                   cfg: TrainConfig) -> None:
+    """Set ``cfg``'s peak learning rate and weight decay (a resumed run's, its flags on top of the saved ones) at the
+    point of the schedule ``scheduler`` has reached (restored from a checkpoint): a lowered lr takes effect now."""
+    peak, groups = cfg.peak_lr, optimizer.param_groups
+    factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
+    for group, weight_decay in zip(groups, (cfg.weight_decay, 0.0)):  # build_optimizer's groups, in their order
+        group.update(weight_decay=weight_decay, initial_lr=peak, lr=peak * factor)
+    scheduler.base_lrs = [peak] * len(groups)
+    scheduler._last_lr = [group["lr"] for group in groups]  # what get_last_lr() reports until the next step
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:

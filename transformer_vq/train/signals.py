@@ -37,8 +37,8 @@ class StopRequest:
         self.signum = signum
         self._restore()
         if self.announce:
-            print(f"\n{signal.Signals(signum).name} received: finishing the current step, then saving and exiting",
-                  file=sys.stderr, flush=True)
+            print(f"\n{signal.Signals(signum).name} received: finishing the current step (and a validation due), "
+                  f"then saving and exiting", file=sys.stderr, flush=True)
 
     def _restore(self):
         for sig, handler in self._previous.items():

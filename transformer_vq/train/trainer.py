@@ -21,7 +21,7 @@ resumed from it continues exactly as an uninterrupted one, with no pending work 
 between the two loses nothing either: the checkpoint of step N does not exist yet, so the resumed run replays from the
 previous checkpoint and validates step N again. (The other order loses that validation: a kill after the save and
 before the validation resumes past step N and never runs it.) The cost: a stop signal that arrives on a validation
-step waits for that validation before the save.
+step waits for that validation before the save (it stops the run there, one collective after the validation).
 
 Hooks a task overrides (every worker calls each one; see their docstrings): :meth:`forward_backward`,
 :meth:`after_step`, :meth:`checkpoint_state` / :meth:`load_checkpoint_state`, :meth:`validate`, and optionally
@@ -52,7 +52,8 @@ from transformer_vq.train.checkpoint.store import (CHECKPOINTS_DIR, Checkpoint, 
 from transformer_vq.train.finite import nonfinite_names
 from transformer_vq.train.guard import nonfinite_weights_error, skip_reason, too_many_skipped_error
 from transformer_vq.train.metrics import MetricsLogger, finite_or_none, graphs_compiled
-from transformer_vq.train.optim import build_optimizer, build_scheduler, stretched_schedule_note, warmup_note
+from transformer_vq.train.optim import (apply_schedule, build_optimizer, build_scheduler, stretched_schedule_note,
+                                        warmup_note)
 from transformer_vq.train.parallel.distributed import Distributed, data_parallel
 from transformer_vq.train.parallel.fsdp import nonfinite_shards, shard_model, to_float
 from transformer_vq.train.rng import rng_state, set_rng_state
@@ -281,7 +282,11 @@ class Trainer:
         state = ckpt.state
         ckpt.load_training_state(self.model, self.optimizer, sharded=self.dist.fsdp)
         self.scheduler.load_state_dict(state["scheduler"])
-        self._apply_schedule_of_config(ckpt.config.get("train", {}))
+        # the flags given with --resume (peak lr, weight decay, steps) apply at the point of the schedule reached
+        saved_steps = ckpt.config.get("train", {}).get("steps")
+        if note := stretched_schedule_note(saved_steps, self.tc, self.scheduler.last_epoch):
+            self.log(note)
+        apply_schedule(self.optimizer, self.scheduler, self.tc)
         self.step, self.nonfinite_run = ckpt.step, int(state["nonfinite_run"])
         self.validated_at = state.get("validated_at")  # absent from checkpoints of before it was saved
         if "rng" not in skip:
@@ -289,18 +294,6 @@ class Trainer:
         self.load_checkpoint_state(state, skip)
         self.log(f"resumed from {ckpt.path} at step {self.step}")
         return True
-
-    def _apply_schedule_of_config(self, saved: dict) -> None:
-        """Set this run's peak lr and weight decay (flags given with --resume apply on top of the saved ones) at the
-        point of the schedule reached: a lowered lr takes effect, a ``steps`` other than ``saved``'s is said."""
-        if note := stretched_schedule_note(saved.get("steps"), self.tc, self.scheduler.last_epoch):
-            self.log(note)
-        peak, groups = self.tc.peak_lr, self.optimizer.param_groups
-        factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
-        for group, weight_decay in zip(groups, (self.tc.weight_decay, 0.0)):  # optim.param_groups' order
-            group.update(weight_decay=weight_decay, initial_lr=peak, lr=peak * factor)
-        self.scheduler.base_lrs = [peak] * len(groups)
-        self.scheduler._last_lr = [group["lr"] for group in groups]  # what get_last_lr() reports until the next step
 
     def _restore_rng(self, saved: list) -> None:
         if len(saved) == self.dist.world_size:
@@ -370,18 +363,20 @@ class Trainer:
                     self.save()
                     raise too_many_skipped_error(self.step, self.nonfinite_run, self.skip_reason, tc.max_nonfinite)
                 if self.step == tc.steps or (tc.eval_every and self.step % tc.eval_every == 0):
-                    self._validate()  # before the save: see the module docstring
+                    # before the save (module docstring); a signal during it stops the run here, not a step later
+                    result["stop"] = self._validate() or result["stop"]
                 if result["stop"] or self.step % tc.ckpt_every == 0 or self.step == tc.steps:
                     self.save()
                 if result["stop"]:
                     return 128 + (self.stop.signum or signal.SIGTERM)
         return 0
 
-    def _validate(self) -> None:
+    def _validate(self) -> bool:
+        """Validate (the workers that evaluate); returns whether any worker was asked to stop meanwhile."""
         if self.evaluates:
             self.validation = self.validate()
         self.validated_at, self.validated_here = self.step, True
-        self.dist.barrier()
+        return self.dist.any_(self.stop_requested(), self.device)
 
     def _finish_resumed(self) -> None:
         """A run resumed from the checkpoint of its last step (killed after that save, or a finished run resumed

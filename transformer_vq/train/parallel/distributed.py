@@ -84,6 +84,14 @@ class Distributed:
         dist.all_gather_object(gathered, obj)
         return gathered
 
+    def any_(self, flag: bool, device: torch.device) -> bool:
+        """Whether ``flag`` is true on any worker (one all-reduce, on ``device``: nccl reduces only GPU tensors)."""
+        if not self.enabled:
+            return flag
+        count = torch.tensor([float(flag)], dtype=torch.float64, device=device)
+        dist.all_reduce(count, op=dist.ReduceOp.SUM)
+        return count.item() > 0
+
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
