@@ -128,8 +128,23 @@ def test_shared_fields_have_the_same_rules_in_both_model_configs():
                                                        "'group'"),
     (["train", "--arch", "longvq", "--preset", "imagenet64"], "error: unknown model preset 'imagenet64' of arch "
                                                               "'longvq'; available: enwik8, tiny, small"),
-    (["train", "--arch", "longvq", "--no-causal"], "error: --causal: false needs n_classes > 0: a language model "
+    # A language model is causal: its refusals offer no "causal false" (refused by tvq train) and name the encoder's
+    # command; a classifier, whose causal is free, is still offered it.
+    (["train", "--arch", "longvq", "--no-causal"], "error: --causal: false is an encoder's, and an encoder is a "
+                                                   "classifier (n_classes > 0; tvq classify train): a language model "
                                                    "(n_classes 0) is causal"),
+    (["train", "--arch", "longvq", "--norm", "batch"], "error: --norm: 'batch' mixes the positions of a sequence (its "
+                                                       "statistics are taken over time), so a causal model would see "
+                                                       "later tokens: use norm 'layer' or 'scale' (a language model "
+                                                       "is causal; an encoder classifier trains with tvq classify "
+                                                       "train)"),
+    (["train", "--arch", "longvq", "--scoring", "relu2"], "error: --scoring: applies only with causal false (this run "
+                                                          "has causal true), got 'relu2'; leave it out (a language "
+                                                          "model is causal; an encoder classifier trains with tvq "
+                                                          "classify train)"),
+    (["classify", "train", "--arch", "longvq", "--data", "digits", "--causal", "--scoring", "relu2"],
+     "error: --scoring: applies only with causal false (this run has causal true), got 'relu2'; leave it out, or set "
+     "causal as it needs"),
 ])
 def test_bad_architecture_flags_exit_2_with_one_line(capsys, argv, message):
     try:

@@ -134,8 +134,14 @@ def test_the_enumeration_reaches_every_choice_of_every_architecture():
 
 def test_a_normalization_over_time_is_refused_for_a_causal_model():
     with pytest.raises(ConfigError) as caught:
-        LongVQConfig(norm="batch", causal=True)
+        LongVQConfig(norm="batch", causal=True, n_classes=2)
     assert caught.value.problems == (("norm", "'batch' mixes the positions of a sequence (its statistics are taken "
                                                "over time), so a causal model would see later tokens: use norm "
                                                "'layer' or 'scale', or causal false for an encoder"),)
+    with pytest.raises(ConfigError) as caught:  # a language model cannot be made an encoder: not offered
+        LongVQConfig(norm="batch", causal=True)
+    assert caught.value.problems == (("norm", "'batch' mixes the positions of a sequence (its statistics are taken "
+                                               "over time), so a causal model would see later tokens: use norm "
+                                               "'layer' or 'scale' (a language model is causal; an encoder "
+                                               "classifier trains with tvq classify train)"),)
     assert LongVQConfig(norm="batch", causal=False, n_classes=2).norm == "batch"

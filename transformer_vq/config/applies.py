@@ -83,10 +83,15 @@ def unmet(field: dataclasses.Field, context: Mapping[str, object]) -> list[str]:
             if name in context and context[name] not in allowed]
 
 
-def problem_text(field: dataclasses.Field, value, missed: list[str]) -> str:
-    """A refusal: where the option applies, what this run has, the value, and what to do."""
+def problem_text(field: dataclasses.Field, value, missed: list[str], fixed: Mapping[str, str] | None = None) -> str:
+    """A refusal: where the option applies, what this run has, the value, and what to do. ``fixed``: the fields the
+    run cannot change, each with why (a LongVQ language model's ``causal``); setting them is not offered."""
+    names = [n.split()[0] for n in missed]
+    settable = [n for n in names if n not in (fixed or {})]
+    why = "; ".join(fixed[n] for n in names if n not in settable)
+    remedy = f", or set {' and '.join(settable)} as it needs" if settable else ""
     return (f"applies only with {where_text(field)} (this run has {' and '.join(missed)}), got {value!r}; leave it "
-            f"out, or set {' and '.join(n.split()[0] for n in missed)} as it needs")
+            f"out{remedy}" + (f" ({why})" if why else ""))
 
 
 def given_problems(cls, given: Iterable[str], context: Mapping[str, object]) -> list[tuple[str, str]]:
@@ -113,11 +118,12 @@ def is_switch(cls, field: dataclasses.Field) -> bool:
     return kind.base is bool or "choices" in field.metadata or number_off
 
 
-def switch_problems(obj, context: Mapping[str, object] | None = None, *,
-                    switches_only: bool = True) -> list[tuple[str, str]]:
+def switch_problems(obj, context: Mapping[str, object] | None = None, *, switches_only: bool = True,
+                    fixed: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     """``(field, text)`` for each switch of config ``obj`` set away from its default where it does not apply
     (``context``: default, the config's own fields); ``switches_only`` False: each field set away from its default
-    (a job's config, which no preset fills: every value other than the default is the user's)."""
+    (a job's config, which no preset fills: every value other than the default is the user's); ``fixed`` as
+    :func:`problem_text`'s."""
     context = dataclasses.asdict(obj) if context is None else context
     found = []
     for field in dataclasses.fields(obj):
@@ -127,5 +133,5 @@ def switch_problems(obj, context: Mapping[str, object] | None = None, *,
                 and not turns_off(field, value):
             missed = unmet(field, context)
             if missed:
-                found.append((field.name, problem_text(field, value, missed)))
+                found.append((field.name, problem_text(field, value, missed, fixed)))
     return found

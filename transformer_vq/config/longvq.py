@@ -14,6 +14,8 @@ NORMS = ("layer", "batch", "scale")
 """The normalizations of LongVQ's Table 7: layer norm (LN), batch norm (BN), scale norm (SN)."""
 MIN_TIMESCALE = 2.0
 """The smallest ``ema_timescale`` other than 0: tau is drawn from [1.5, T], so T must exceed 1.5."""
+LM_IS_CAUSAL = "a language model is causal; an encoder classifier trains with tvq classify train"
+"""Why a language model's refusals offer no ``causal false`` (``tvq train`` refuses it) and where an encoder is."""
 
 
 @dataclass(frozen=True)
@@ -58,17 +60,21 @@ class LongVQConfig:
 
     def __post_init__(self):
         extra = []
+        # A language model (tvq train --arch longvq) is causal whatever its flags: its refusals offer no "causal
+        # false", which that command refuses, and name the command that trains an encoder.
+        language_model = self.n_classes == 0
         if self.norm == "batch" and self.causal is True:
             # batch norm's training statistics are taken over every position of a sequence: a causal model's
             # output at t would depend on the tokens after t
             extra.append(("norm", "'batch' mixes the positions of a sequence (its statistics are taken over time), "
-                                  "so a causal model would see later tokens: use norm 'layer' or 'scale', or causal "
-                                  "false for an encoder"))
+                                  "so a causal model would see later tokens: use norm 'layer' or 'scale'"
+                                  + (f" ({LM_IS_CAUSAL})" if language_model else ", or causal false for an encoder")))
         if 0 < self.ema_timescale < MIN_TIMESCALE:
             extra.append(("ema_timescale", f"must be 0 (Mega's initialization) or at least {MIN_TIMESCALE}"))
-        if self.n_classes == 0 and self.causal is False:
-            extra.append(("causal", "false needs n_classes > 0: a language model (n_classes 0) is causal"))
-        check(self, extra + switch_problems(self))
+        if language_model and self.causal is False:
+            extra.append(("causal", "false is an encoder's, and an encoder is a classifier (n_classes > 0; "
+                                    "tvq classify train): a language model (n_classes 0) is causal"))
+        check(self, extra + switch_problems(self, fixed={"causal": LM_IS_CAUSAL} if language_model else None))
 
     # The generic dataclass helpers of the Transformer-VQ config serve this one unchanged.
     replace = TransformerVQConfig.replace

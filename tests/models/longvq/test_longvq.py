@@ -293,8 +293,12 @@ def test_transformer_vq_encoder_pools_the_library_encoder():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(scoring="relu2"), "scoring applies only with causal false \\(this run has causal true\\), got 'relu2'"),
-    (dict(causal=False), "causal false needs n_classes > 0"),
+    (dict(scoring="relu2"), "scoring applies only with causal false \\(this run has causal true\\), got 'relu2'; "
+                            "leave it out \\(a language model is causal; an encoder classifier trains with tvq "
+                            "classify train\\)$"),  # a language model's causal is fixed: setting it is not offered
+    (dict(scoring="relu2", n_classes=2), "got 'relu2'; leave it out, or set causal as it needs$"),
+    (dict(causal=False), "causal false is an encoder's, and an encoder is a classifier \\(n_classes > 0; tvq classify "
+                         "train\\): a language model \\(n_classes 0\\) is causal$"),
     (dict(norm="group"), "norm must be one of layer, batch, scale"),
     (dict(ema_dim=0), "ema_dim must be a positive integer"),
 ])

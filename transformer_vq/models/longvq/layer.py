@@ -195,14 +195,16 @@ class LongVQLayer(nn.Module):
         """
         L = self.cfg.block_len
         columns = torch.arange((2 if self.cfg.causal else 3) * L, device=self.local_bias.device)
-        # A row depends on its query's place in the block only: one [L, W] table, gathered from the biases and then
-        # tiled over the blocks. The gather's backward (an accumulating scatter, serial on a CPU) then sees L W
-        # entries, not T W; the tiling's backward is a sum over blocks.
-        phase = (torch.arange(L, device=columns.device) + offset) % L  # row r: the query at offset + r (mod L)
-        distance = phase[:, None] + L - columns[None, :]  # (L, W)
+        # A row depends on its query's place in the block only: one [rows, W] table, gathered from the biases and
+        # then tiled over the blocks. The gather's backward (an accumulating scatter, serial on a CPU) then sees
+        # rows W entries, not T W; the tiling's backward is a sum over blocks. Only the call's own phases are built
+        # (rows = min(L, T)): a decoding step (T = 1) or a block longer than the sequence costs O(T W), not O(L W).
+        rows = min(L, length)
+        phase = (torch.arange(rows, device=columns.device) + offset) % L  # row r: the query at offset + r (mod L)
+        distance = phase[:, None] + L - columns[None, :]  # (rows, W)
         index = (distance - self.first_distance).clamp(0, self.local_bias.numel() - 1)
-        table = self.local_bias[index].masked_fill(distance < self.first_distance, 0.0)  # (L, W)
-        return table.repeat(-(-length // L), 1)[:length]  # (T, W): row t is table[t mod L]
+        table = self.local_bias[index].masked_fill(distance < self.first_distance, 0.0)  # (rows, W)
+        return table.repeat(-(-length // L), 1)[:length]  # (T, W): row t is table[t mod L] (rows = L when T > L)
 
 
 class LongVQBlock(nn.Module):
