@@ -242,7 +242,7 @@ def test_a_resume_on_another_dataset_is_refused_and_a_moved_one_is_the_same(rele
     first, other, moved, run_dir = releases
     assert classify_train(listops_run(first, run_dir, 2)).exit_code == 0
     saved = latest_checkpoint(run_dir / "checkpoints").state["dataset"]
-    assert set(saved) == {"name", "examples", "sample_sha256", "data_path"}
+    assert set(saved) == {"name", "examples", "sample_sha256", "data_path", "generated"} and not saved["generated"]
     assert saved["examples"] == {"train": 24, "validation": 8, "test": 8}
     config = (run_dir / "config.json").read_text()
     with pytest.raises(ConfigError) as err:
@@ -268,3 +268,55 @@ def test_a_checkpoint_saved_without_its_datasets_identity_resumes(releases, monk
         assert classify_train(listops_run(first, run_dir, 2)).exit_code == 0
     assert "dataset" not in latest_checkpoint(run_dir / "checkpoints").state
     assert classify_train(listops_run(other, run_dir, 4), resume="auto").exit_code == 0
+
+
+def test_eval_on_another_dataset_is_refused_and_on_the_same_one_moved_is_not(releases, capsys):
+    """`tvq classify eval --data-path` compares the dataset it reads with the checkpoint's record (the latest's and
+    best/'s), by resume's check: another release of the same sizes (scored in silence, batch norm's statistics taken
+    from its train split) is refused in one line naming both; the same release moved elsewhere scores the same."""
+    from transformer_vq.cli import main
+    from transformer_vq.train.classify import classify_eval
+
+    first, other, moved, run_dir = releases
+    assert classify_train(listops_run(first, run_dir, 2)).exit_code == 0
+    for ckpt in (run_dir, run_dir / BEST_DIR):
+        own = classify_eval(str(ckpt), device="cpu", plot=str(run_dir / "cm.png"))
+        elsewhere = classify_eval(str(ckpt), device="cpu", plot=str(run_dir / "cm.png"), data_path=str(moved))
+        assert (elsewhere.loss, elsewhere.confusion) == (own.loss, own.confusion)
+        with pytest.raises(ConfigError) as err:
+            classify_eval(str(ckpt), device="cpu", data_path=str(other))
+        assert str(err.value) == (
+            f"--data-path: the run in {run_dir} was trained on the listops dataset of 24 training examples read from "
+            f"{first} and --data-path holds the listops dataset of 24 training examples read from {other}, "
+            f"which differs: eval scores a run on its own dataset (moved elsewhere, it is recognized by its "
+            f"examples); pass where that dataset is now, or leave --data-path out")
+    capsys.readouterr()
+    assert main(["classify", "eval", "--ckpt", str(run_dir), "--data-path", str(other)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.endswith(f"error: {err.value}\n") and out.err.count("error") == 1, out.err
+
+
+def test_eval_of_a_run_that_generated_its_data_refuses_a_data_path(releases, capsys):
+    """A run whose examples were generated (no --data-path in training) refuses `classify eval --data-path` up front,
+    saying so: a path names a release, other examples, and the loader refused the run's generation options as if
+    eval (which has no --data-option) had been given them."""
+    from transformer_vq.cli import main
+    from transformer_vq.train.classify import classify_eval
+
+    first, _, _, run_dir = releases
+    generated = classify_config(n_classes=10, vocab_size=20, preset="tiny", train={
+        **TRAIN, "data": "listops", "steps": 2, "batch_size": 4, "eval_every": 0, "run_dir": str(run_dir),
+        "data_options": {"n_train": 16, "n_validation": 4, "n_test": 4, "max_depth": 3, "min_length": 5,
+                         "max_length": 40}})
+    assert classify_train(generated).exit_code == 0
+    assert latest_checkpoint(run_dir / "checkpoints").state["dataset"]["generated"]
+    for path in (run_dir, first):
+        with pytest.raises(ConfigError) as err:
+            classify_eval(str(run_dir), device="cpu", data_path=str(path))
+        assert str(err.value) == (f"--data-path: the run in {run_dir} generated its listops data (it was trained "
+                                  f"without --data-path), and {path} would be read as a release, other examples; "
+                                  f"leave --data-path out to score the run on its own data")
+    capsys.readouterr()
+    assert main(["classify", "eval", "--ckpt", str(run_dir), "--data-path", str(first)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == f"error: {err.value}\n", out.err  # one line, before any data is read

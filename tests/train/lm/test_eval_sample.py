@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -157,3 +158,31 @@ def test_threads_of_eval_and_sample_are_applied(trained_run, capsys, monkeypatch
     assert main([command[0], "--ckpt", str(trained_run), *command[1:]]) == 0
     capsys.readouterr()
     assert asked == [1]
+
+
+def test_eval_on_another_corpus_is_refused_and_on_the_same_one_moved_is_not(trained_run, tmp_path, capsys):
+    """`tvq eval --data-path` compares the corpus it reads with the checkpoint's record, by resume's check: another
+    file (here the same length, other bytes) is refused in one line naming both, before anything is scored (it gave
+    a figure of another text in silence); the same file moved elsewhere scores as before."""
+    run_cfg = model_from_checkpoint(str(trained_run), device="cpu")[1]
+    original = Path(run_cfg.train.data_path)
+    moved = tmp_path / "moved" / "plays.txt"
+    moved.parent.mkdir()
+    moved.write_bytes(original.read_bytes())
+    other = tmp_path / "other.txt"
+    other.write_bytes(original.read_bytes().upper())
+    assert main(["eval", "--ckpt", str(trained_run), "--json", "--max-tokens", "300", "--streams", "1",
+                 "--data-path", str(moved)]) == 0
+    assert json.loads(capsys.readouterr().out)["bits_per_byte"] == evaluate(
+        str(trained_run), max_tokens=300, streams=1).bits_per_byte
+    with pytest.raises(ConfigError) as err:
+        evaluate(str(trained_run), max_tokens=300, data_path=str(other))
+    tokens = f"{original.stat().st_size * 9 // 10:,}"
+    assert str(err.value) == (
+        f"--data-path: the run in {trained_run} was trained on the text corpus of {tokens} training tokens read from "
+        f"{original} and --data-path holds the text corpus of {tokens} training tokens read from {other}, "
+        f"which differs: eval scores a run on its own corpus (moved elsewhere, it is recognized by its tokens); pass "
+        f"where that corpus is now, or leave --data-path out")
+    code = main(["eval", "--ckpt", str(trained_run), "--data-path", str(other)])
+    out = capsys.readouterr()
+    assert code == 2 and out.out == "" and out.err.count("\n") == 1 and "--data-path" in out.err, out.err

@@ -153,14 +153,23 @@ def refuse_changed_fields(saved_train: dict, train, path) -> None:
                               f"with another --run-dir")
 
 
-def check_same_data(saved: dict, here: dict, run_dir, *, noun: str, unit: str) -> None:
+# what each reader of a checkpoint's data says of other data: where it read it, why it must not, what to do
+SAME_DATA_WORDS = {
+    "resume": ("this run reads", "a resumed run continues on its own {noun} (moved elsewhere, it is recognized by its "
+                                 "{unit}); resume with it, or start a new run (--run-dir)"),
+    "eval": ("--data-path holds", "eval scores a run on its own {noun} (moved elsewhere, it is recognized by its "
+                                  "{unit}); pass where that {noun} is now, or leave --data-path out"),
+}
+
+
+def check_same_data(saved: dict, here: dict, run_dir, *, noun: str, unit: str, reader: str = "resume") -> None:
     """Refuse (:class:`ConfigError`) to resume on other data than the checkpoint's, which the fields a run keeps
     (:func:`refuse_changed_fields`) cannot tell: another ``--data-path``, or a file changed in place. ``saved`` and
     ``here``: the identities a task saves in each checkpoint (a language model's corpus, a classifier's dataset):
     ``name``, each split's size in ``unit`` ("tokens", "examples"), ``sample_sha256`` (a hash of sampled pieces) and
     ``data_path``, which only the message reads: data moved to another path is the same. Otherwise the saved data
     position, the validation split and every later figure would belong to other data; ``noun`` names the data in
-    the message ("corpus", "dataset")."""
+    the message ("corpus", "dataset"); ``reader`` ("resume", "eval": scoring on another ``--data-path``) words it."""
     if all(saved.get(key) == here[key] for key in ("name", unit, "sample_sha256")):
         return
 
@@ -169,9 +178,9 @@ def check_same_data(saved: dict, here: dict, run_dir, *, noun: str, unit: str) -
         return (f"the {identity['name']} {noun} of {identity.get(unit, {}).get('train', 0):,} training {unit}"
                 + (f" read from {path}" if path else ""))
 
-    raise ConfigError(f"--data-path: the run in {run_dir} was trained on {described(saved)} and this run reads "
-                      f"{described(here)}, which differs: a resumed run continues on its own {noun} (moved "
-                      f"elsewhere, it is recognized by its {unit}); resume with it, or start a new run (--run-dir)")
+    reading, remedy = SAME_DATA_WORDS[reader]
+    raise ConfigError(f"--data-path: the run in {run_dir} was trained on {described(saved)} and {reading} "
+                      f"{described(here)}, which differs: {remedy.format(noun=noun, unit=unit)}")
 
 
 def _with_defaults(train, options: dict) -> dict:

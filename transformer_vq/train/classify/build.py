@@ -8,7 +8,8 @@ import torch
 from transformer_vq.config import ClassifyConfig, ClassifyTrainConfig, ConfigError
 from transformer_vq.config.arch import check_serves, find_arch
 from transformer_vq.train.checkpoint.errors import CheckpointError
-from transformer_vq.train.checkpoint.store import Checkpoint, find_checkpoint
+from transformer_vq.train.checkpoint.resume import check_same_data
+from transformer_vq.train.checkpoint.store import Checkpoint, find_checkpoint, run_dir_of
 from transformer_vq.train.device import resolve_device
 from transformer_vq.train.models import instantiate
 
@@ -86,6 +87,35 @@ def dataset_fingerprint(data) -> dict:
         for index in np.unique(np.linspace(0, len(examples) - 1, num=SAMPLED_EXAMPLES, dtype=np.int64)):
             digest.update(np.ascontiguousarray(examples[int(index)][0], dtype=np.int64).tobytes())
     return {"name": data.name, "examples": sizes, "sample_sha256": digest.hexdigest()}
+
+
+def dataset_record(data, data_path) -> dict:
+    """What a run saves in its checkpoints (latest and best) of the dataset ``data`` it read from ``data_path``
+    (None: generated, fetched or bundled): :func:`dataset_fingerprint`, ``data_path`` and whether the loader
+    generated the examples (a release read from a path is never the same)."""
+    return {**dataset_fingerprint(data), "data_path": data_path, "generated": bool(data.metadata.get("generated"))}
+
+
+def refuse_data_path_of_generated(ckpt: Checkpoint, data_path) -> None:
+    """Refuse (:class:`ConfigError`) ``tvq classify eval --data-path`` on a run whose checkpoint records generated
+    data, before anything is read: the path would name a release (other examples), and the loader would refuse the
+    run's generation options as if eval had been given them."""
+    record = ckpt.state.get("dataset") or {}
+    if data_path is not None and record.get("generated"):
+        raise ConfigError(f"--data-path: the run in {run_dir_of(ckpt)} generated its {record['name']} data (it was "
+                          f"trained without --data-path), and {data_path} would be read as a release, other "
+                          f"examples; leave --data-path out to score the run on its own data")
+
+
+def check_eval_dataset(ckpt: Checkpoint, data, data_path) -> None:
+    """Refuse (:class:`ConfigError`) to score a checkpoint on a dataset read from ``data_path`` other than the one
+    it recorded, by the check a resume makes (:func:`check_same_data`: the same release moved elsewhere passes).
+    Nothing to compare without ``data_path`` (the run's own) or in a checkpoint of before the record was saved."""
+    saved = ckpt.state.get("dataset")
+    if data_path is None or saved is None:
+        return
+    check_same_data(saved, dataset_record(data, data_path), run_dir_of(ckpt), noun="dataset", unit="examples",
+                    reader="eval")
 
 
 def build_classifier(cfg: ClassifyConfig) -> torch.nn.Module:

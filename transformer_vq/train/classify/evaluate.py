@@ -19,7 +19,8 @@ from transformer_vq.nn.batch_stats import recompute_batch_norm_stats
 from transformer_vq.nn.inference import evaluating
 from transformer_vq.train.checkpoint.store import run_dir_of
 from transformer_vq.train.device import use_threads
-from transformer_vq.train.classify.build import check_data_fits, classifier_from_checkpoint, load_classify_data
+from transformer_vq.train.classify.build import (check_data_fits, check_eval_dataset, classifier_from_checkpoint,
+                                                 load_classify_data, refuse_data_path_of_generated)
 
 BATCH_NORM_EXAMPLES = 512
 """Training examples (the first ones, in order) whose batches re-estimate a batch-normed model's statistics before
@@ -137,7 +138,9 @@ def classify_eval(cfg: ClassifyEvalConfig | str = "runs/classify", **options) ->
     cfg = job_config(ClassifyEvalConfig, cfg, **options)
     use_threads(cfg.threads)
     model, run_cfg, ckpt = classifier_from_checkpoint(cfg.ckpt, device=cfg.device)
+    refuse_data_path_of_generated(ckpt, cfg.data_path)
     data = load_classify_data(run_cfg.train, data_path=cfg.data_path)
+    check_eval_dataset(ckpt, data, cfg.data_path)  # before batch norm takes statistics from its train split
     check_data_fits(run_cfg, data)
     refresh_batch_norm(model, data.split("train"), batch_size=run_cfg.train.batch_size, pad_id=data.pad_id)
     result = evaluate_examples(model, data.split(cfg.split), n_classes=data.n_classes,

@@ -27,7 +27,7 @@ from transformer_vq.train.checkpoint.resume import check_resume, check_same_data
 from transformer_vq.train.checkpoint.rundir import hold_run_dir, writing
 from transformer_vq.train.checkpoint.store import BEST_DIR, Checkpoint, save_checkpoint
 from transformer_vq.train.classify.build import (build_classifier, check_data_fits, check_data_named,
-                                                 classify_config_of, dataset_fingerprint, load_classify_data)
+                                                 classify_config_of, dataset_record, load_classify_data)
 from transformer_vq.train.classify.evaluate import ClassifyEvalResult, evaluate_examples, refresh_batch_norm
 from transformer_vq.train.device import training_device
 from transformer_vq.train.fits import check_fits
@@ -80,8 +80,9 @@ class ClassifyTrainer(Trainer):
         tc = cfg.train
         self.data = data if data is not None else load_classify_data(tc)
         check_data_fits(cfg, self.data)
-        # what identifies the dataset, saved in every checkpoint and compared on resume (the dataset never changes)
-        self.data_identity = {**dataset_fingerprint(self.data), "data_path": tc.data_path}
+        # what identifies the dataset, saved in every checkpoint (best too) and compared on resume and by eval
+        # --data-path (the dataset never changes)
+        self.data_identity = dataset_record(self.data, tc.data_path)
         self.batches = ClassBatches(self.data.split("train"), batch_size=tc.batch_size, seed=tc.seed,
                                     pad_id=self.data.pad_id)
         super().__init__(cfg, Distributed(), device, lambda: build_classifier(cfg))
@@ -140,7 +141,7 @@ class ClassifyTrainer(Trainer):
             self.best = {"step": self.step, **result.summary()}
             with writing(self.run_dir, "save the best checkpoint"):
                 save_checkpoint(self.run_dir / BEST_DIR, step=self.step, model=self.model, config=self.cfg.to_dict(),
-                                state={"validation": self.best}, keep=1)
+                                state={"validation": self.best, "dataset": self.data_identity}, keep=1)
             self.logger.print(f"step {self.step}: new best validation accuracy {result.accuracy:.4f} "
                               f"(saved to {self.run_dir / BEST_DIR})")
         return result

@@ -14,7 +14,8 @@ from transformer_vq.config import RunConfig, TrainConfig
 from transformer_vq.config.arch import check_serves, find_arch
 from transformer_vq.data.codec import BYTE_VOCAB, decode_bytes, encode_bytes
 from transformer_vq.data.errors import DataError
-from transformer_vq.train.checkpoint.store import Checkpoint, find_checkpoint
+from transformer_vq.train.checkpoint.resume import check_same_data
+from transformer_vq.train.checkpoint.store import Checkpoint, find_checkpoint, run_dir_of
 from transformer_vq.train.device import resolve_device, runnable_on
 from transformer_vq.train.models import instantiate
 
@@ -42,6 +43,20 @@ def load_corpus_for(train_cfg: TrainConfig, *, data_path: str | None = None, run
         refuse_another_tokenizer(own, (data_options or {}).get("tokenizer"))
     options.update(data_options or {})
     return load_corpus(train_cfg.data, data_path=path, **options)
+
+
+def check_eval_corpus(ckpt: Checkpoint, corpus, data_path, data_options: dict | None = None) -> None:
+    """Refuse (:class:`ConfigError`) to score a checkpoint on a corpus read from ``data_path`` other than the one it
+    recorded, by the check a resume makes (:func:`check_same_data`: the same corpus moved elsewhere passes). Nothing
+    to compare without ``data_path`` (the run's own), in a checkpoint of before the record was saved, or with
+    ``data_options`` overrides (the corpus they make is another by design: other fractions, episodes)."""
+    from transformer_vq.data.corpus import corpus_fingerprint
+
+    saved = ckpt.state.get("corpus")
+    if data_path is None or saved is None or data_options:
+        return
+    check_same_data(saved, {**corpus_fingerprint(corpus), "data_path": data_path}, run_dir_of(ckpt), noun="corpus",
+                    unit="tokens", reader="eval")
 
 
 def refuse_another_tokenizer(own: Path, given: str | None) -> None:
