@@ -153,7 +153,23 @@ def refuse_changed_fields(saved_train: dict, train, path) -> None:
                               f"with another --run-dir")
 
 
-# what each reader of a checkpoint's data says of other data: where it read it, why it must not, what to do
+def other_data(saved: dict, here: dict, *, noun: str, unit: str) -> tuple[str, str] | None:
+    """``(saved, here)`` in words ("the text corpus of 9,000 training tokens read from FILE") when the two data
+    identities a task saves in its checkpoints (a language model's corpus, a classifier's dataset: ``name``, each
+    split's size in ``unit``, ``sample_sha256``, and ``data_path``, which only the words read) are different data;
+    None when they are the same data, wherever it lies now. ``noun``: "corpus", "dataset"."""
+    if all(saved.get(key) == here[key] for key in ("name", unit, "sample_sha256")):
+        return None
+
+    def described(identity: dict) -> str:
+        path = identity.get("data_path")
+        return (f"the {identity['name']} {noun} of {identity.get(unit, {}).get('train', 0):,} training {unit}"
+                + (f" read from {path}" if path else ""))
+
+    return described(saved), described(here)
+
+
+# what each reader of a checkpoint's data says of other data: where it read it, and what to do
 SAME_DATA_WORDS = {
     "resume": ("this run reads", "a resumed run continues on its own {noun} (moved elsewhere, it is recognized by its "
                                  "{unit}); resume with it, or start a new run (--run-dir)"),
@@ -163,24 +179,16 @@ SAME_DATA_WORDS = {
 
 
 def check_same_data(saved: dict, here: dict, run_dir, *, noun: str, unit: str, reader: str = "resume") -> None:
-    """Refuse (:class:`ConfigError`) to resume on other data than the checkpoint's, which the fields a run keeps
-    (:func:`refuse_changed_fields`) cannot tell: another ``--data-path``, or a file changed in place. ``saved`` and
-    ``here``: the identities a task saves in each checkpoint (a language model's corpus, a classifier's dataset):
-    ``name``, each split's size in ``unit`` ("tokens", "examples"), ``sample_sha256`` (a hash of sampled pieces) and
-    ``data_path``, which only the message reads: data moved to another path is the same. Otherwise the saved data
-    position, the validation split and every later figure would belong to other data; ``noun`` names the data in
-    the message ("corpus", "dataset"); ``reader`` ("resume", "eval": scoring on another ``--data-path``) words it."""
-    if all(saved.get(key) == here[key] for key in ("name", unit, "sample_sha256")):
+    """Refuse (:class:`ConfigError`) to resume on other data than the checkpoint's (:func:`other_data`), which the
+    fields a run keeps (:func:`refuse_changed_fields`) cannot tell: another ``--data-path``, or a file changed in
+    place. Otherwise the saved data position, the validation split and every later figure would belong to other
+    data. ``reader`` ("resume"; "eval": a classifier scored with another ``--data-path``) words it."""
+    different = other_data(saved, here, noun=noun, unit=unit)
+    if different is None:
         return
-
-    def described(identity: dict) -> str:
-        path = identity.get("data_path")
-        return (f"the {identity['name']} {noun} of {identity.get(unit, {}).get('train', 0):,} training {unit}"
-                + (f" read from {path}" if path else ""))
-
     reading, remedy = SAME_DATA_WORDS[reader]
-    raise ConfigError(f"--data-path: the run in {run_dir} was trained on {described(saved)} and {reading} "
-                      f"{described(here)}, which differs: {remedy.format(noun=noun, unit=unit)}")
+    raise ConfigError(f"--data-path: the run in {run_dir} was trained on {different[0]} and {reading} "
+                      f"{different[1]}, which differs: {remedy.format(noun=noun, unit=unit)}")
 
 
 def _with_defaults(train, options: dict) -> dict:

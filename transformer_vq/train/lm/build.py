@@ -14,7 +14,7 @@ from transformer_vq.config import RunConfig, TrainConfig
 from transformer_vq.config.arch import check_serves, find_arch
 from transformer_vq.data.codec import BYTE_VOCAB, decode_bytes, encode_bytes
 from transformer_vq.data.errors import DataError
-from transformer_vq.train.checkpoint.resume import check_same_data
+from transformer_vq.train.checkpoint.resume import other_data
 from transformer_vq.train.checkpoint.store import Checkpoint, find_checkpoint, run_dir_of
 from transformer_vq.train.device import resolve_device, runnable_on
 from transformer_vq.train.models import instantiate
@@ -45,18 +45,22 @@ def load_corpus_for(train_cfg: TrainConfig, *, data_path: str | None = None, run
     return load_corpus(train_cfg.data, data_path=path, **options)
 
 
-def check_eval_corpus(ckpt: Checkpoint, corpus, data_path, data_options: dict | None = None) -> None:
-    """Refuse (:class:`ConfigError`) to score a checkpoint on a corpus read from ``data_path`` other than the one it
-    recorded, by the check a resume makes (:func:`check_same_data`: the same corpus moved elsewhere passes). Nothing
-    to compare without ``data_path`` (the run's own), in a checkpoint of before the record was saved, or with
+def other_corpus_note(ckpt: Checkpoint, corpus, data_path, data_options: dict | None = None) -> str | None:
+    """A note when ``data_path`` holds another corpus than the one the checkpoint recorded (:func:`other_data`: the
+    same corpus moved elsewhere is not another), else None. Not refused: scoring a language model on other text (a
+    held-out file, lm-eval's documents) is a use of ``tvq eval``, but it must not pass for the run's own figure.
+    None without ``data_path`` (the run's own), for a checkpoint of before the record was saved, and with
     ``data_options`` overrides (the corpus they make is another by design: other fractions, episodes)."""
     from transformer_vq.data.corpus import corpus_fingerprint
 
     saved = ckpt.state.get("corpus")
     if data_path is None or saved is None or data_options:
-        return
-    check_same_data(saved, {**corpus_fingerprint(corpus), "data_path": data_path}, run_dir_of(ckpt), noun="corpus",
-                    unit="tokens", reader="eval")
+        return None
+    different = other_data(saved, {**corpus_fingerprint(corpus), "data_path": data_path}, noun="corpus",
+                           unit="tokens")
+    return None if different is None else (f"note: scoring on another corpus than the run's: --data-path holds "
+                                           f"{different[1]}; the run in {run_dir_of(ckpt)} was trained on "
+                                           f"{different[0]}")
 
 
 def refuse_another_tokenizer(own: Path, given: str | None) -> None:

@@ -28,6 +28,7 @@ logits over V tokens scores ``V ** (n_tokens / n_words)``.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -45,7 +46,7 @@ from transformer_vq.data.recall import spec_of
 from transformer_vq.train.checkpoint.store import run_dir_of
 from transformer_vq.train.device import use_threads
 from transformer_vq.nn.inference import evaluating
-from transformer_vq.train.lm.build import check_eval_corpus, load_corpus_for, model_from_checkpoint
+from transformer_vq.train.lm.build import load_corpus_for, model_from_checkpoint, other_corpus_note
 from transformer_vq.train.lm.objective import mask_generator, mask_tokens
 from transformer_vq.train.lm.recall import recall_accuracy
 
@@ -282,7 +283,8 @@ def evaluate(ckpt: str | EvalConfig, **options) -> EvalResult:
     carry_tokens = _carry_tokens(cfg, run_cfg, window_len)  # refused before the corpus is read
     corpus = load_corpus_for(run_cfg.train, data_path=cfg.data_path, run_dir=run_dir_of(checkpoint),
                              data_options=cfg.data_options)
-    check_eval_corpus(checkpoint, corpus, cfg.data_path, cfg.data_options)
+    if note := other_corpus_note(checkpoint, corpus, cfg.data_path, cfg.data_options):
+        print(note, file=sys.stderr)
     tokens = corpus.split(split)
     check_vocab(tokens, run_cfg.model.vocab_size, split)
     result = evaluate_tokens(
