@@ -196,3 +196,15 @@ def test_full_disk_while_writing_metrics_names_the_path_and_the_free_space(corpu
     monkeypatch.undo()
     assert latest_checkpoint(run_dir / "checkpoints").step == 2  # the checkpoint before is intact and resumable
     assert train(tiny_config(corpus_file, run_dir, "steps=4", "ckpt_every=2"), resume="auto").step == 4
+
+
+def test_an_unexplained_failure_names_the_run_directory_once(tmp_path):
+    """`--run-dir /proc/nope` said "cannot create the run directory in run directory /proc/nope" (helper-75 P5)."""
+
+    from transformer_vq.train.checkpoint.rundir import disk_error
+
+    run_dir = tmp_path / "nope" / "run"
+    made = disk_error(OSError(errno.ENOENT, "No such file or directory"), run_dir, "create the run directory")
+    assert str(made).startswith(f"cannot create the run directory {run_dir}: No such file or directory (")
+    saved = disk_error(OSError(errno.EIO, "Input/output error"), run_dir, "save checkpoint step_00000001")
+    assert str(saved).startswith(f"cannot save checkpoint step_00000001 in run directory {run_dir}: Input/output")

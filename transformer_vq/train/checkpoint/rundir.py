@@ -60,7 +60,8 @@ def disk_error(err: OSError, path: Path, doing: str) -> RunDirError:
     if err.errno in (errno.ENOTDIR, errno.EEXIST) or (path.exists() and not path.is_dir()):
         return RunDirError(f"cannot {doing}: run directory {path} is a file, not a directory; pass another "
                            f"--run-dir, or move the file away")
-    return RunDirError(f"cannot {doing} in run directory {path}: {err.strerror or err} ({free_space(path)} free "
+    place = str(path) if "run directory" in doing else f"in run directory {path}"  # not "the run directory in ..."
+    return RunDirError(f"cannot {doing} {place}: {err.strerror or err} ({free_space(path)} free "
                        f"on its disk; nothing saved before was changed); pass another --run-dir")
 
 
