@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer_vq.config.choices import SPLITS
 from transformer_vq.data.classify.examples import ClassificationData, Examples
 from transformer_vq.data.classify.store import cached_splits
 from transformer_vq.data.errors import DataError

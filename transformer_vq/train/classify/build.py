@@ -7,7 +7,6 @@ import torch
 
 from transformer_vq.config import ClassifyConfig, ClassifyTrainConfig, ConfigError
 from transformer_vq.config.arch import check_serves, find_arch
-from transformer_vq.train.checkpoint.errors import CheckpointError
 from transformer_vq.train.checkpoint.resume import check_same_data
 from transformer_vq.train.checkpoint.store import Checkpoint, find_checkpoint, run_dir_of
 from transformer_vq.train.device import resolve_device
