@@ -32,10 +32,10 @@ from pathlib import Path
 from transformer_vq import fileio
 from transformer_vq.ablate.cells import (cell_config, cell_id, cell_record, child_command, preset_note, read_metrics,
                                          refuse_unread, score_recall)
-from transformer_vq.bench.report import report_dir
 from transformer_vq.config import ConfigError
 from transformer_vq.config.ablate import MATRICES, AblateConfig, Matrix, default_of
 from transformer_vq.config.fields import fields_of
+from transformer_vq.config.flags import output_dir
 from transformer_vq.train.checkpoint.rundir import wait_until_free
 from transformer_vq.train.device import resolve_device
 from transformer_vq.train.lm.build import check_corpus_options, load_corpus_for
@@ -72,7 +72,7 @@ def run_ablation(cfg: AblateConfig, *, matrix: Matrix | None = None, isolate: bo
     # one line here, not a failure in every cell; and a first build is made here once, not raced by the cells
     load_corpus_for(next(iter(configs.values())).train)
     resolve_device(cfg.device)  # and the device and the report's directory: no cell trains for a run that would fail
-    report_dir(cfg.out)
+    output_dir(cfg.out)
     _hold_settings(work, cfg, whole)  # the whole matrix's: a run with other --cells continues the same one
     parallel = cfg.jobs > 1 and isolate
     progress = _Progress(len(jobs), cfg.steps, log, parallel=parallel)

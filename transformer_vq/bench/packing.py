@@ -169,14 +169,14 @@ def main(argv=None) -> int:
 
 def _check_out(out: str | None) -> None:
     """Refuse an ``--out`` the JSON could not be written to (its directory is made here)."""
-    from transformer_vq.bench.report import report_dir
     from transformer_vq.config import ConfigError
+    from transformer_vq.config.flags import output_dir
 
     if out is None:
         return
     if Path(out).is_dir():
         raise ConfigError(f"--out: {out} is a directory; name the JSON file to write")
-    report_dir(Path(out).parent)
+    output_dir(Path(out).parent)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,11 @@ and the plot (``write_report``).
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 from transformer_vq import fileio
 from transformer_vq.bench.config import LONGVQ_BASELINES, LONGVQ_SCORING
-from transformer_vq.config import ConfigError
+from transformer_vq.config.flags import output_dir
 
 
 def _seconds(x: float | None) -> str:
@@ -345,31 +344,12 @@ def _legend(ax) -> None:
         ax.legend(fontsize=8)
 
 
-def report_dir(path: str | Path, flag: str = "--out") -> Path:
-    """``path`` made as the directory of a report, or of any command's output (``flag``: the flag that named it, said
-    in a refusal); :class:`~transformer_vq.config.ConfigError` when it cannot hold files: every command checks it
-    before its work (a benchmark before its first cell), so that the work is not lost."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{flag}: {path} is a file, not a directory; remove it or choose another path")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"{flag}: cannot make the directory {path} ({err.strerror}); choose another path") from None
-    try:  # a file made and dropped at once: os.access says yes to root, and to /proc, where nothing can be written
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as err:
-        raise ConfigError(f"{flag}: cannot write in {path} ({err.strerror}); choose another path") from None
-    return path
-
-
 def write_report(result: dict, out_dir: str | Path, name: str | None = None) -> dict[str, Path]:
     """Write ``NAME.json``, ``NAME.md`` (the table) and ``NAME.png`` under ``out_dir``; return their paths.
 
     The default name is ``<benchmark>-<date>-<cpu threads>`` so results of different days and machines sit side by side.
     """
-    out_dir = report_dir(out_dir)
+    out_dir = output_dir(out_dir)
     if name is None:
         m = result["machine"]
         name = f"{result['benchmark']}-{m['date_utc'][:10]}-{m['hostname']}-{m['logical_cpus']}cpu"

@@ -78,13 +78,14 @@ def bench_config(args):
 def run(args) -> int:
     import importlib
 
-    from transformer_vq.bench.report import failed_cells, report_dir, table, write_report
+    from transformer_vq.bench.report import failed_cells, table, write_report
     from transformer_vq.cli.batch import batch_status
     from transformer_vq.cli.errors import check_device
+    from transformer_vq.config.flags import output_dir
 
     cfg = bench_config(args)
     check_device(getattr(cfg, "device", "cpu"), getattr(cfg, "model", None))  # before any cell starts
-    report_dir(args.out)  # likewise: a report that cannot be written is refused before the run, not after it
+    output_dir(args.out)  # likewise: a report that cannot be written is refused before the run, not after it
     module_name, function_name = BENCHES[args.bench][1].split(":")
     # the files are rewritten after every row: a run stopped part way (a timeout, a lent GPU's lease ending, Ctrl-C)
     # leaves what it measured, marked partial

@@ -122,20 +122,17 @@ def _train(args) -> int:
 
 def _eval(args) -> int:
     import json
+    from pathlib import Path
 
     from transformer_vq.cli.errors import check_device
     from transformer_vq.config import ClassifyEvalConfig
-    from transformer_vq.config.flags import given
+    from transformer_vq.config.flags import given, output_dir
     from transformer_vq.train.classify import classify_eval
 
     cfg = ClassifyEvalConfig(**given(args, ClassifyEvalConfig))
     check_device(cfg.device)
     if cfg.plot is not None:  # a place where the PNG cannot be written is refused by flag before the evaluation
-        from pathlib import Path
-
-        from transformer_vq.bench.report import report_dir
-
-        report_dir(Path(cfg.plot).parent, "--plot")
+        output_dir(Path(cfg.plot).parent, "--plot")
     result = classify_eval(cfg)
     if args.json:
         print(json.dumps({"ckpt": cfg.ckpt, **result.to_dict()}))

@@ -27,10 +27,10 @@ def run(args) -> int:
 
     from transformer_vq.ablate.codebook import codebook_report, format_report, run_dir_of, training_curve
     from transformer_vq.ablate.codebook_plots import write_codebook_figures
-    from transformer_vq.bench.report import report_dir
+    from transformer_vq.config.flags import output_dir
 
     if args.out:  # an --out that cannot hold the figures is refused by name, before the checkpoint is read
-        report_dir(args.out)
+        output_dir(args.out)
     report = codebook_report(args.ckpt)
     run_dir = run_dir_of(report["checkpoint"])
     curve = training_curve(run_dir)

@@ -83,18 +83,23 @@ def describe(err: BaseException, memory_hint: str | None = None) -> str | None:
     return None
 
 
+def _class_names(err: BaseException) -> set[str]:
+    """The names of ``err``'s classes and their bases: torch.distributed's errors are told by name, so that torch is
+    not imported to tell them."""
+    return {kind.__name__ for kind in type(err).__mro__}
+
+
 def _collective_timeout(err: RuntimeError, text: str) -> bool:
     """Whether a collective gave up waiting for another worker: gloo's "Timed out waiting ...ms for recv operation",
     NCCL's watchdog "collective operation timeout" (a DistBackendError). By name: torch is not imported for this."""
-    names = {kind.__name__ for kind in type(err).__mro__}
-    return ("gloo" in text or "nccl" in text or "DistBackendError" in names) and any(w in text for w in TIMEOUT_WORDS)
+    return ("gloo" in text or "nccl" in text or "DistBackendError" in _class_names(err)) and \
+        any(w in text for w in TIMEOUT_WORDS)
 
 
 def _lost_peer(err: RuntimeError, text: str) -> bool:
     """Whether a collective failed because another worker is gone: gloo's "Connection closed/reset by peer", or
     torch.distributed's own backend and network errors (NCCL's). By name: torch is not imported for this."""
-    names = {kind.__name__ for kind in type(err).__mro__}
-    return bool(names & {"DistBackendError", "DistNetworkError"}) or (
+    return bool(_class_names(err) & {"DistBackendError", "DistNetworkError"}) or (
         "gloo" in text and any(w in text for w in PEER_WORDS))
 
 

@@ -20,15 +20,14 @@ def add_parser(subparsers):
 def run(args) -> int:
     from pathlib import Path
 
-    from transformer_vq.bench.report import report_dir
-    from transformer_vq.config.flags import given
+    from transformer_vq.config.flags import given, output_dir
     from transformer_vq.config.jobs import ExportConfig
     from transformer_vq.export import export
 
     cfg = ExportConfig(**given(args, ExportConfig))
     # a place where the directory cannot be made is refused by flag before the checkpoint is read, as every
     # command's --out is (the directory itself is made last, whole, under a temporary name beside it)
-    report_dir(Path(cfg.out).parent, "--out")
+    output_dir(Path(cfg.out).parent, "--out")
     out = export(cfg)
     print(f"wrote {out} ({cfg.format})")
     return 0

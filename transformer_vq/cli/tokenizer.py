@@ -55,8 +55,8 @@ def check_paths(cfg) -> None:
     ``--cache-dir`` where the model cannot be written (the shared check of every command's output directory)."""
     from pathlib import Path
 
-    from transformer_vq.bench.report import report_dir
     from transformer_vq.config import ConfigError
+    from transformer_vq.config.flags import output_dir
     from transformer_vq.config.jobs import TokenizerConfig
     from transformer_vq.data.cache import cache_root
 
@@ -65,9 +65,9 @@ def check_paths(cfg) -> None:
             "cache_dir", f"the model is saved at --out {cfg.out}, so the cache is not used; leave out one of them "
                          f"(--cache-dir saves it in the cache, where tvq train finds it)")], TokenizerConfig)
     if cfg.out is not None:
-        report_dir(Path(cfg.out).parent, "--out")
+        output_dir(Path(cfg.out).parent, "--out")
     elif cfg.cache_dir is not None:
-        report_dir(cache_root(cfg.cache_dir), "--cache-dir")
+        output_dir(cache_root(cfg.cache_dir), "--cache-dir")
 
 
 def train_command(cfg, tokenizer) -> str:

@@ -20,6 +20,8 @@ import argparse
 import dataclasses
 import math
 import re
+import tempfile
+from pathlib import Path
 
 from transformer_vq.config.fields import (ConfigError, bounds_text, fields_of, flag_of, kinds, one_line,
                                           outside_bounds, parse_scalar, parse_text)
@@ -221,3 +223,22 @@ def add_preset_flag(parser, default: str, presets: dict | None = None, source: s
 
     parser.add_argument("--preset", type=preset_name, metavar="{" + ",".join(names) + "}",
                         help=f"model preset (default: {default}; {source})")
+
+
+def output_dir(path: str | Path, flag: str = "--out") -> Path:
+    """``path`` made as the directory of a report, or of any command's output (``flag``: the flag that named it, said
+    in a refusal); :class:`~transformer_vq.config.ConfigError` when it cannot hold files: every command checks it
+    before its work (a benchmark before its first cell), so that the work is not lost."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag}: {path} is a file, not a directory; remove it or choose another path")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{flag}: cannot make the directory {path} ({err.strerror}); choose another path") from None
+    try:  # a file made and dropped at once: os.access says yes to root, and to /proc, where nothing can be written
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise ConfigError(f"{flag}: cannot write in {path} ({err.strerror}); choose another path") from None
+    return path
